@@ -1,0 +1,63 @@
+"""Files of a run directory: atomic writes (temporary file, fsync, rename) and private modes.
+
+DESIGN.md: private files (votes, ledger, teacher weights) are created 0600 and their directories
+0700; no half-written artifact is ever left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+
+
+def ensure_dir(path: str | Path, private: bool = False) -> Path:
+    """Create ``path`` (and parents) if needed; a private directory is chmod 0700."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    if private:
+        p.chmod(PRIVATE_DIR_MODE)
+    return p
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path, private: bool = False) -> Iterator[BinaryIO]:
+    """Open a temporary file next to ``path`` for binary writing; on success it is fsynced and
+    renamed over ``path``, on error removed. A private file is 0600 from its creation on."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE if private else 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, private: bool = False) -> None:
+    with atomic_writer(path, private) as fh:
+        fh.write(data)
+
+
+def write_json_atomic(path: str | Path, obj: Any, private: bool = False) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), private)
+
+
+def write_with_atomic(path: str | Path, writer: Callable[[BinaryIO], None],
+                      private: bool = False) -> None:
+    """Atomically write ``path`` with a function of an open binary file (np.savez, torch.save)."""
+    with atomic_writer(path, private) as fh:
+        writer(fh)
