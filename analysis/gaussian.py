@@ -64,11 +64,11 @@ def theorem6_rdp(logq: ArrayLike, sigma: float, orders: ArrayLike) -> NDArray[np
     var = sigma**2
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         mu2 = sigma * np.sqrt(-logq)
-        mu1 = mu2 + 1.0
-        eps1, eps2 = mu1 / var, mu2 / var
+        eps2 = mu2 / var
+        eps1 = eps2 + 1.0 / var          # mu1 = mu2 + 1
         log1q = log1mexp(logq)
         log_a = (a - 1.0) * (log1q - log1mexp((logq + eps2) * (1.0 - 1.0 / mu2)))
-        log_b = (a - 1.0) * (eps1 - logq / (mu1 - 1.0))
+        log_b = (a - 1.0) * (eps1 - logq / mu2)  # mu1 - 1 = mu2
         return np.logaddexp(log1q + log_a, logq + log_b) / (a - 1.0)
 
 
@@ -81,7 +81,8 @@ def theorem6_applies(logq: ArrayLike, sigma: float) -> NDArray[np.bool_]:
         mu2 = sigma * np.sqrt(-logq)
         mu1 = mu2 + 1.0
         eps2 = mu2 / sigma**2
-        bound = (mu2 - 1.0) * eps2 - mu2 * (np.log1p(1.0 / (mu1 - 1.0)) + np.log1p(1.0 / (mu2 - 1.0)))
+        bound = ((mu2 - 1.0) * eps2
+                 - mu2 * (np.log1p(1.0 / (mu1 - 1.0)) + np.log1p(1.0 / (mu2 - 1.0))))
         return (mu2 > 1.0) & (logq <= bound) & (-logq > eps2)
 
 

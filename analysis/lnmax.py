@@ -39,7 +39,8 @@ def pure_eps_rdp(logq: ArrayLike, pure_eps: float, orders: ArrayLike) -> NDArray
     """Data-dependent RDP of a pure eps-DP mechanism whose likely outcome has probability 1 - q
     (PATE 2017, Thm. 3; first term from Bun & Steinke 2016):
 
-        if q <= 1/(e^eps + 1): t = (1 - q) ((1 - q)/(1 - e^eps q))^{a-1} + q e^{eps (a-1)}, else inf;
+        t = (1 - q) ((1 - q)/(1 - e^eps q))^{a-1} + q e^{eps (a-1)} if q <= 1/(e^eps + 1),
+        else t = inf;
         r(a) = min(eps^2 a / 2, log t / (a - 1), eps).
 
     log q = 0 (q = 1) gives the data-independent min(eps^2 a / 2, eps). Returns [queries, orders].

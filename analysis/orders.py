@@ -10,8 +10,9 @@ from numpy.typing import NDArray
 
 def default_orders() -> NDArray[np.float64]:
     """Fractional orders 1.1..10.9, every half order 2..100, the published analysis' log-spaced
-    tail 100..500 (PATE 2018 code: ``np.arange(2, 100.5, .5)`` and ``np.logspace(2, log10 500, 100)``,
-    so our minimum is never above theirs), then a log-spaced tail up to 5000 for many teachers."""
+    tail 100..500 (the PATE 2018 code's ``np.arange(2, 100.5, .5)`` and
+    ``np.logspace(2, log10 500, 100)``, so our minimum is never above theirs), then a log-spaced
+    tail up to 5000 for many teachers."""
     grid = np.concatenate([
         np.arange(11, 110) / 10.0,
         np.arange(2.0, 100.5, 0.5),

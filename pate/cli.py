@@ -12,6 +12,11 @@ from pate import __version__
 from pate.errors import UserError
 
 COMMAND_MODULES: tuple[str, ...] = (
+    "pate.commands.teachers",
+    "pate.commands.serve",
+    "pate.commands.analyze",
+    "pate.commands.epsilon",
+    "pate.commands.dpsgd",
 )
 
 
@@ -28,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"pate: warning: {message}", file=sys.stderr)
 
 

@@ -1,0 +1,71 @@
+"""Reading and validating votes matrices (``votes.npz`` of a run, or a published ``.npy``)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pate.errors import UserError
+
+
+def _load_array(path: Path, key: str) -> NDArray:
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{path}: not a readable .npy/.npz file "
+                        f"({exc.__class__.__name__})") from None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        with data:
+            names = list(data.files)
+            if key in names:
+                return data[key]
+            if len(names) == 1:
+                return data[names[0]]
+            raise UserError(f"{path}: expected an array named {key!r}, found {names}")
+    return data
+
+
+def load_votes(path: str | Path) -> NDArray[np.int64]:
+    """Votes ``[queries, classes]``: finite, non-negative integers, every row summing to the same
+    number of teachers (PATE 2018's analysis scripts read the same format)."""
+    votes = _load_array(Path(path), "votes")
+    if votes.ndim != 2 or votes.shape[0] == 0 or votes.shape[1] == 0:
+        raise UserError(f"{path}: votes must be a non-empty 2-d array [queries, classes], "
+                        f"got shape {list(votes.shape)}")
+    if not np.issubdtype(votes.dtype, np.number) or np.issubdtype(votes.dtype, np.complexfloating):
+        raise UserError(f"{path}: votes must be numeric, got dtype {votes.dtype}")
+    if not np.all(np.isfinite(votes)):
+        raise UserError(f"{path}: votes contain NaN or infinite values")
+    if np.any(votes < 0):
+        raise UserError(f"{path}: votes must be non-negative counts")
+    if np.any(votes != np.round(votes)):
+        raise UserError(f"{path}: votes must be integer counts")
+    votes = votes.astype(np.int64)
+    totals = votes.sum(axis=1)
+    if np.any(totals != totals[0]):
+        raise UserError(f"{path}: every row must sum to the same number of teachers "
+                        f"(rows sum to between {totals.min()} and {totals.max()})")
+    if totals[0] == 0:
+        raise UserError(f"{path}: rows sum to 0: there are no teachers' votes")
+    return votes
+
+
+def load_baseline(path: str | Path, votes: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Interactive-GNMax baseline ``num_teachers * student_probs``, same shape as the votes."""
+    baseline = _load_array(Path(path), "baseline")
+    if baseline.shape != votes.shape:
+        raise UserError(f"{path}: baseline shape {list(baseline.shape)} differs from the votes' "
+                        f"{list(votes.shape)}")
+    baseline = baseline.astype(np.float64)
+    if not np.all(np.isfinite(baseline)) or np.any(baseline < 0):
+        raise UserError(f"{path}: baseline must be finite and non-negative")
+    teachers = float(votes[0].sum())
+    if not np.allclose(baseline.sum(axis=1), teachers, rtol=1e-6, atol=1e-6 * teachers):
+        raise UserError(f"{path}: every baseline row must sum to the number of teachers "
+                        f"({teachers:g}): it is num_teachers * student probabilities")
+    return baseline
