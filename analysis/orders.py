@@ -17,7 +17,7 @@ def default_orders() -> NDArray[np.float64]:
         np.arange(11, 110) / 10.0,
         np.arange(2.0, 100.5, 0.5),
         np.logspace(np.log10(100.0), np.log10(500.0), num=100),
-        np.logspace(np.log10(500.0), np.log10(5000.0), num=41)[1:],
+        np.geomspace(500.0, 5000.0, num=41)[1:],
     ])
     return np.unique(grid)
 

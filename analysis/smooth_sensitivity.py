@@ -323,8 +323,14 @@ def gnmax_local_sensitivity_total(votes: ArrayLike, sigma: float, order: float,
 def threshold_local_sensitivity_total(max_votes: ArrayLike, num_teachers: int, threshold: float,
                                       sigma1: float, order: float) -> NDArray[np.float64]:
     """sum_q LS_q[d] of the threshold step's data-dependent cost (PATE 2018, App. C): with r[v]
-    the cost when the (rounded) thresholded maximum is v = 0..N, LS(v) = max |r[v +- 1] - r[v]|
-    and LS at distance d = max(LS(v* + d), LS(v* - d)) over the v within [0, N]."""
+    the cost when the (rounded) thresholded maximum is v = 0..N, LS(v) = max |r[v +- 1] - r[v]|,
+    and LS_q[d] = max over |d'| <= d of LS(v* + d') within [0, N].
+
+    The published analysis (and privacy-math.md §5) takes max(LS(v* + d), LS(v* - d)) at exactly
+    d. For one query both give the same SS_beta, but a neighbour at distance d of the whole votes
+    matrix may move some queries' maxima by less than d, so the sum over queries must use the
+    maximum over distances <= d (Nissim, Raskhodnikova, Smith 2007, Def. 3.1) to stay an upper
+    bound. Where the published array is already non-decreasing (the usual case) they agree."""
     n = int(num_teachers)
     levels = np.arange(n + 1)
     r = threshold_rdp_dependent(threshold_logpr_answered(threshold, sigma1, levels),
@@ -341,7 +347,8 @@ def threshold_local_sensitivity_total(max_votes: ArrayLike, num_teachers: int, t
     for lo in range(0, centres.size, chunk):
         c = centres[lo:lo + chunk, None]
         ls = np.maximum(ls_level[n + c + d[None, :]], ls_level[n + c - d[None, :]])
-        total += counts[lo:lo + chunk] @ np.maximum(ls, 0.0)
+        ls = np.maximum.accumulate(np.maximum(ls, 0.0), axis=1)
+        total += counts[lo:lo + chunk] @ ls
     return total
 
 
