@@ -182,7 +182,7 @@ vote_rows = st.integers(2, 12).flatmap(lambda m: st.lists(
 def test_gnmax_properties(rows: list[list[int]], sigma: float) -> None:
     width = len(rows[0])
     total = max(sum(r) for r in rows)
-    votes = np.array([r[:-1] + [r[-1] + total - sum(r)] for r in rows if len(r) == width])
+    votes = np.array([[*r[:-1], r[-1] + total - sum(r)] for r in rows if len(r) == width])
     dep = gnmax_rdp_dependent(gnmax_logq(votes, sigma), sigma, ORDERS)
     ind = gnmax_rdp_independent(sigma, ORDERS)
     assert np.all(np.isfinite(dep)) and np.all(dep >= 0)

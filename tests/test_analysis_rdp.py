@@ -15,8 +15,9 @@ from analysis.rdp import compose, delta_from_rdp, epsilon_curve, epsilon_from_rd
 
 
 def exact_gaussian_delta(eps: float, sigma: float) -> float:
-    """Exact delta(eps) of the Gaussian mechanism with sensitivity 1 (Balle & Wang 2018, Thm. 8)."""
-    return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma)
+    """Exact delta(eps) of the Gaussian mechanism, sensitivity 1 (Balle & Wang 2018, Thm. 8)."""
+    return (norm.cdf(0.5 / sigma - eps * sigma)
+            - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma))
 
 
 def exact_gaussian_epsilon(delta: float, sigma: float) -> float:
@@ -41,8 +42,8 @@ def test_improved_conversion_matches_dp_accounting() -> None:
     for _ in range(20):
         rdp = rng.uniform(0.0, 0.05) * orders + rng.uniform(0, 1)
         delta = 10 ** rng.uniform(-10, -3)
-        ours, order = epsilon_from_rdp(rdp, orders, delta, "improved")
-        theirs, their_order = compute_epsilon(orders, rdp, delta)
+        ours, _ = epsilon_from_rdp(rdp, orders, delta, "improved")
+        theirs, _ = compute_epsilon(orders, rdp, delta)
         assert ours == pytest.approx(theirs, rel=1e-9)
         d_ours, _ = delta_from_rdp(rdp, orders, ours + 0.1, "improved")
         d_theirs, _ = compute_delta(orders, rdp, ours + 0.1)

@@ -34,7 +34,7 @@ def distance(u: np.ndarray, v: np.ndarray) -> int:
     return int(np.maximum(u - v, 0).sum())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def space(teachers: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
     """All vote vectors and, for each, the indices of its neighbours (one vote moved)."""
     vectors = all_vote_vectors(teachers, classes)
