@@ -123,17 +123,27 @@ def _always_independent(costs_at_extremes: NDArray[np.float64],
     return bool(np.all(np.isclose(costs_at_extremes, independent)))
 
 
-def _sanitise(votes: NDArray[np.int64], params: AggregatorParams, costs: QueryCosts,
-              order_index: int, num_teachers: int, baseline: NDArray[np.float64] | None,
-              beta: float | None) -> dict[str, Any]:
-    """Smooth-sensitivity release of the data-dependent total at one order (PATE 2018, App. C).
-    A step whose data-dependent cost always equals its data-independent one is charged the
-    latter and contributes no sensitivity, as in the published analysis."""
+@dataclass(frozen=True)
+class QuerySegment:
+    """Queries answered by one aggregator: their votes and, for Interactive-GNMax, the baseline
+    num_teachers * student_probs the threshold step sees subtracted."""
+
+    votes: NDArray[np.int64]
+    params: AggregatorParams
+    baseline: NDArray[np.float64] | None = None
+
+
+def _segment_sensitivity(segment: QuerySegment, costs: QueryCosts, order_index: int,
+                         num_teachers: int) -> tuple[float, NDArray[np.float64], dict[str, bool]]:
+    """(RDP total at the order, LS_total[d], conditions C5/C6) of one segment for the
+    smooth-sensitivity release (PATE 2018, App. C). A step whose data-dependent cost always equals
+    its data-independent one is charged the latter and contributes no sensitivity, as in the
+    published analysis."""
+    params, votes = segment.params, segment.votes
     order = float(costs.orders[order_index])
     a = np.array([order])
-    num_classes = votes.shape[1]
     sigma = params.gnmax_sigma
-    unanimous = np.zeros((1, num_classes), np.int64)
+    unanimous = np.zeros((1, votes.shape[1]), np.int64)
     unanimous[0, 0] = num_teachers
     answer_fixed = _always_independent(
         gnmax_rdp_dependent(gnmax_logq(unanimous, sigma), sigma, a),
@@ -156,64 +166,83 @@ def _sanitise(votes: NDArray[np.int64], params: AggregatorParams, costs: QueryCo
     if not select_fixed:
         assert params.threshold is not None and params.sigma1 is not None
         ls_total += threshold_local_sensitivity_total(
-            threshold_inputs(votes, baseline), num_teachers, params.threshold, params.sigma1,
-            order)
+            threshold_inputs(votes, segment.baseline), num_teachers, params.threshold,
+            params.sigma1, order)
     conditions = {"c5": True, "c6": True}
     if not answer_fixed:
-        c5, c6 = check_conditions(sigma, num_classes, order)
+        c5, c6 = check_conditions(sigma, votes.shape[1], order)
         conditions = {"c5": c5, "c6": c6}
         ls_total += gnmax_local_sensitivity_total(votes, sigma, order, weights=p)
-    release = optimise_release(ls_total, rdp_total, order,
+    return rdp_total, ls_total, conditions
+
+
+def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float | None = None,
+                     beta: float | None = None, conversion: Conversion = "improved"
+                     ) -> dict[str, Any]:
+    """The Table-2 analysis of queries answered by one or more aggregators in turn (RDP curves
+    compose by addition; local sensitivities of the total add distance by distance): data-
+    independent, data-dependent and smooth-sensitivity-sanitised epsilon (DESIGN.md contract).
+
+    Without ``order`` the best order of the default grid is taken (each bound at its own optimum;
+    the sanitised one at the data-dependent optimum, as published). Where conditions C5/C6 fail,
+    the sanitised epsilon falls back to the data-independent one at that order. LNMax has no
+    smooth-sensitivity analysis (PATE 2017 leaves it open), so a segment of it gives ``None``."""
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if not segments:
+        raise ValueError("no queries to analyse")
+    orders = as_orders(order)
+    votes = [np.asarray(s.votes, np.int64) for s in segments]
+    num_teachers, num_classes = int(votes[0][0].sum()), votes[0].shape[1]
+    if any(v.shape[1] != num_classes or np.any(v.sum(axis=1) != num_teachers) for v in votes):
+        raise ValueError("every segment must have the same teachers and classes")
+    costs = [query_costs(v, s.params, orders, s.baseline)
+             for v, s in zip(votes, segments, strict=True)]
+    total_ind = sum(c.expected(dependent=False).sum(axis=0) for c in costs)
+    total_dep = sum(c.expected(dependent=True).sum(axis=0) for c in costs)
+    eps_ind, order_ind = epsilon_from_rdp(total_ind, orders, delta, conversion)
+    eps_dep, order_dep = epsilon_from_rdp(total_dep, orders, delta, conversion)
+    idx = int(np.flatnonzero(orders == order_dep)[0])
+
+    mechanisms = list(dict.fromkeys(s.params.mechanism for s in segments))
+    result: dict[str, Any] = {
+        "mechanism": "+".join(mechanisms), "queries": int(sum(v.shape[0] for v in votes)),
+        "teachers": num_teachers, "classes": num_classes, "delta": delta,
+        "conversion": conversion,
+        "expected_answered": float(sum(c.pr_answered.sum() for c in costs)),
+        "data_independent": {"epsilon": eps_ind, "order": order_ind},
+        "data_dependent": {"epsilon": eps_dep, "order": order_dep,
+                           "rdp": float(total_dep[idx])},
+        "smooth_sensitivity": None,
+    }
+    if "lnmax" in mechanisms:
+        return result
+    if beta is not None and not 0.0 <= beta < 1.0 / (2.0 * order_dep):
+        raise ValueError(f"--beta must be in [0, 1/(2*order)) = [0, {1 / (2 * order_dep):g})")
+    parts = [_segment_sensitivity(QuerySegment(v, s.params, s.baseline), c, idx, num_teachers)
+             for v, s, c in zip(votes, segments, costs, strict=True)]
+    rdp_total = sum(p[0] for p in parts)
+    conditions = {key: all(p[2][key] for p in parts) for key in ("c5", "c6")}
+    release = optimise_release(sum(p[1] for p in parts), rdp_total, order_dep,
                                None if beta is None else np.array([beta]))
-    finite_sigma = math.isfinite(release.sigma)
-    return {"order": order, "beta": release.beta, "value": release.value,
-            "sigma": release.sigma if finite_sigma else None,
-            "rdp_cost": release.rdp_cost, "rdp": rdp_total,
-            "conditions": conditions}
+    out: dict[str, Any] = {
+        "order": order_dep, "beta": release.beta, "value": release.value,
+        "sigma": release.sigma if math.isfinite(release.sigma) else None,
+        "rdp_cost": release.rdp_cost, "conditions": conditions}
+    if conditions["c5"] and conditions["c6"]:
+        out["epsilon"] = float(epsilon_curve(rdp_total + release.rdp_cost, order_dep, delta,
+                                             conversion))
+    else:  # the smooth-sensitivity proof does not apply: release only the safe bound
+        out["epsilon"] = float(epsilon_curve(total_ind[idx], order_dep, delta, conversion))
+        out["fallback"] = "data-independent"
+    result["smooth_sensitivity"] = out
+    return result
 
 
 def analyze_votes(votes: NDArray[np.int64], params: AggregatorParams, delta: float, *,
                   baseline: NDArray[np.float64] | None = None, order: float | None = None,
                   beta: float | None = None, conversion: Conversion = "improved"
                   ) -> dict[str, Any]:
-    """The full analysis of ``pate analyze`` (DESIGN.md contract): data-independent,
-    data-dependent and smooth-sensitivity-sanitised epsilon of answering every row of ``votes``.
-
-    Without ``order`` the best order of the default grid is taken (each bound at its own
-    optimum; the sanitised one at the data-dependent optimum, as published). Where conditions C5/C6
-    fail the sanitised epsilon falls back to the data-independent one at that order."""
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-    orders = as_orders(order)
-    votes = np.asarray(votes, np.int64)
-    num_teachers = int(votes[0].sum())
-    costs = query_costs(votes, params, orders, baseline)
-    total_ind = costs.expected(dependent=False).sum(axis=0)
-    total_dep = costs.expected(dependent=True).sum(axis=0)
-    eps_ind, order_ind = epsilon_from_rdp(total_ind, orders, delta, conversion)
-    eps_dep, order_dep = epsilon_from_rdp(total_dep, orders, delta, conversion)
-    idx = int(np.flatnonzero(orders == order_dep)[0])
-
-    result: dict[str, Any] = {
-        "mechanism": params.mechanism, "queries": int(votes.shape[0]),
-        "teachers": num_teachers, "classes": int(votes.shape[1]), "delta": delta,
-        "conversion": conversion, "expected_answered": float(costs.pr_answered.sum()),
-        "data_independent": {"epsilon": eps_ind, "order": order_ind},
-        "data_dependent": {"epsilon": eps_dep, "order": order_dep,
-                           "rdp": float(total_dep[idx])},
-        "smooth_sensitivity": None,
-    }
-    if params.mechanism == "lnmax":
-        return result  # the published smooth-sensitivity analysis covers the GNMax family only
-    if beta is not None and not 0.0 <= beta < 1.0 / (2.0 * order_dep):
-        raise ValueError(f"--beta must be in [0, 1/(2*order)) = [0, {1 / (2 * order_dep):g})")
-    release = _sanitise(votes, params, costs, idx, num_teachers, baseline, beta)
-    if release["conditions"]["c5"] and release["conditions"]["c6"]:
-        release["epsilon"] = float(epsilon_curve(release["rdp"] + release["rdp_cost"],
-                                                 order_dep, delta, conversion))
-    else:  # the smooth-sensitivity proof does not apply: release only the safe bound
-        release["epsilon"] = float(epsilon_curve(total_ind[idx], order_dep, delta, conversion))
-        release["fallback"] = "data-independent"
-    del release["rdp"]
-    result["smooth_sensitivity"] = release
-    return result
+    """``pate analyze``: the analysis of every row of ``votes`` answered by one aggregator."""
+    return analyze_segments([QuerySegment(votes, params, baseline)], delta, order=order,
+                            beta=beta, conversion=conversion)
