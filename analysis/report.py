@@ -1,0 +1,358 @@
+"""The privacy-utility report of a run: every figure in one JSON object, the paper's figures as
+PNGs and a self-contained HTML page (PATE 2018, Table 1 and Figures 4 and 5).
+
+Inputs are plain arrays and dictionaries (``RunData``); reading a run directory is the CLI's job.
+The report holds private statistics (vote histograms, the data-dependent epsilon): it is for the
+data curator and is written with private file modes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from numpy.typing import NDArray
+
+from analysis.cumulative import cumulative_cost
+from analysis.votes_analysis import AggregatorParams, QuerySegment, analyze_segments
+
+MECHANISM_NAMES = {"lnmax": "LNMax", "gnmax": "GNMax", "confident": "Confident-GNMax",
+                   "interactive": "Interactive-GNMax"}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Queries answered by one aggregator: rows of the votes matrix, and what came back."""
+
+    rows: NDArray[np.int64]
+    params: AggregatorParams
+    labels: NDArray[np.int64]                 # -1 = no answer
+    baseline: NDArray[np.float64] | None = None
+
+
+@dataclass(frozen=True)
+class RunData:
+    name: str
+    dataset: str
+    delta: float
+    votes: NDArray[np.int64]                  # PRIVATE: every pool row
+    pool_labels: NDArray[np.int64] | None     # true labels of the pool rows (public data)
+    segments: list[Segment]
+    lnmax_scale: float
+    teacher_accuracies: NDArray[np.float64] | None = None
+    student: dict[str, Any] | None = None
+    dpsgd: dict[str, Any] | None = None
+    non_private_baseline: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _stats(values: NDArray[np.float64]) -> dict[str, float]:
+    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
+            "max": float(values.max()), "count": int(values.size)}
+
+
+def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
+    """report.json's content and the figures, named as their files under ``figures/``."""
+    segments = [QuerySegment(data.votes[s.rows], s.params, s.baseline) for s in data.segments]
+    privacy = analyze_segments(segments, data.delta) if segments else None
+    labels = np.concatenate([s.labels for s in data.segments]) if data.segments else np.zeros(0)
+    rows = np.concatenate([s.rows for s in data.segments]) if data.segments else np.zeros(0, int)
+    answered = labels >= 0
+    label_accuracy = None
+    if data.pool_labels is not None and answered.any():
+        label_accuracy = float(np.mean(labels[answered] == data.pool_labels[rows[answered]]))
+    plurality = data.votes.argmax(axis=1)
+    ensemble_accuracy = (float(np.mean(plurality == data.pool_labels))
+                         if data.pool_labels is not None else None)
+
+    report: dict[str, Any] = {
+        "run": data.name, "dataset": data.dataset, "delta": data.delta,
+        "teachers": int(data.votes[0].sum()), "classes": int(data.votes.shape[1]),
+        "pool_size": int(data.votes.shape[0]),
+        "queries": {"asked": int(labels.size), "answered": int(answered.sum()),
+                    "label_accuracy": label_accuracy,
+                    "per_round": [{"mechanism": s.params.mechanism, "asked": int(s.labels.size),
+                                   "answered": int((s.labels >= 0).sum())}
+                                  for s in data.segments]},
+        "privacy": privacy,
+        "ensemble": {"plurality_accuracy": ensemble_accuracy},
+        "teacher_accuracy": (_stats(data.teacher_accuracies)
+                             if data.teacher_accuracies is not None else None),
+        "student": data.student, "dpsgd": data.dpsgd, **data.extra,
+    }
+    report["table"] = summary_table(report, data.non_private_baseline)
+    figures = {
+        "epsilon_vs_answered.png": figure_epsilon_vs_answered(data),
+        "plurality_histogram.png": figure_plurality_histogram(data, rows, answered),
+        "epsilon_split.png": figure_epsilon_split(data),
+        "accuracy.png": figure_accuracy(report, data.teacher_accuracies),
+    }
+    return report, figures
+
+
+def summary_table(report: dict[str, Any], non_private: float | None) -> list[dict[str, Any]]:
+    """Rows in the form of PATE 2018's Table 1."""
+    rows = []
+    privacy = report["privacy"]
+    if privacy is not None:
+        ss = privacy["smooth_sensitivity"]
+        rows.append({
+            "method": "PATE: " + " then ".join(MECHANISM_NAMES[m]
+                                                for m in privacy["mechanism"].split("+")),
+            "student": (report["student"] or {}).get("method"),
+            "queries_answered": report["queries"]["answered"],
+            "epsilon_data_independent": privacy["data_independent"]["epsilon"],
+            "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
+            "epsilon_smooth_sensitivity": ss["epsilon"] if ss else None,
+            "delta": privacy["delta"],
+            "accuracy": (report["student"] or {}).get("accuracy"),
+            "non_private_baseline": non_private,
+        })
+    if report["dpsgd"]:
+        d = report["dpsgd"]
+        rows.append({
+            "method": "DP-SGD baseline", "student": "dpsgd", "queries_answered": None,
+            "epsilon_data_independent": d.get("epsilon"), "epsilon_data_dependent": None,
+            "epsilon_smooth_sensitivity": None, "epsilon_bayesian": d.get("epsilon_bayesian"),
+            "delta": d.get("delta"), "accuracy": d.get("accuracy"),
+            "non_private_baseline": non_private,
+        })
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+# Figures
+# ------------------------------------------------------------------------------------------
+
+def figure_epsilon_vs_answered(data: RunData) -> Figure:
+    """Privacy cost against queries answered over the whole pool, for LNMax, GNMax and the run's
+    Confident-GNMax (PATE 2018, Figure 4 / Figure 1 middle)."""
+    first = next((s.params for s in data.segments if s.params.thresholded), None)
+    sigma = first.sigma2 if first is not None else 40.0
+    curves = [("LNMax", AggregatorParams("lnmax", scale=data.lnmax_scale), "tab:red", "--"),
+              ("GNMax", AggregatorParams("gnmax", sigma=sigma), "tab:orange", "-.")]
+    if first is not None:
+        curves.append(("Confident-GNMax", AggregatorParams(
+            "confident", threshold=first.threshold, sigma1=first.sigma1, sigma2=first.sigma2),
+            "tab:green", "-"))
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    for label, params, colour, style in curves:
+        cost = cumulative_cost(data.votes, params, data.delta)
+        ax.plot(cost.answered, cost.epsilon_dependent, color=colour, ls=style, lw=2,
+                label=f"{label} (data-dependent)")
+        if label == "Confident-GNMax":
+            ax.plot(cost.answered, cost.epsilon_independent, color=colour, ls=":", lw=1.5,
+                    label=f"{label} (data-independent)")
+    ax.set_xlabel("Queries answered (expected)")
+    ax.set_ylabel(f"Privacy cost ε at δ = {data.delta:g}")
+    ax.set_title("Privacy cost against queries answered")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def figure_plurality_histogram(data: RunData, rows: NDArray[np.int64],
+                               answered: NDArray[np.bool_]) -> Figure:
+    """Share of teachers agreeing with the plurality, for queries asked and answered
+    (PATE 2018, Figure 5 left)."""
+    teachers = data.votes[0].sum()
+    agreement = 100.0 * data.votes[rows].max(axis=1) / teachers
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    bins = np.linspace(0, 100, 26)
+    ax.hist(agreement, bins=bins, color="tab:blue", alpha=0.5, label=f"asked ({rows.size})")
+    ax.hist(agreement[answered], bins=bins, color="tab:green", alpha=0.7,
+            label=f"answered ({int(answered.sum())})")
+    ax.set_xlabel("Teachers voting for the plurality class (%)")
+    ax.set_ylabel("Number of queries")
+    ax.set_title("Teacher consensus of asked and answered queries")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def figure_epsilon_split(data: RunData) -> Figure:
+    """How epsilon splits between selecting queries (threshold step), answering them (GNMax)
+    and the conversion's delta term, for each thresholded round (PATE 2018, Figure 5 right)."""
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    names, parts = [], []
+    for i, s in enumerate(data.segments):
+        cost = cumulative_cost(data.votes[s.rows], s.params, data.delta, s.baseline)
+        eps = float(cost.epsilon_dependent[-1])
+        names.append(f"round {i + 1}\n{MECHANISM_NAMES[s.params.mechanism]}")
+        parts.append([eps * cost.split_selection, eps * cost.split_answering,
+                      eps * cost.split_delta])
+    values = np.array(parts).reshape(-1, 3)
+    left = np.zeros(len(names))
+    for k, (label, colour) in enumerate([("selection (threshold step)", "tab:blue"),
+                                         ("answering (GNMax step)", "tab:green"),
+                                         ("δ term of the conversion", "tab:gray")]):
+        ax.barh(names, values[:, k], left=left, color=colour, label=label)
+        left += values[:, k]
+    ax.set_xlabel(f"Data-dependent ε at δ = {data.delta:g}, each round alone")
+    ax.set_title("Where the privacy budget goes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def figure_accuracy(report: dict[str, Any], teacher_acc: NDArray[np.float64] | None) -> Figure:
+    """Teacher accuracy spread, and label / ensemble / student / DP-SGD accuracy."""
+    fig = Figure(figsize=(10, 4.2))
+    left, right = fig.subplots(1, 2)
+    if teacher_acc is not None:
+        left.hist(teacher_acc, bins=20, color="tab:purple", alpha=0.8)
+        left.axvline(float(teacher_acc.mean()), color="k", ls="--",
+                     label=f"mean {teacher_acc.mean():.3f}")
+        left.legend()
+    left.set_xlabel("Teacher accuracy on the evaluation set")
+    left.set_ylabel("Number of teachers")
+    left.set_title("Teacher accuracy spread")
+    bars = {"answered labels": report["queries"]["label_accuracy"],
+            "ensemble plurality\n(no noise)": report["ensemble"]["plurality_accuracy"],
+            "student": (report["student"] or {}).get("accuracy"),
+            "DP-SGD": (report["dpsgd"] or {}).get("accuracy")}
+    bars = {k: v for k, v in bars.items() if v is not None}
+    right.bar(list(bars), list(bars.values()), color="tab:cyan")
+    for i, v in enumerate(bars.values()):
+        right.text(i, v + 0.01, f"{v:.3f}", ha="center")
+    right.set_ylim(0, 1.08)
+    right.set_ylabel("Accuracy")
+    right.set_title("Accuracy")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------
+# Output
+# ------------------------------------------------------------------------------------------
+
+def figure_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return html.escape(str(value))
+
+
+TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
+                 ("queries_answered", "Queries answered"),
+                 ("epsilon_data_independent", "ε data-independent"),
+                 ("epsilon_data_dependent", "ε data-dependent (private)"),
+                 ("epsilon_smooth_sensitivity", "ε smooth-sensitivity"),
+                 ("epsilon_bayesian", "ε Bayesian"), ("delta", "δ"),
+                 ("accuracy", "Accuracy"), ("non_private_baseline", "Non-private baseline")]
+
+
+def table_html(rows: list[dict[str, Any]], first_column: str | None = None) -> str:
+    head = (f"<th>{html.escape(first_column)}</th>" if first_column else "") + "".join(
+        f"<th>{html.escape(title)}</th>" for _, title in TABLE_COLUMNS)
+    body = "".join(
+        "<tr>" + (f"<td>{html.escape(str(r.get('run', '')))}</td>" if first_column else "")
+        + "".join(f"<td>{_fmt(r.get(key))}</td>" for key, _ in TABLE_COLUMNS) + "</tr>"
+        for r in rows)
+    return f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:4px 8px;
+text-align:right}th{background:#eef}td:first-child,th:first-child{text-align:left}
+.note{background:#fff6e0;border-left:4px solid #e0a000;padding:.5em 1em}
+img{max-width:100%;border:1px solid #ddd;margin:.5em 0}code{background:#f4f4f4}"""
+
+
+def render_html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -> str:
+    """A self-contained page: inline CSS, figures embedded as base64 PNG, no script, no network."""
+    figs = "".join(
+        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
+        f'{base64.b64encode(png).decode()}"></figure>' for name, png in pngs.items())
+    body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>{body}<h2>Figures</h2>{figs}</body></html>")
+
+
+def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
+    q, privacy = report["queries"], report["privacy"]
+    details = [("Dataset", report["dataset"]), ("Teachers", report["teachers"]),
+               ("Classes", report["classes"]), ("Public pool", report["pool_size"]),
+               ("Queries asked", q["asked"]), ("Queries answered", q["answered"]),
+               ("Label accuracy of answered queries", q["label_accuracy"]),
+               ("Ensemble plurality accuracy on the pool (no noise)",
+                report["ensemble"]["plurality_accuracy"])]
+    if report["teacher_accuracy"]:
+        t = report["teacher_accuracy"]
+        details.append(("Teacher accuracy (mean ± std, min–max)",
+                        f"{t['mean']:.4f} ± {t['std']:.4f}, {t['min']:.4f}–{t['max']:.4f}"))
+    if privacy and privacy["smooth_sensitivity"]:
+        ss = privacy["smooth_sensitivity"]
+        details.append(("Smooth-sensitivity release (order, β, SS, σ)",
+                        f"{ss['order']:g}, {ss['beta']:.4g}, {ss['value']:.4g}, "
+                        f"{_fmt(ss['sigma'])}"))
+    detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{_fmt(v)}</td></tr>"
+                          for k, v in details)
+    note = ('<p class="note">This report contains private statistics (the teachers\' vote '
+            "histogram and the data-dependent ε). Share only the data-independent or the "
+            "smooth-sensitivity-sanitised ε, and the student's accuracy.</p>")
+    return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
+            ("Details", f"<table>{detail_rows}</table>")]
+
+
+def write_report(report: dict[str, Any], figures: dict[str, Figure], out_dir: Path,
+                 title: str, sections: list[tuple[str, str]],
+                 write_bytes: Any) -> Path:
+    """Write figures/*.png, report.json and report.html under ``out_dir`` with ``write_bytes``
+    (an atomic, private writer of the caller's)."""
+    import json
+
+    pngs = {name: figure_png(fig) for name, fig in figures.items()}
+    for name, png in pngs.items():
+        write_bytes(out_dir / "figures" / name, png)
+    report = {**report, "figures": {name: f"figures/{name}" for name in pngs}}
+    write_bytes(out_dir / "report.json",
+                (json.dumps(report, indent=2, sort_keys=True, default=_json_default) + "\n")
+                .encode())
+    write_bytes(out_dir / "report.html", render_html(title, sections, pngs).encode())
+    return out_dir / "report.html"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def comparison(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Figure]]:
+    """Several runs side by side: their table rows and an accuracy-against-epsilon plot."""
+    rows = [{"run": r["run"], **row} for r in reports for row in r["table"]]
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    for row in rows:
+        eps = row.get("epsilon_smooth_sensitivity") or row.get("epsilon_data_independent")
+        if eps is not None and row.get("accuracy") is not None:
+            ax.scatter(eps, row["accuracy"], s=50)
+            ax.annotate(f"{row['run']}: {row['method']}", (eps, row["accuracy"]), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("ε (smooth-sensitivity-sanitised, else data-independent)")
+    ax.set_ylabel("Accuracy")
+    ax.set_title("Privacy-utility trade-off across runs")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return {"runs": [r["run"] for r in reports], "table": rows}, {"tradeoff.png": fig}

@@ -1,0 +1,147 @@
+"""The run configuration (``config.toml`` of a run directory), validated.
+
+A config names the dataset and the settings of every stage. Presets ship in ``pate/presets``;
+``load_config`` takes a preset name or a TOML path and returns a validated ``RunConfig``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pate.errors import UserError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_Section):
+    dataset: Literal["fashion-mnist", "mnist", "svhn", "cifar10", "digits", "glyphs"] = \
+        "fashion-mnist"
+    data_dir: str | None = None
+    pool_size: int | None = Field(default=None, gt=0)
+
+
+class TeachersConfig(_Section):
+    count: int = Field(default=250, ge=1)
+    model: str = "cnn"
+    epochs: int = Field(default=20, ge=1)
+    seed: int = 0
+    workers: int = Field(default=1, ge=1)
+    shard_size: int | None = Field(default=None, ge=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class AggregatorConfig(_Section):
+    """Confident-GNMax for round 1, Interactive-GNMax (same T, sigma1, sigma2, plus gamma) for
+    round 2 (PATE 2018, Algorithms 1 and 2); the budget is in epsilon at ``delta``, charged with
+    the data-independent bound."""
+
+    threshold: float
+    sigma1: float = Field(gt=0)
+    sigma2: float = Field(gt=0)
+    gamma: float = Field(default=0.9, gt=0, le=1)
+    budget_epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+    lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
+
+
+class StudentConfig(_Section):
+    method: Literal["vat", "gan", "supervised"] = "vat"
+    queries: int = Field(default=1000, ge=1)
+    interactive_queries: int = Field(default=0, ge=0)
+    select: Literal["first", "random", "uncertainty"] = "random"
+    epochs: int = Field(default=20, ge=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class DPSGDConfig(_Section):
+    enabled: bool = False
+    epsilon: float = Field(default=3.0, gt=0)
+    epochs: int = Field(default=10, ge=1)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class ReportConfig(_Section):
+    non_private_baseline: float | None = Field(default=None, ge=0, le=1)
+
+
+class RunConfig(_Section):
+    name: str
+    data: DataConfig = DataConfig()
+    teachers: TeachersConfig = TeachersConfig()
+    aggregator: AggregatorConfig
+    student: StudentConfig = StudentConfig()
+    dpsgd: DPSGDConfig = DPSGDConfig()
+    report: ReportConfig = ReportConfig()
+
+    @model_validator(mode="after")
+    def _threshold_in_range(self) -> RunConfig:
+        if not 0 <= self.aggregator.threshold <= self.teachers.count:
+            raise ValueError(f"aggregator.threshold must lie in [0, teachers.count = "
+                             f"{self.teachers.count}]")
+        return self
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("pate.presets").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(x) for x in err["loc"]) or "config"
+    return f"{where}: {err['msg']}"
+
+
+def parse_config(text: str, origin: str) -> RunConfig:
+    """Validate TOML text; errors name the file and the offending key in one line."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{origin}: invalid TOML: {exc}") from None
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(f"{origin}: {_first_error(exc)}") from None
+
+
+def load_config(preset_or_path: str) -> RunConfig:
+    """A shipped preset by name (``fashion-mnist-small``) or a TOML file."""
+    path = Path(preset_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise UserError(f"{path}: no such config file")
+        return parse_config(path.read_text(), str(path))
+    if preset_or_path not in preset_names():
+        raise UserError(f"unknown preset {preset_or_path!r}; presets: "
+                        f"{', '.join(preset_names())}, or give a .toml file")
+    text = resources.files("pate.presets").joinpath(f"{preset_or_path}.toml").read_text()
+    return parse_config(text, f"preset {preset_or_path}")
+
+
+def dump_config(config: RunConfig) -> str:
+    """TOML for ``config.toml``: the resolved configuration, every default written out."""
+    lines = [f"name = {_toml(config.name)}"]
+    for section, model in config:
+        if isinstance(model, BaseModel):
+            lines.append(f"\n[{section}]")
+            lines += [f"{key} = {_toml(value)}" for key, value in model if value is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,193 @@
+"""``pate run``: private data to a published student in one command.
+
+Stages (each one a ``pate`` sub-command, run as a child process, so every stage is exactly what a
+user could run by hand): teachers -> votes -> student (against a real ``pate serve`` process on
+loopback with a freshly generated token) -> dpsgd (optional baseline) -> report. A finished stage
+is recorded in ``stages.json`` and skipped on rerun; an interrupted one is rerun (teachers and
+the ledger resume by themselves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+from pate.config import RunConfig, dump_config, parse_config
+from pate.errors import UserError
+from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
+
+STAGES = ("teachers", "votes", "student", "dpsgd", "report")
+_LISTENING = re.compile(r"listening on (http://[^\s]+)")
+
+
+def _pate(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pate", *args]
+
+
+def _run_stage(name: str, argv: list[str]) -> None:
+    print(f"pate run: {name}: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise UserError(f"stage {name} failed (exit {proc.returncode}); see the lines above")
+
+
+class StageLog:
+    """Which stages of a run are finished (``stages.json``, written atomically)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "stages.json"
+        self.done: dict[str, float] = (json.loads(self.path.read_text())
+                                       if self.path.is_file() else {})
+
+    def finish(self, stage: str, seconds: float) -> None:
+        self.done[stage] = round(seconds, 3)
+        write_json_atomic(self.path, self.done)
+
+
+@contextlib.contextmanager
+def label_service(run_dir: Path, config: RunConfig, mechanism: str,
+                  token_file: Path) -> Iterator[str]:
+    """A real ``pate serve`` process on a free loopback port; yields its URL, stops it after."""
+    a = config.aggregator
+    argv = _pate("serve", "--run", str(run_dir), "--mechanism", mechanism,
+                 "--threshold", repr(a.threshold), "--sigma1", repr(a.sigma1),
+                 "--sigma2", repr(a.sigma2), "--gamma", repr(a.gamma),
+                 "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta),
+                 "--token-file", str(token_file), "--host", "127.0.0.1", "--port", "0")
+    print(f"pate run: serve: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        url = _wait_for_url(proc)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for_url(proc: subprocess.Popen, timeout: float = 120.0) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    url = None
+    for line in proc.stdout:
+        print(line, end="", file=sys.stderr, flush=True)
+        match = _LISTENING.search(line)
+        if match:
+            url = match.group(1)
+            break
+        if time.monotonic() > deadline:
+            break
+    if url is None:
+        proc.wait(timeout=10)
+        raise UserError(f"pate serve did not start (exit {proc.returncode}); see above")
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+                return url
+        if proc.poll() is not None:
+            raise UserError(f"pate serve exited ({proc.returncode}) before answering /healthz")
+        time.sleep(0.2)
+    raise UserError("pate serve did not answer /healthz in time")
+
+
+def _token(run_dir: Path) -> Path:
+    """A fresh random bearer token for this run's student, private to the run directory."""
+    path = run_dir / "service.token"
+    if not path.is_file():
+        write_bytes_atomic(path, (secrets.token_urlsafe(32) + "\n").encode(), private=True)
+    return path
+
+
+def prepare_run_dir(config: RunConfig, run_dir: Path) -> None:
+    """Create the run directory (0700) and its config.toml; a rerun must use the same config."""
+    ensure_dir(run_dir, private=True)
+    path = run_dir / "config.toml"
+    text = dump_config(config)
+    if path.is_file():
+        if parse_config(path.read_text(), str(path)) != config:
+            raise UserError(f"{run_dir} was started with a different configuration; use a new "
+                            f"--run directory (or delete {path})")
+        return
+    write_bytes_atomic(path, text.encode())
+
+
+def _teachers_argv(config: RunConfig, run_dir: Path) -> list[str]:
+    t, d = config.teachers, config.data
+    argv = _pate("teachers", "train", "--run", str(run_dir), "--dataset", d.dataset,
+                 "--teachers", str(t.count), "--seed", str(t.seed), "--model", t.model,
+                 "--epochs", str(t.epochs), "--workers", str(t.workers), "--device", t.device)
+    if t.shard_size:
+        argv += ["--shard-size", str(t.shard_size)]
+    return argv + _data_args(config) + list(t.extra_args)
+
+
+def _data_args(config: RunConfig) -> list[str]:
+    out = []
+    if config.data.data_dir:
+        out += ["--data-dir", config.data.data_dir]
+    if config.data.pool_size:
+        out += ["--pool-size", str(config.data.pool_size)]
+    return out
+
+
+def _student_stage(config: RunConfig, run_dir: Path) -> None:
+    s = config.student
+    token = _token(run_dir)
+    with label_service(run_dir, config, "confident", token) as url:
+        _run_stage("student", _pate(
+            "student", "train", "--run", str(run_dir), "--method", s.method,
+            "--server", url, "--token-file", str(token), "--queries", str(s.queries),
+            "--interactive-queries", str(s.interactive_queries), "--select", s.select,
+            "--epochs", str(s.epochs), "--device", s.device, *_data_args(config),
+            *s.extra_args))
+
+
+def _dpsgd_stage(config: RunConfig, run_dir: Path) -> None:
+    p = config.dpsgd
+    _run_stage("dpsgd", _pate("dpsgd", "train", "--run", str(run_dir), "--dataset",
+                              config.data.dataset, "--epsilon", repr(p.epsilon), "--delta",
+                              repr(config.aggregator.delta), "--epochs", str(p.epochs),
+                              *p.extra_args))
+
+
+def _report_stage(config: RunConfig, run_dir: Path) -> None:
+    from pate.run_report import write_run_report
+
+    print(f"pate run: report: {write_run_report(run_dir)}", file=sys.stderr, flush=True)
+
+
+def run_pipeline(config: RunConfig, run_dir: Path) -> Path:
+    """Run every unfinished stage in order; returns the report's path."""
+    prepare_run_dir(config, run_dir)
+    log = StageLog(run_dir)
+    actions: dict[str, Callable[[], None]] = {
+        "teachers": lambda: _run_stage("teachers", _teachers_argv(config, run_dir)),
+        "votes": lambda: _run_stage("votes", _pate("teachers", "votes", "--run", str(run_dir),
+                                                   "--device", config.teachers.device)),
+        "student": lambda: _student_stage(config, run_dir),
+        "dpsgd": lambda: _dpsgd_stage(config, run_dir),
+        "report": lambda: _report_stage(config, run_dir),
+    }
+    for stage in STAGES:
+        if stage == "dpsgd" and not config.dpsgd.enabled:
+            continue
+        if stage in log.done:
+            print(f"pate run: {stage}: done already, skipped", file=sys.stderr, flush=True)
+            continue
+        start = time.monotonic()
+        actions[stage]()
+        log.finish(stage, time.monotonic() - start)
+    return run_dir / "report" / "report.html"
