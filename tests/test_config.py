@@ -1,0 +1,43 @@
+"""Run configuration: presets load, TOML round-trips, and bad configs give one clear line."""
+
+from pathlib import Path
+
+import pytest
+
+from pate.cli import main
+from pate.config import dump_config, load_config, parse_config, preset_names
+from pate.errors import UserError
+
+
+def test_presets_load_and_round_trip() -> None:
+    assert {"digits-tiny", "fashion-mnist-small", "fashion-mnist"} <= set(preset_names())
+    for name in preset_names():
+        config = load_config(name)
+        assert config.name == name
+        assert parse_config(dump_config(config), "again") == config
+
+
+@pytest.mark.parametrize("text,message", [
+    ("name = 'x'\n", "aggregator: Field required"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 0\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n", "aggregator.sigma1: Input should be greater than 0"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 2\n", "aggregator.delta"),
+    ("name = 'x'\n[teachers]\ncount = 5\nbogus = 1\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
+    ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n", "threshold must lie in"),
+    ("name = \n", "invalid TOML"),
+])
+def test_bad_configs(text: str, message: str) -> None:
+    with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
+        parse_config(text, "bad.toml")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["run", "no-such-preset", "--run", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown preset 'no-such-preset'" in err[0]
+    assert main(["run", str(tmp_path / "missing.toml")]) == 2
+    assert "no such config file" in capsys.readouterr().err
