@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(dataset-fashion-mnist)
+# dataset-fashion-mnist: the default data; chromium: the report's browser test; the fonts: the
+# glyphs dataset (pate/glyphs.py).
+apt_packages=(dataset-fashion-mnist chromium fonts-dejavu-core fonts-liberation2
+              fonts-freefont-ttf fonts-urw-base35 fonts-texgyre fonts-croscore)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
