@@ -56,7 +56,7 @@ def _pool_labels(config: RunConfig, pool_index: np.ndarray) -> np.ndarray | None
 
 def _teacher_accuracies(run_dir: Path) -> np.ndarray | None:
     manifest = _json(run_dir / "teachers" / "manifest.json") or {}
-    values = manifest.get("teacher_accuracy")
+    values = (manifest.get("accuracy") or {}).get("per_teacher")
     return np.asarray(values, np.float64) if values else None
 
 

@@ -138,7 +138,7 @@ def main() -> None:
         analysis = analyze_votes(votes, confident, args.delta)
         answered, label_acc = confident_accuracy(votes, truth, confident, rng)
         row = {"teachers": n, "train_seconds": round(seconds, 1),
-               "teacher_accuracy_mean": float(np.mean(manifest.get("teacher_accuracy", [np.nan]))),
+               "teacher_accuracy_mean": manifest["accuracy"]["mean"],
                "plurality_accuracy": float(np.mean(votes.argmax(1) == truth)),
                "gnmax": gnmax, "lnmax": lnmax,
                "table1": {"mechanism": "Confident-GNMax",

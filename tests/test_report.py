@@ -49,7 +49,7 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
     (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
         {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
     (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
-        {"teacher_accuracy": rng.uniform(0.6, 0.8, teachers).tolist()}))
+        {"accuracy": {"per_teacher": rng.uniform(0.6, 0.8, teachers).tolist()}}))
     return {"votes": votes, "asked": asked, "labels": labels, "truth": truth,
             "config": config}
 
@@ -78,6 +78,7 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
         report["privacy"]["smooth_sensitivity"]["epsilon"]
     assert row["accuracy"] == 0.91 and dpsgd["accuracy"] == 0.88
     assert row["queries_answered"] == int((made["labels"] >= 0).sum())
+    assert report["teacher_accuracy"]["count"] == made["config"].teachers.count
     answered = made["labels"] >= 0
     assert report["queries"]["label_accuracy"] == pytest.approx(
         np.mean(made["labels"][answered] == made["truth"][made["asked"][answered]]))
