@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -155,6 +156,32 @@ def _runs(sorted_desc: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np
         return values, np.log(counts)
 
 
+def _drive_walk(n_queries: int, n_teachers: int, elements_per_step: int,
+                step: Callable[[NDArray[np.int64], NDArray[np.int64]],
+                               tuple[NDArray[np.float64], NDArray[np.bool_]]]
+                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+    """Run a walk over blocks of distances for all queries at once. ``step(active, d)`` gives
+    log q and "stop here" for the active queries at distances d, ``[active, len(d)]``. Returns
+    (query, d, log q_d) for every step up to and including each query's first stop."""
+    active = np.arange(n_queries)
+    out_q, out_d, out_logq = [], [], []
+    start = 0
+    while active.size and start < n_teachers:
+        width = max(1, min(n_teachers - start,
+                           _BLOCK_ELEMENTS // (active.size * elements_per_step)))
+        d = start + np.arange(width)
+        logq, stopped = step(active, d)
+        has_stop = stopped.any(axis=1)
+        stop = np.where(has_stop, stopped.argmax(axis=1), width - 1)
+        qi, di = np.nonzero(np.arange(width)[None, :] <= stop[:, None])
+        out_q.append(active[qi])
+        out_d.append(d[di])
+        out_logq.append(logq[qi, di])
+        active = active[~has_stop]
+        start += width
+    return _concat(out_q, out_d, out_logq)
+
+
 # A term more than this many nats below the largest one changes log q by < 150 e^-42 < 1e-16.
 _NEGLIGIBLE_NATS = 42.0
 
@@ -163,8 +190,7 @@ def _walk_towards_runner_up(sorted_votes: NDArray[np.int64], table: NDArray[np.f
                             sens: GNMaxSensitivity
                             ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
     """Algorithm 5's walk for queries with q < q1: at step d the leader has lost d votes to the
-    runner-up; it stops at the first d with q_d >= q1. Returns (query, d, log q_d) for every step
-    up to and including the stop.
+    runner-up; it stops at the first d with q_d >= q1.
 
     log q_d = T(g1 - 2d) + log(1 + sum_j w_j e^{T(n0 - d - c_j) - T(g1 - 2d)}) over the distinct
     other counts c_j (multiplicity w_j), T the Gaussian log survival function of the gap. Along
@@ -176,14 +202,11 @@ def _walk_towards_runner_up(sorted_votes: NDArray[np.int64], table: NDArray[np.f
     leader, runner = sorted_votes[:, 0], sorted_votes[:, 1]
     gap_runner = leader - runner
     rest_values, rest_logw = _runs(sorted_votes[:, 2:])
-    active = np.arange(sorted_votes.shape[0])
-    out_q, out_d, out_logq = [], [], []
-    start = 0
-    while active.size and start < n_teachers:
-        width = max(1, min(n_teachers - start,
-                           _BLOCK_ELEMENTS // (active.size * (rest_values.shape[1] + 1))))
-        ends = np.stack([np.full(active.size, start),
-                         np.clip(gap_runner[active] // 2, start, start + width - 1)], axis=1)
+
+    def step(active: NDArray[np.int64], d: NDArray[np.int64]
+             ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+        ends = np.stack([np.full(active.size, d[0]),
+                         np.clip(gap_runner[active] // 2, d[0], d[-1])], axis=1)
         runner_at_ends = table[np.clip(gap_runner[active, None] - 2 * ends + n_teachers,
                                        0, table.size - 1)]
         rest_at_ends = (table[np.clip(leader[active, None, None] - ends[:, :, None]
@@ -192,7 +215,6 @@ def _walk_towards_runner_up(sorted_votes: NDArray[np.int64], table: NDArray[np.f
         relevant = (rest_at_ends >= runner_at_ends[:, :, None] - _NEGLIGIBLE_NATS).any(axis=1)
         columns = max(1, int((relevant.shape[1] - np.argmax(relevant[:, ::-1], axis=1))
                              [relevant.any(axis=1)].max(initial=1)))
-        d = start + np.arange(width)
         runner_terms = table[np.clip(gap_runner[active, None] - 2 * d[None, :] + n_teachers,
                                      0, table.size - 1)]
         gap_rest = (leader[active, None, None] - d[None, :, None]
@@ -202,17 +224,9 @@ def _walk_towards_runner_up(sorted_votes: NDArray[np.int64], table: NDArray[np.f
         relative += rest_logw[active, None, :columns]
         relative -= runner_terms[:, :, None]
         logq = np.minimum(runner_terms + np.log1p(np.exp(relative).sum(axis=2)), cap)
-        crossed = logq >= sens.logq1
-        has_stop = crossed.any(axis=1)
-        stop = np.where(has_stop, crossed.argmax(axis=1), width - 1)
-        keep = np.arange(width)[None, :] <= stop[:, None]
-        qi, di = np.nonzero(keep)
-        out_q.append(active[qi])
-        out_d.append(d[di])
-        out_logq.append(logq[qi, di])
-        active = active[~has_stop]
-        start += width
-    return _concat(out_q, out_d, out_logq)
+        return logq, logq >= sens.logq1
+
+    return _drive_walk(sorted_votes.shape[0], n_teachers, rest_values.shape[1] + 1, step)
 
 
 def _walk_towards_leader(sorted_votes: NDArray[np.int64], table: NDArray[np.float64],
@@ -220,8 +234,7 @@ def _walk_towards_leader(sorted_votes: NDArray[np.int64], table: NDArray[np.floa
                          ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
     """Algorithm 4's walk for queries with q > q0: each step moves one vote from the largest
     other class to the leader, so after k steps the other classes are levelled down from the top
-    by k votes; it stops at the first k with q_k <= q0 or no vote left outside the leader.
-    Returns (query, k, log q_k) for every step up to and including the stop."""
+    by k votes; it stops at the first k with q_k <= q0 or no vote left outside the leader."""
     n_teachers = (table.size - 1) // 2
     cap = math.log1p(-1.0 / sens.num_classes)
     leader = sorted_votes[:, 0]
@@ -231,12 +244,9 @@ def _walk_towards_leader(sorted_votes: NDArray[np.int64], table: NDArray[np.floa
                              np.cumsum(others, axis=1)], axis=1)
     # levelling the top i+1 classes down to others[:, i] removes prefix[i] - i * others[:, i]
     to_level = prefix[:, :-1] - np.arange(width_m)[None, :] * others
-    active = np.arange(sorted_votes.shape[0])
-    out_q, out_k, out_logq = [], [], []
-    start = 0
-    while active.size and start < n_teachers:
-        width = max(1, min(n_teachers - start, _BLOCK_ELEMENTS // (active.size * width_m)))
-        k = start + np.arange(width)
+
+    def step(active: NDArray[np.int64], k: NDArray[np.int64]
+             ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
         levelled = (to_level[active, None, :] <= k[None, :, None]).sum(axis=2)  # i + 1
         top_total = np.take_along_axis(prefix[active], levelled, axis=1) - k[None, :]
         level, extra = np.divmod(top_total, levelled)
@@ -247,17 +257,9 @@ def _walk_towards_leader(sorted_votes: NDArray[np.int64], table: NDArray[np.floa
         gaps = leader[active, None, None] + k[None, :, None] - new_others
         logq = np.minimum(logsumexp(table[np.clip(gaps + n_teachers, 0, table.size - 1)],
                                     axis=2), cap)
-        stopped = (logq <= sens.logq0) | (new_others[..., 0] == 0)
-        has_stop = stopped.any(axis=1)
-        stop = np.where(has_stop, stopped.argmax(axis=1), width - 1)
-        keep = np.arange(width)[None, :] <= stop[:, None]
-        qi, ki = np.nonzero(keep)
-        out_q.append(active[qi])
-        out_k.append(k[ki])
-        out_logq.append(logq[qi, ki])
-        active = active[~has_stop]
-        start += width
-    return _concat(out_q, out_k, out_logq)
+        return logq, (logq <= sens.logq0) | (new_others[..., 0] == 0)
+
+    return _drive_walk(sorted_votes.shape[0], n_teachers, width_m, step)
 
 
 def _concat(*parts: list[NDArray]) -> tuple[NDArray[np.int64], NDArray[np.int64],

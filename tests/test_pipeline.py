@@ -1,0 +1,58 @@
+"""``pate run`` end to end on the digits-tiny preset: every stage runs for real (Ray teachers, a
+real ``pate serve`` process, the student's query rounds, the report), and a rerun skips them."""
+
+import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def pate_run(run: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pate", "run", "digits-tiny", "--run", str(run)],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_pipeline_end_to_end_then_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = pate_run(run)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = json.loads(first.stdout.strip().splitlines()[-1])
+    assert out["report"] == str(run / "report" / "report.html")
+    for name in ("config.toml", "partition.json", "votes.npz", "labels.npz", "ledger.db",
+                 "student/metrics.json", "report/report.json", "report/report.html",
+                 "stages.json"):
+        assert (run / name).is_file(), name
+    for private in ("votes.npz", "ledger.db", "service.token"):
+        assert stat.S_IMODE((run / private).stat().st_mode) == 0o600, private
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
+
+    report = json.loads((run / "report" / "report.json").read_text())
+    metrics = json.loads((run / "student" / "metrics.json").read_text())
+    with np.load(run / "labels.npz") as f:
+        labels = f["label"]
+    row = report["table"][0]
+    assert row["accuracy"] == metrics["accuracy"]
+    assert row["queries_answered"] == int((labels >= 0).sum()) > 0
+    assert 0 < row["epsilon_data_dependent"] <= row["epsilon_data_independent"]
+    stages = json.loads((run / "stages.json").read_text())
+    assert list(stages) == ["teachers", "votes", "student", "report"]
+
+    second = pate_run(run)
+    assert second.returncode == 0, second.stderr[-3000:]
+    for stage in ("teachers", "votes", "student", "report"):
+        assert f"{stage}: done already, skipped" in second.stderr
+    assert json.loads((run / "stages.json").read_text()) == stages
+
+
+def test_rerun_with_another_config_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(
+        'name = "other"\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n'
+        "budget_epsilon = 1\ndelta = 1e-5\n")
+    proc = pate_run(run)
+    assert proc.returncode == 2
+    assert "different configuration" in proc.stderr and proc.stderr.count("\n") == 1
