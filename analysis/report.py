@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,11 +319,9 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 def write_report(report: dict[str, Any], figures: dict[str, Figure], out_dir: Path,
                  title: str, sections: list[tuple[str, str]],
-                 write_bytes: Any) -> Path:
+                 write_bytes: Callable[[Path, bytes], None]) -> Path:
     """Write figures/*.png, report.json and report.html under ``out_dir`` with ``write_bytes``
     (an atomic, private writer of the caller's)."""
-    import json
-
     pngs = {name: figure_png(fig) for name, fig in figures.items()}
     for name, png in pngs.items():
         write_bytes(out_dir / "figures" / name, png)
