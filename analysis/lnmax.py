@@ -47,11 +47,11 @@ def pure_eps_rdp(logq: ArrayLike, pure_eps: float, orders: ArrayLike) -> NDArray
     """
     logq = np.atleast_1d(np.asarray(logq, np.float64))[:, None]
     a = np.atleast_1d(np.asarray(orders, np.float64))[None, :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        applies = np.exp(logq) <= 1.0 / (np.exp(pure_eps) + 1.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        applies = logq <= -np.logaddexp(0.0, pure_eps)  # q <= 1/(e^eps + 1), in log space
         log1q = log1mexp(logq)
-        logt = np.logaddexp(log1q + (log1q - log1mexp(pure_eps + logq)) * (a - 1.0),
-                            logq + pure_eps * (a - 1.0))
+        logt = np.logaddexp(log1q + (log1q - log1mexp(np.minimum(pure_eps + logq, 0.0)))
+                            * (a - 1.0), logq + pure_eps * (a - 1.0))
         logt = np.where(applies, logt, np.inf)
         return np.minimum(np.minimum(0.5 * pure_eps**2 * a, logt / (a - 1.0)), pure_eps)
 

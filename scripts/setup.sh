@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# dataset-fashion-mnist: the default data; chromium: the report's browser test; the fonts: the
-# glyphs dataset (pate/glyphs.py).
-apt_packages=(dataset-fashion-mnist chromium fonts-dejavu-core fonts-liberation2
+# dataset-fashion-mnist: the default data; chromium: the report's browser test; postgresql: the
+# ledger's PostgreSQL test; the fonts: the glyphs dataset (pate/glyphs.py).
+apt_packages=(dataset-fashion-mnist chromium postgresql fonts-dejavu-core fonts-liberation2
               fonts-freefont-ttf fonts-urw-base35 fonts-texgyre fonts-croscore)
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -1,0 +1,150 @@
+"""Benchmark of the aggregation service: labels per second and p50/p99 latency of POST /v1/labels
+for batches of 1, 100 and 1 000 pool indices with 1 and 8 concurrent clients.
+
+Confident-GNMax (PATE 2018, Algorithm 1; MNIST parameters T=200, sigma1=150, sigma2=40) over 250
+teachers' synthetic votes, SQLite ledger (WAL, synchronous=FULL), a real ``pate serve`` process on
+loopback. Prints one JSON object per case and writes them all to results/bench_service.json.
+
+    python scripts/bench_service.py [--seconds 5] [--pool 20000] [--batches 1 100 1000]
+                                    [--clients 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "bench-token"
+MECHANISM = ["--mechanism", "confident", "--threshold", "200", "--sigma1", "150",
+             "--sigma2", "40"]
+
+
+def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10,
+                    seed: int = 0) -> np.ndarray:
+    """Votes of ``teachers`` on ``rows`` queries, agreement ranging from split to unanimous."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3), size=rows)
+                           ).astype(np.int32)
+
+
+def start_server(workdir: Path, pool: int) -> tuple[subprocess.Popen[str], str]:
+    np.save(workdir / "votes.npy", synthetic_votes(pool))
+    (workdir / "tokens.txt").write_text(TOKEN + "\n")
+    cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / "votes.npy"),
+           *MECHANISM, "--budget-epsilon", "1e9", "--delta", "1e-5",
+           "--token-file", str(workdir / "tokens.txt"), "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+        if m:
+            url = m.group(1)
+            break
+    else:
+        raise SystemExit("pate serve did not start")
+    for _ in range(200):
+        try:
+            if httpx.get(url + "/healthz").status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit("pate serve does not answer")
+
+
+async def client(url: str, batch: int, pool: int, until: float, warm_until: float,
+                 latencies: list[float], seed: int) -> tuple[int, int]:
+    """One client sending requests back to back; returns (requests sent, errors)."""
+    rng = np.random.default_rng(seed)
+    sent = errors = 0
+    async with httpx.AsyncClient(base_url=url, timeout=60,
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        while (now := time.perf_counter()) < until:
+            indices = rng.choice(pool, size=batch, replace=False).tolist()
+            t0 = time.perf_counter()
+            r = await http.post("/v1/labels", json={"request_id": uuid.uuid4().hex,
+                                                    "indices": indices})
+            t1 = time.perf_counter()
+            sent += 1
+            if r.status_code != 200:
+                errors += 1
+            elif now >= warm_until:
+                latencies.append(t1 - t0)
+    return sent, errors
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc; nan elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_case(url: str, pid: int, batch: int, clients: int, pool: int,
+                   seconds: float) -> dict:
+    latencies: list[float] = []
+    cpu0 = cpu_seconds(pid)
+    start = time.perf_counter()
+    warm_until = start + min(1.0, seconds / 5)
+    until = warm_until + seconds
+    counts = await asyncio.gather(*(client(url, batch, pool, until, warm_until, latencies, k)
+                                    for k in range(clients)))
+    measured = time.perf_counter() - warm_until
+    cpu_ms = (cpu_seconds(pid) - cpu0) * 1e3 / max(sum(c[0] for c in counts), 1)
+    lat = np.array(latencies) * 1e3
+    return {"bench": "service", "mechanism": "confident", "teachers": 250, "classes": 10,
+            "ledger": "sqlite-wal-full", "batch": batch, "clients": clients,
+            "requests": int(lat.size), "errors": sum(c[1] for c in counts),
+            "labels_per_s": round(lat.size * batch / measured, 1),
+            "requests_per_s": round(lat.size / measured, 1),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2),
+            "p99_ms": round(float(np.percentile(lat, 99)), 2),
+            "server_cpu_ms_per_request": round(cpu_ms, 2),
+            "seconds": round(measured, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per case")
+    parser.add_argument("--pool", type=int, default=20000, help="rows of the synthetic pool")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 100, 1000])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(Path(tmp), args.pool)
+        try:
+            for batch in args.batches:
+                for clients in args.clients:
+                    case = asyncio.run(run_case(url, proc.pid, batch, clients, args.pool,
+                                                args.seconds))
+                    case.update(cpus=os.cpu_count(), machine=platform.machine(),
+                                load_average_1min=round(os.getloadavg()[0], 2))
+                    print(json.dumps(case), flush=True)
+                    cases.append(case)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    out = ROOT / "results" / "bench_service.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(cases, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
