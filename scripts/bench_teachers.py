@@ -1,0 +1,143 @@
+"""Benchmark teacher training and voting on Fashion-MNIST partitioned among 250 teachers.
+
+Cases (one JSON object per case on stdout, also written to results/bench_teachers/CASE.json):
+  one_at_a_time    plain modules, one teacher after another (teachers.ensemble.train_one)
+  vectorised       one group of --group teachers in this process (teachers.ensemble.train_group)
+  ray_1, ray_2     the first --ray-teachers teachers through teachers.distributed on a local
+                   Ray with 1 and 2 workers (shards of --group)
+  votes            ensemble inference: votes per second for an ensemble of all --teachers
+                   (the trained group's parameters repeated, or the teachers of --run)
+Each training case reports teachers per second and the mean accuracy of its teachers on the
+evaluation half. Run: .venv/bin/python scripts/bench_teachers.py [--cases ...].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pate.datasets import load_dataset, public_split
+from pate.io import ensure_dir, write_json_atomic
+from teachers.distributed import Cluster, TrainJob, train_teachers
+from teachers.ensemble import TrainConfig, train_group, train_one
+from teachers.partition import make_partition
+from teachers.votes import Ensemble, load_ensemble
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench_teachers"
+
+
+def emit(case: str, **fields: object) -> dict:
+    """Print one JSON object and write it under results/."""
+    row = {"case": case, **fields, "load_avg_1min": round(os.getloadavg()[0], 2),
+           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    print(json.dumps(row), flush=True)
+    write_json_atomic(ensure_dir(RESULTS) / f"{case}.json", row)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--teachers", type=int, default=250)
+    ap.add_argument("--one", type=int, default=3, help="teachers in the one-at-a-time case")
+    ap.add_argument("--group", type=int, default=25, help="teachers per vectorised group/shard")
+    ap.add_argument("--ray-teachers", type=int, default=50)
+    ap.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    ap.add_argument("--model", default=TrainConfig.model)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--run", type=Path, help="a trained run whose ensemble votes (votes case)")
+    ap.add_argument("--vote-rows", type=int, default=1000, help="pool rows voted on")
+    ap.add_argument("--cases", nargs="+",
+                    default=["one_at_a_time", "vectorised", "ray_1", "ray_2", "votes"])
+    args = ap.parse_args()
+
+    cfg = TrainConfig(model=args.model, epochs=args.epochs)
+    ds = load_dataset("fashion-mnist")
+    (pool_x, _), (eval_x, eval_y) = public_split(ds)
+    part = make_partition(len(ds.train_y), args.teachers, cfg.seed)
+    min_size = int(part.sizes.min())
+    x = torch.as_tensor(ds.train_x, device=args.device)
+    y = torch.as_tensor(ds.train_y, device=args.device)
+    common = {"dataset": "fashion-mnist", "partition_teachers": args.teachers,
+              "model": cfg.model, "epochs": cfg.epochs, "device": args.device}
+    group_params = None
+
+    if "one_at_a_time" in args.cases:
+        t0 = time.perf_counter()
+        models = [train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size)
+                  for t in range(args.one)]
+        dt = time.perf_counter() - t0
+        stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
+                   for n, _ in models[0].named_parameters()}
+        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [stacked]).accuracy(eval_x, eval_y)
+        emit("one_at_a_time", teachers=args.one, seconds=round(dt, 2),
+             teachers_per_second=args.one / dt, mean_accuracy=float(acc.mean()), **common)
+
+    if "vectorised" in args.cases:
+        ids = range(args.group)
+        t0 = time.perf_counter()
+        group_params = train_group(cfg, x, y, 10, np.arange(args.group), part.parts(ids),
+                                   min_size)
+        dt = time.perf_counter() - t0
+        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [group_params]).accuracy(
+            eval_x, eval_y)
+        emit("vectorised", teachers=args.group, seconds=round(dt, 2),
+             teachers_per_second=args.group / dt, mean_accuracy=float(acc.mean()), **common)
+
+    for workers in (1, 2):
+        if f"ray_{workers}" not in args.cases:
+            continue
+        job = TrainJob("fashion-mnist", args.teachers, args.group, cfg)
+        shards = list(range(-(-args.ray_teachers // args.group)))
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            train_teachers(tmp, job, Cluster(workers=workers, device=args.device), only=shards)
+            dt = time.perf_counter() - t0
+            ens = load_ensemble_partial(Path(tmp), job, ds.train_x.shape[1:], args.device)
+            acc = ens.accuracy(eval_x, eval_y)
+        emit(f"ray_{workers}", teachers=ens.num_teachers, workers=workers,
+             seconds=round(dt, 2), teachers_per_second=ens.num_teachers / dt,
+             mean_accuracy=float(acc.mean()), note="wall time includes starting Ray",
+             **common)
+
+    if "votes" in args.cases:
+        if args.run is not None:
+            ens = load_ensemble(args.run, args.device)
+        else:
+            if group_params is None:
+                group_params = train_group(replace(cfg, epochs=1), x, y, 10,
+                                           np.arange(args.group), part.parts(range(args.group)),
+                                           min_size)
+            reps = -(-args.teachers // args.group)
+            ens = Ensemble(cfg.model, ds.train_x.shape[1:], 10,
+                           [{k: v.to(args.device) for k, v in group_params.items()}] * reps,
+                           args.device)
+        ens.vote(pool_x[:64])  # warm-up
+        t0 = time.perf_counter()
+        votes = ens.vote(pool_x[:args.vote_rows])
+        dt = time.perf_counter() - t0
+        emit("votes", teachers=ens.num_teachers, queries=len(votes), seconds=round(dt, 2),
+             votes_per_second=len(votes) / dt,
+             teacher_predictions_per_second=len(votes) * ens.num_teachers / dt,
+             device=args.device)
+
+
+def load_ensemble_partial(run: Path, job: TrainJob, in_shape: tuple, device: str) -> Ensemble:
+    """The shards trained so far in ``run`` (the benchmark trains only some of them)."""
+    from teachers import checkpoints
+
+    manifest = checkpoints.read_manifest(run)
+    shards = [checkpoints.load_shard(run, int(i), s["sha256"], device)
+              for i, s in sorted(manifest["shards"].items(), key=lambda kv: int(kv[0]))]
+    return Ensemble(job.train.model, tuple(in_shape), 10, shards, device)
+
+
+if __name__ == "__main__":
+    main()

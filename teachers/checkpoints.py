@@ -1,0 +1,63 @@
+"""A run's ``teachers/`` directory: one safetensors file of stacked parameters per shard, and
+``manifest.json`` saying which shards are done and, after ``pate teachers votes``, how accurate
+the teachers are. Teacher weights are private (DESIGN.md): files 0600 in a 0700 directory,
+written to a temporary file and renamed (:mod:`pate.io`), so a killed run leaves either a whole
+checkpoint or none. safetensors: https://huggingface.co/docs/safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import load, save
+
+from pate.errors import UserError
+from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
+
+DIR = "teachers"
+MANIFEST = "manifest.json"
+
+
+def teachers_dir(run_dir: Path) -> Path:
+    return ensure_dir(Path(run_dir) / DIR, private=True)
+
+
+def shard_file(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / DIR / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_manifest(run_dir: Path, manifest: dict) -> None:
+    write_json_atomic(teachers_dir(run_dir) / MANIFEST, manifest, private=True)
+
+
+def save_shard(run_dir: Path, index: int, params: dict[str, np.ndarray]) -> str:
+    """Write shard ``index``'s stacked parameters; returns the file's sha256."""
+    data = save({k: np.ascontiguousarray(v) for k, v in params.items()})
+    write_bytes_atomic(teachers_dir(run_dir) / shard_file(index), data, private=True)
+    return hashlib.sha256(data).hexdigest()
+
+
+def shard_ok(run_dir: Path, index: int, sha256: str) -> bool:
+    """Whether shard ``index``'s checkpoint exists with the recorded digest."""
+    path = Path(run_dir) / DIR / shard_file(index)
+    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+
+
+def load_shard(run_dir: Path, index: int, sha256: str, device: str = "cpu"
+               ) -> dict[str, torch.Tensor]:
+    """Stacked parameters of shard ``index``, verified against the manifest's digest."""
+    path = Path(run_dir) / DIR / shard_file(index)
+    data = path.read_bytes() if path.is_file() else b""
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise UserError(f"teacher checkpoint {path} is missing or corrupt; rerun "
+                        "`pate teachers train` with the same --run to retrain it")
+    return {k: torch.from_numpy(v).to(device) for k, v in load(data).items()}

@@ -1,0 +1,190 @@
+"""Train a run's teachers as Ray tasks, one shard of teachers per task, resumably.
+
+The teachers are cut into shards of ``shard_size``; each shard is one Ray task
+(https://docs.ray.io/en/latest/ray-core/tasks.html) that trains its teachers with the vectorised
+trainer and returns their stacked parameters. The driver checkpoints each shard as soon as it
+arrives and records it in the manifest, so a rerun trains only the shards that are missing, and a
+worker (or the driver) killed mid-run loses only the shards in flight. Ray retries a task whose
+worker died (``max_retries``). Without ``ray_address`` a private local Ray instance is started;
+``workers`` bounds how many shards run at once; on ``cuda`` a task asks for ``gpus_per_shard``
+of a GPU, so fractions pack several shards on one device.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pate.datasets import Dataset, load_dataset
+from pate.errors import UserError
+from pate.io import ensure_dir
+from teachers import checkpoints
+from teachers.ensemble import TrainConfig
+from teachers.partition import (
+    Partition,
+    check_disjoint,
+    make_partition,
+    read_partition,
+    verify_partition,
+    write_partition,
+)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """What ``pate teachers train`` trains; all of it but ``data_dir`` is fixed per run."""
+
+    dataset: str
+    num_teachers: int
+    shard_size: int
+    train: TrainConfig
+    pool_size: int | None = None
+    data_dir: str | None = None
+
+    def settings(self) -> dict:
+        """The settings a rerun must repeat to resume (everything but where the data lives)."""
+        return {"dataset": self.dataset, "num_teachers": self.num_teachers,
+                "shard_size": self.shard_size, "train": asdict(self.train),
+                "pool_size": self.pool_size}
+
+
+def shard_ranges(num_teachers: int, shard_size: int) -> list[range]:
+    """Consecutive teacher ids, ``shard_size`` per shard (the last may be smaller)."""
+    return [range(s, min(s + shard_size, num_teachers))
+            for s in range(0, num_teachers, shard_size)]
+
+
+def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
+                teachers: range, parts: list[np.ndarray], min_size: int, device: str,
+                threads: int) -> dict[str, np.ndarray]:
+    """Body of one Ray task: train the teachers of one shard, return stacked parameters."""
+    import torch
+
+    from teachers.ensemble import train_group
+
+    torch.set_num_threads(threads)
+    xt = torch.tensor(x, device=device)  # copy: object-store arrays are read-only
+    yt = torch.tensor(y, device=device)
+    params = train_group(cfg, xt, yt, num_classes, np.arange(teachers.start, teachers.stop),
+                         parts, min_size)
+    return {k: v.numpy() for k, v in params.items()}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where shards run: a local Ray instance (``address`` None) or a cluster to join."""
+
+    workers: int = 1
+    address: str | None = None
+    device: str = "cpu"
+    gpus_per_shard: float = 1.0
+    max_retries: int = 3
+
+
+def _start_ray(cluster: Cluster) -> None:
+    import ray
+
+    try:
+        if cluster.address:
+            ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(cluster.workers, os.cpu_count() or 1),
+                     num_gpus=None if cluster.device == "cuda" else 0, include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=False)
+    except Exception as exc:  # a bad address or a failed local start
+        raise UserError(f"could not start or join Ray ({cluster.address or 'local'}): "
+                        f"{exc}") from exc
+
+
+def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Dataset, Partition]:
+    """Load the data, record or verify the partition, and read or create the manifest."""
+    ds = load_dataset(job.dataset, job.data_dir)
+    n = len(ds.train_y)
+    part = make_partition(n, job.num_teachers, job.train.seed)
+    recorded = read_partition(run_dir)
+    if recorded is None:
+        write_partition(run_dir, part, job.dataset)
+    else:
+        verify_partition(recorded, part, job.dataset)
+    check_disjoint(part.parts(), n)
+    manifest = checkpoints.read_manifest(run_dir)
+    if manifest is None:
+        manifest = {**job.settings(), "model": job.train.model,
+                    "in_shape": list(ds.train_x.shape[1:]), "num_classes": ds.num_classes,
+                    "min_size": int(part.sizes.min()), "shards": {}, "done": False}
+    elif {k: manifest.get(k) for k in job.settings()} != job.settings():
+        raise UserError("this run's teachers were trained with other settings (see "
+                        "teachers/manifest.json); repeat them or use a new --run directory")
+    return manifest, ds, part
+
+
+def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluster(),
+                   only: list[int] | None = None) -> dict:
+    """Train every missing shard of ``run_dir`` (or of the shards ``only``); returns
+    ``{"trained": [...], "skipped": [...]}`` (shard indices). Raises UserError if a shard still
+    failed after its retries. The manifest says ``done`` once every shard is trained."""
+    import ray
+
+    if cluster.workers < 1 or job.shard_size < 1:
+        raise UserError("--workers and --shard-size must be at least 1")
+    run_dir = ensure_dir(run_dir, private=True)
+    manifest, ds, part = _prepare(run_dir, job)
+    shards = shard_ranges(job.num_teachers, job.shard_size)
+    done = manifest["shards"]
+    wanted = range(len(shards)) if only is None else sorted(set(only) & set(range(len(shards))))
+    todo = [i for i in wanted if not (
+        str(i) in done and checkpoints.shard_ok(run_dir, i, done[str(i)]["sha256"]))]
+    if todo:
+        _start_ray(cluster)
+        try:
+            _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], ds, part, cluster)
+        finally:
+            ray.shutdown()
+    manifest["done"] = len(manifest["shards"]) == len(shards)
+    checkpoints.write_manifest(run_dir, manifest)
+    return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}
+
+
+def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
+         ds: Dataset, part: Partition, cluster: Cluster) -> None:
+    """Submit the shards ``todo`` with at most ``cluster.workers`` in flight; checkpoint each
+    result as it arrives."""
+    import ray
+    from tqdm import tqdm
+
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // cluster.workers)
+    task = ray.remote(train_shard).options(
+        num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
+        max_retries=cluster.max_retries)
+    x_ref, y_ref = ray.put(ds.train_x), ray.put(ds.train_y)
+    queue, pending, failed = list(todo), {}, []
+    bar = tqdm(total=sum(len(t) for _, t in todo), unit="teacher", desc="training teachers",
+               disable=not sys.stderr.isatty())
+    while queue or pending:
+        while queue and len(pending) < cluster.workers:
+            i, teachers = queue.pop(0)
+            ref = task.remote(job.train, x_ref, y_ref, ds.num_classes, teachers,
+                              part.parts(teachers), manifest["min_size"], cluster.device, cpus)
+            pending[ref] = (i, teachers, time.time())
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        i, teachers, t0 = pending.pop(ready[0])
+        try:
+            params = ray.get(ready[0])
+        except ray.exceptions.RayError as exc:
+            failed.append(f"shard {i} ({type(exc).__name__})")
+            continue
+        manifest["shards"][str(i)] = {
+            "teachers": [teachers.start, teachers.stop], "file": checkpoints.shard_file(i),
+            "sha256": checkpoints.save_shard(run_dir, i, params),
+            "seconds": round(time.time() - t0, 2)}
+        checkpoints.write_manifest(run_dir, manifest)
+        bar.update(len(teachers))
+    bar.close()
+    if failed:
+        raise UserError(f"{len(failed)} shard(s) failed: {', '.join(failed)}; the others are "
+                        "saved - rerun the same command to train only the missing ones")

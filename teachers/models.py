@@ -1,0 +1,101 @@
+"""Teacher architectures and their seeded, group-independent initialisation.
+
+The networks are ordinary ``torch.nn`` modules; :mod:`teachers.ensemble` trains K of them at once
+by stacking their parameters and mapping the module over the stack with ``torch.func.vmap`` and
+``functional_call`` (https://pytorch.org/docs/stable/func.html, "model ensembling"). So that vmap
+applies, no layer keeps running statistics or draws random numbers in ``forward``: the residual
+option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018), not BatchNorm.
+
+- ``cnn``: a small strided CNN for 28x28 (and smaller) inputs, cheap enough to train hundreds of
+  teachers on two CPU cores.
+- ``resnet``: a deeper residual network (K. He et al., "Deep Residual Learning for Image
+  Recognition", CVPR 2016) for harder data such as SVHN or CIFAR-10.
+- ``mlp``: one hidden layer, the cheapest option.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from teachers import rng
+
+Shape = tuple[int, int, int]
+
+
+def _cnn(in_shape: Shape, num_classes: int) -> nn.Module:
+    c, h, w = in_shape
+    feat = 32 * math.ceil(h / 4) * math.ceil(w / 4)
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 5, stride=2, padding=2), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(feat, num_classes))
+
+
+class _Block(nn.Module):
+    """Pre-activation residual block: GN-ReLU-conv-GN-ReLU-conv plus a (projected) shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.n1 = nn.GroupNorm(min(8, cin), cin)
+        self.c1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1)
+        self.n2 = nn.GroupNorm(min(8, cout), cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = (nn.Conv2d(cin, cout, 1, stride=stride)
+                     if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.n1(x))
+        return self.skip(x) + self.c2(torch.relu(self.n2(self.c1(h))))
+
+
+def _resnet(in_shape: Shape, num_classes: int) -> nn.Module:
+    c = in_shape[0]
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 3, padding=1),
+        _Block(16, 16, 1), _Block(16, 32, 2), _Block(32, 64, 2),
+        nn.GroupNorm(8, 64), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(64, num_classes))
+
+
+def _mlp(in_shape: Shape, num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(in_shape)), 128), nn.ReLU(),
+                         nn.Linear(128, num_classes))
+
+
+ARCHITECTURES: dict[str, Callable[[Shape, int], nn.Module]] = {
+    "cnn": _cnn, "resnet": _resnet, "mlp": _mlp}
+
+
+def build_model(name: str, in_shape: Shape, num_classes: int) -> nn.Module:
+    """A fresh module of architecture ``name`` for inputs ``[C, H, W]``."""
+    return ARCHITECTURES[name](tuple(in_shape), num_classes)
+
+
+def init_stacked(model: nn.Module, teacher_ids: np.ndarray, seed: int
+                 ) -> dict[str, torch.Tensor]:
+    """Initial parameters of the teachers ``teacher_ids``, stacked on a leading axis.
+
+    Convolution and linear weights and biases are uniform in ±1/sqrt(fan_in), PyTorch's default
+    (``kaiming_uniform_(a=sqrt(5))``); normalisation layers start at scale 1, shift 0. Teacher
+    ``t``'s numbers depend only on (seed, t), never on the rest of its group.
+    """
+    ids = np.asarray(teacher_ids, dtype=np.int64)
+    out: dict[str, torch.Tensor] = {}
+    for index, (name, p) in enumerate(model.named_parameters()):
+        owner = model.get_submodule(name.rpartition(".")[0])
+        shape = (len(ids), *p.shape)
+        if isinstance(owner, nn.GroupNorm):
+            value = np.full(shape, 1.0 if name.endswith("weight") else 0.0)
+        else:
+            weight = owner.weight
+            bound = 1.0 / math.sqrt(weight[0].numel())
+            u = rng.uniform(seed, ids, rng.INIT, np.full((1, 1), index),
+                            np.arange(p.numel())[None])
+            value = ((2.0 * u - 1.0) * bound).reshape(shape)
+        out[name] = torch.as_tensor(value, dtype=torch.float32)
+    return out
