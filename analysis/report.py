@@ -113,6 +113,8 @@ def summary_table(report: dict[str, Any], non_private: float | None) -> list[dic
             "epsilon_data_independent": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
             "epsilon_smooth_sensitivity": ss["epsilon"] if ss else None,
+            "epsilon_spent": ((report["student"] or {}).get("epsilon") or {}).get(
+                "data_independent"),
             "delta": privacy["delta"],
             "accuracy": (report["student"] or {}).get("accuracy"),
             "non_private_baseline": non_private,
@@ -259,6 +261,7 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("epsilon_data_independent", "ε data-independent"),
                  ("epsilon_data_dependent", "ε data-dependent (private)"),
                  ("epsilon_smooth_sensitivity", "ε smooth-sensitivity"),
+                 ("epsilon_spent", "ε charged by the ledger"),
                  ("epsilon_bayesian", "ε Bayesian"), ("delta", "δ"),
                  ("accuracy", "Accuracy"), ("non_private_baseline", "Non-private baseline")]
 
@@ -312,7 +315,9 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                           for k, v in details)
     note = ('<p class="note">This report contains private statistics (the teachers\' vote '
             "histogram and the data-dependent ε). Share only the data-independent or the "
-            "smooth-sensitivity-sanitised ε, and the student's accuracy.</p>")
+            "smooth-sensitivity-sanitised ε, and the student's accuracy. The three ε of the "
+            "analysis are expectations over which queries the threshold lets through (PATE "
+            "2018, Table 2); the ledger charged what was realised.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("Details", f"<table>{detail_rows}</table>")]
 

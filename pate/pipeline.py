@@ -1,10 +1,11 @@
 """``pate run``: private data to a published student in one command.
 
 Stages (each one a ``pate`` sub-command, run as a child process, so every stage is exactly what a
-user could run by hand): teachers -> votes -> student (against a real ``pate serve`` process on
-loopback with a freshly generated token) -> dpsgd (optional baseline) -> report. A finished stage
-is recorded in ``stages.json`` and skipped on rerun; an interrupted one is rerun (teachers and
-the ledger resume by themselves).
+user could run by hand): teachers -> votes -> student round 1 (Confident-GNMax) and, if asked for,
+round 2 (Interactive-GNMax), each against a real ``pate serve`` process on loopback with a
+generated token and the run's one ledger -> dpsgd (optional baseline) -> report. A finished stage
+is recorded in ``stages.json`` and skipped on rerun, so a round that was paid for is never asked
+again; an interrupted stage is rerun (teachers resume by shard).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -26,7 +29,7 @@ from pate.config import RunConfig, dump_config, parse_config
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 
-STAGES = ("teachers", "votes", "student", "dpsgd", "report")
+STAGES = ("teachers", "votes", "student-confident", "student-interactive", "dpsgd", "report")
 _LISTENING = re.compile(r"listening on (http://[^\s]+)")
 
 
@@ -58,11 +61,7 @@ class StageLog:
 def label_service(run_dir: Path, config: RunConfig, mechanism: str,
                   token_file: Path) -> Iterator[str]:
     """A real ``pate serve`` process on a free loopback port; yields its URL, stops it after."""
-    a = config.aggregator
-    argv = _pate("serve", "--run", str(run_dir), "--mechanism", mechanism,
-                 "--threshold", repr(a.threshold), "--sigma1", repr(a.sigma1),
-                 "--sigma2", repr(a.sigma2), "--gamma", repr(a.gamma),
-                 "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta),
+    argv = _pate("serve", "--run", str(run_dir), *_aggregator_args(config, mechanism),
                  "--token-file", str(token_file), "--host", "127.0.0.1", "--port", "0")
     print(f"pate run: serve: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
@@ -93,6 +92,7 @@ def _wait_for_url(proc: subprocess.Popen, timeout: float = 120.0) -> str:
     if url is None:
         proc.wait(timeout=10)
         raise UserError(f"pate serve did not start (exit {proc.returncode}); see above")
+    threading.Thread(target=_forward, args=(proc.stdout,), daemon=True).start()
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
@@ -101,6 +101,12 @@ def _wait_for_url(proc: subprocess.Popen, timeout: float = 120.0) -> str:
             raise UserError(f"pate serve exited ({proc.returncode}) before answering /healthz")
         time.sleep(0.2)
     raise UserError("pate serve did not answer /healthz in time")
+
+
+def _forward(stream: IO[str]) -> None:
+    """Copy the server's further output to our stderr, so its pipe never fills."""
+    for line in stream:
+        print(line, end="", file=sys.stderr, flush=True)
 
 
 def _token(run_dir: Path) -> Path:
@@ -143,14 +149,23 @@ def _data_args(config: RunConfig) -> list[str]:
     return out
 
 
-def _student_stage(config: RunConfig, run_dir: Path) -> None:
+def _aggregator_args(config: RunConfig, mechanism: str) -> list[str]:
+    a = config.aggregator
+    gamma = ["--gamma", repr(a.gamma)] if mechanism == "interactive" else []
+    return ["--mechanism", mechanism, "--threshold", repr(a.threshold), "--sigma1",
+            repr(a.sigma1), "--sigma2", repr(a.sigma2), *gamma,
+            "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta)]
+
+
+def _student_round(config: RunConfig, run_dir: Path, mechanism: str, queries: int) -> None:
+    """One query round of the student against a ``pate serve`` of ``mechanism``."""
     s = config.student
     token = _token(run_dir)
-    with label_service(run_dir, config, "confident", token) as url:
-        _run_stage("student", _pate(
+    with label_service(run_dir, config, mechanism, token) as url:
+        _run_stage(f"student-{mechanism}", _pate(
             "student", "train", "--run", str(run_dir), "--method", s.method,
-            "--server", url, "--token-file", str(token), "--queries", str(s.queries),
-            "--interactive-queries", str(s.interactive_queries), "--select", s.select,
+            "--server", url, "--token-file", str(token), "--mechanism", mechanism,
+            "--dataset", config.data.dataset, "--queries", str(queries), "--select", s.select,
             "--epochs", str(s.epochs), "--device", s.device, *_data_args(config),
             *s.extra_args))
 
@@ -177,12 +192,16 @@ def run_pipeline(config: RunConfig, run_dir: Path) -> Path:
         "teachers": lambda: _run_stage("teachers", _teachers_argv(config, run_dir)),
         "votes": lambda: _run_stage("votes", _pate("teachers", "votes", "--run", str(run_dir),
                                                    "--device", config.teachers.device)),
-        "student": lambda: _student_stage(config, run_dir),
+        "student-confident": lambda: _student_round(config, run_dir, "confident",
+                                                    config.student.queries),
+        "student-interactive": lambda: _student_round(config, run_dir, "interactive",
+                                                      config.student.interactive_queries),
         "dpsgd": lambda: _dpsgd_stage(config, run_dir),
         "report": lambda: _report_stage(config, run_dir),
     }
     for stage in STAGES:
-        if stage == "dpsgd" and not config.dpsgd.enabled:
+        if (stage == "dpsgd" and not config.dpsgd.enabled) or (
+                stage == "student-interactive" and not config.student.interactive_queries):
             continue
         if stage in log.done:
             print(f"pate run: {stage}: done already, skipped", file=sys.stderr, flush=True)

@@ -44,8 +44,8 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
         baseline[100:] = teachers * rng.dirichlet(np.ones(10), 50)
         extra["baseline"] = baseline
     np.savez(run_dir / "labels.npz", pool_index=pool_index[asked], label=labels, **extra)
-    (run_dir / "student" / "metrics.json").write_text(json.dumps({"method": "vat",
-                                                                  "accuracy": 0.91}))
+    (run_dir / "student" / "metrics.json").write_text(json.dumps(
+        {"method": "vat", "accuracy": 0.91, "epsilon": {"data_independent": 7.5}}))
     (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
         {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
     (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
@@ -77,6 +77,7 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert row["epsilon_smooth_sensitivity"] == \
         report["privacy"]["smooth_sensitivity"]["epsilon"]
     assert row["accuracy"] == 0.91 and dpsgd["accuracy"] == 0.88
+    assert row["epsilon_spent"] == 7.5
     assert row["queries_answered"] == int((made["labels"] >= 0).sum())
     assert report["teacher_accuracy"]["count"] == made["config"].teachers.count
     answered = made["labels"] >= 0
