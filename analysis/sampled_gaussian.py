@@ -1,0 +1,195 @@
+"""Rényi DP of the Poisson-subsampled Gaussian mechanism: the privacy of DP-SGD.
+
+Abadi et al. 2016 ("Deep Learning with Differential Privacy", §3.1, the moments accountant) and
+Mironov, Talwar, Zhang 2019 ("Rényi Differential Privacy of the Sampled Gaussian Mechanism", §3);
+restated in privacy-math.md §6. Poisson sampling with rate q, L2 sensitivity 1 (the clipping norm),
+noise N(0, sigma^2) (sigma the noise multiplier), add/remove-one neighbours:
+
+    r(a) = log A_a / (a - 1),
+    A_a = E_{z ~ N(0, sigma^2)} [(1 - q + q e^{(2z - 1)/(2 sigma^2)})^a].
+
+Everything is vectorised over the orders. The integer-order expansion ``log_binomial_moment`` is
+also the per-pair cost of the Bayesian accountant (``analysis.bayesian``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import gammaln, log_ndtr, logsumexp
+
+from analysis.orders import as_orders
+from analysis.rdp import Conversion, epsilon_from_rdp
+
+# The fractional-order series stops once both new terms are falling and below e^-30 times the
+# sum so far (dp_accounting's criterion), or after this many terms; an order whose series has not
+# converged falls back to the next integer order, a valid upper bound since RDP is non-decreasing
+# in the order (Van Erven and Harremoës 2014, Thm. 3).
+_FRACTIONAL_TERM_LOG_TOL = -30.0
+_FRACTIONAL_MAX_TERMS = 20_000
+# Relative slack for rounding in the alternating series, so that it stays an upper bound.
+_LOG_ROUNDING_SLACK = np.log(1e-13)
+
+
+def _check_rate(q: float) -> None:
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"sampling rate must be in [0, 1], got {q!r}")
+
+
+def log_binomial_moment(q: float, orders: ArrayLike, sigma: ArrayLike) -> NDArray[np.float64]:
+    """log E_{k ~ Binomial(a, q)} [exp((k^2 - k) / (2 sigma^2))] for integer orders a.
+
+    For integer a this is log A_a of the sampled Gaussian (Mironov, Talwar, Zhang 2019, §3.3,
+    eq. for integer alpha; privacy-math.md §6), and with sigma = noise std / pair distance the
+    per-pair moment of the Bayesian accountant (Triastcyn & Faltings 2020, §4; privacy-math.md §7).
+    Computed in log space from log-binomial coefficients (gammaln).
+
+    ``sigma`` broadcasts against ``orders``: the result has shape
+    ``np.broadcast_shapes(np.shape(sigma), np.shape(orders))``. sigma = inf gives 0, sigma = 0
+    gives inf (for q > 0).
+    """
+    _check_rate(q)
+    a = np.asarray(orders, np.float64)
+    if np.any(a != np.round(a)) or np.any(a < 0):
+        raise ValueError("log_binomial_moment needs non-negative integer orders")
+    s = np.asarray(sigma, np.float64)
+    if np.any(s < 0):
+        raise ValueError("sigma must be >= 0")
+    shape = np.broadcast_shapes(a.shape, s.shape)
+    a_b = np.broadcast_to(a, shape)[..., None]
+    with np.errstate(divide="ignore"):
+        half_inv_var = np.broadcast_to(0.5 / s**2, shape)[..., None]
+        log_q, log_1mq = np.log(q), np.log1p(-q)
+    k = np.arange(int(a.max(initial=0.0)) + 1, dtype=np.float64)
+    inside = k <= a_b
+    kk = np.where(inside, k, 0.0)
+    with np.errstate(invalid="ignore"):
+        # 0 * log 0 = 0: the k = 0 term when q = 0, the k = a term when q = 1.
+        log_pmf = (gammaln(a_b + 1.0) - gammaln(kk + 1.0) - gammaln(a_b - kk + 1.0)
+                   + np.where(kk > 0, kk * log_q, 0.0)
+                   + np.where(a_b - kk > 0, (a_b - kk) * log_1mq, 0.0))
+        quad = np.where(kk * kk - kk > 0, (kk * kk - kk) * half_inv_var, 0.0)
+    terms = np.where(inside, log_pmf + quad, -np.inf)
+    return logsumexp(terms, axis=-1)
+
+
+def _log_a_fractional(q: float, sigma: float, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+    """log A_a for fractional orders, 0 < q < 1, sigma > 0 (Mironov, Talwar, Zhang 2019, §3.3):
+    with z0 = sigma^2 log(1/q - 1) + 1/2 split the expectation at z0 and expand both sides,
+
+        A_a = sum_i binom(a, i) [ q^i (1-q)^{a-i} e^{(i^2-i)/(2 sigma^2)} Phi((z0 - i)/sigma)
+                                 + q^{a-i} (1-q)^i e^{(j^2-j)/(2 sigma^2)} Phi((j - z0)/sigma) ],
+
+    j = a - i, Phi the standard normal CDF. binom(a, i) changes sign for i > a, so the positive
+    and negative terms are summed separately in log space. The truncated sum plus the magnitude of
+    the last terms and a rounding slack is returned (an upper bound when the alternating tail
+    decreases); orders that did not converge within the term cap come back as nan."""
+    log_q, log_1mq = np.log(q), np.log1p(-q)
+    z0 = sigma**2 * (log_1mq - log_q) + 0.5
+    half_inv_var = 0.5 / sigma**2
+    log_abs_gamma_a1 = gammaln(orders + 1.0)
+    log_pos = np.full(orders.shape, -np.inf)
+    log_neg = np.full(orders.shape, -np.inf)
+    log_last = np.full(orders.shape, -np.inf)
+    prev_s0 = np.full(orders.shape, np.inf)
+    prev_s1 = np.full(orders.shape, np.inf)
+    active = np.ones(orders.shape, bool)
+    for i in range(_FRACTIONAL_MAX_TERMS):
+        a = orders[active]
+        j = a - i
+        # |binom(a, i)| = |Gamma(a + 1)| / (i! |Gamma(a - i + 1)|); gammaln returns log |Gamma|.
+        log_coef = log_abs_gamma_a1[active] - gammaln(i + 1.0) - gammaln(j + 1.0)
+        negative = (np.maximum(i - np.ceil(a), 0.0) % 2) == 1
+        s0 = (log_coef + i * log_q + j * log_1mq + (i * i - i) * half_inv_var
+              + log_ndtr((z0 - i) / sigma))
+        s1 = (log_coef + j * log_q + i * log_1mq + (j * j - j) * half_inv_var
+              + log_ndtr((j - z0) / sigma))
+        term = np.logaddexp(s0, s1)
+        log_pos[active] = np.where(negative, log_pos[active], np.logaddexp(log_pos[active], term))
+        log_neg[active] = np.where(negative, np.logaddexp(log_neg[active], term), log_neg[active])
+        log_last[active] = term
+        falling = ((s0 < prev_s0[active]) | np.isneginf(s0)) & \
+            ((s1 < prev_s1[active]) | np.isneginf(s1))
+        small = np.maximum(s0, s1) < np.logaddexp(log_pos[active], log_neg[active]) + \
+            _FRACTIONAL_TERM_LOG_TOL
+        prev_s0[active], prev_s1[active] = s0, s1
+        active[np.flatnonzero(active)[falling & small]] = False
+        if not active.any():
+            break
+    slack = np.logaddexp(log_last, _LOG_ROUNDING_SLACK + np.logaddexp(log_pos, log_neg))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        total = -np.expm1(log_neg - log_pos) + np.exp(slack - log_pos)
+        log_a = log_pos + np.log(total)
+    return np.where(active | ~(total > 0) | ~np.isfinite(log_a), np.nan, log_a)
+
+
+def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: ArrayLike | None = None,
+                         steps: int = 1) -> NDArray[np.float64]:
+    """RDP of ``steps`` compositions of the Poisson-subsampled Gaussian at each order:
+    steps * log A_a / (a - 1) (Mironov, Talwar, Zhang 2019, §3; privacy-math.md §6).
+
+    Integer orders use the exact binomial expansion; fractional orders the two-sided series, kept
+    an upper bound and never negative (an order whose series does not converge takes the value
+    of the next integer order). q = 0 gives 0, q = 1 the Gaussian a / (2 sigma^2), sigma = 0 inf.
+    ``orders`` defaults to ``analysis.orders.default_orders()``.
+    """
+    _check_rate(q)
+    if noise_multiplier < 0:
+        raise ValueError(f"noise multiplier must be >= 0, got {noise_multiplier!r}")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps!r}")
+    a = as_orders(orders)
+    if q == 0.0 or steps == 0:
+        return np.zeros_like(a)
+    if noise_multiplier == 0.0:
+        return np.full_like(a, np.inf)
+    if q == 1.0:
+        return steps * a / (2.0 * noise_multiplier**2)
+    integer = a == np.round(a)
+    log_a = np.empty_like(a)
+    log_a[integer] = log_binomial_moment(q, a[integer], noise_multiplier)
+    frac = ~integer
+    if frac.any():
+        fractional = _log_a_fractional(q, noise_multiplier, a[frac])
+        fallback = np.isnan(fractional)
+        if fallback.any():
+            ceil = np.ceil(a[frac][fallback])
+            fractional[fallback] = (log_binomial_moment(q, ceil, noise_multiplier)
+                                    * (a[frac][fallback] - 1.0) / (ceil - 1.0))
+        log_a[frac] = fractional
+    return steps * np.maximum(log_a, 0.0) / (a - 1.0)
+
+
+def dpsgd_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,
+                  conversion: Conversion = "improved",
+                  orders: ArrayLike | None = None) -> tuple[float, float]:
+    """(epsilon, optimal order) of DP-SGD: the sampled Gaussian composed over ``steps`` and
+    converted by ``analysis.rdp.epsilon_from_rdp`` (privacy-math.md §1, §6)."""
+    a = as_orders(orders)
+    return epsilon_from_rdp(sampled_gaussian_rdp(q, noise_multiplier, a, steps), a, delta,
+                            conversion)
+
+
+def noise_multiplier_for_epsilon(epsilon: float, q: float, steps: int, delta: float,
+                                 conversion: Conversion = "improved",
+                                 orders: ArrayLike | None = None,
+                                 rtol: float = 1e-4) -> float:
+    """The smallest noise multiplier (to relative tolerance ``rtol``, rounded up) whose
+    ``dpsgd_epsilon`` is at most ``epsilon``: bisection, epsilon being decreasing in sigma."""
+    if epsilon <= 0:
+        raise ValueError(f"target epsilon must be > 0, got {epsilon!r}")
+    a = as_orders(orders)
+
+    def eps(sigma: float) -> float:
+        return epsilon_from_rdp(sampled_gaussian_rdp(q, sigma, a, steps), a, delta,
+                                conversion)[0]
+
+    lo, hi = 0.0, 1.0
+    while eps(hi) > epsilon:
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e6:
+            raise ValueError(f"no noise multiplier up to 1e6 reaches epsilon {epsilon}")
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if eps(mid) > epsilon else (lo, mid)
+    return hi

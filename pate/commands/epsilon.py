@@ -1,0 +1,100 @@
+"""``pate epsilon dpsgd`` and ``pate epsilon bayesian``: the epsilon of DP-SGD from the RDP core,
+with the sampled-Gaussian accountant or the Bayesian accountant (privacy-math.md §6, §7)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
+from analysis.rdp import CONVERSIONS
+from analysis.sampled_gaussian import dpsgd_epsilon
+from pate.errors import UserError
+
+
+def _moments(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(m) for m in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"moments must be comma-separated integers, got {text!r}") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "epsilon", help="epsilon of DP-SGD (RDP or the Bayesian accountant)",
+        description="Epsilon of DP-SGD from the shared RDP core: the Poisson-subsampled "
+                    "Gaussian (dpsgd) or the Bayesian accountant on sampled gradient pairs "
+                    "(bayesian).")
+    sub = parser.add_subparsers(dest="accountant", required=True, metavar="ACCOUNTANT")
+
+    dp = sub.add_parser("dpsgd", help="RDP of the Poisson-subsampled Gaussian",
+                        description="Epsilon of T steps of DP-SGD (Poisson sampling rate Q, "
+                                    "noise multiplier S), minimised over the default orders.")
+    dp.add_argument("--sampling-rate", type=float, required=True, metavar="Q")
+    dp.add_argument("--noise-multiplier", type=float, required=True, metavar="S")
+    dp.add_argument("--steps", type=int, required=True, metavar="T")
+    dp.add_argument("--delta", type=float, required=True, metavar="D")
+    dp.add_argument("--conversion", choices=CONVERSIONS, default="improved",
+                    help="RDP to (epsilon, delta) conversion (default: improved)")
+    dp.add_argument("--json", action="store_true", help="print one JSON object")
+    dp.set_defaults(handler=run_dpsgd)
+
+    ba = sub.add_parser("bayesian", help="the Bayesian accountant (Triastcyn & Faltings)",
+                        description="Bayesian epsilon of DP-SGD from sampled pair distances of "
+                                    "clipped per-example gradients, one row per step.")
+    ba.add_argument("--distances", type=Path, required=True, metavar="F.npy",
+                    help="float array [steps, pairs] of pair distances (gradient units)")
+    ba.add_argument("--noise-std", type=float, required=True, metavar="S",
+                    help="std of the noise added to the summed gradient (same units)")
+    ba.add_argument("--sampling-rate", type=float, required=True, metavar="Q")
+    ba.add_argument("--delta", type=float, required=True, metavar="D")
+    ba.add_argument("--moments", type=_moments, default=DEFAULT_MOMENTS, metavar="2,4,8,16,32")
+    ba.add_argument("--confidence", type=float, default=1 - 1e-16, metavar="C",
+                    help="confidence of each step's estimate (default: 1 - 1e-16)")
+    ba.add_argument("--json", action="store_true", help="print one JSON object")
+    ba.set_defaults(handler=run_bayesian)
+
+
+def run_dpsgd(args: argparse.Namespace) -> int:
+    try:
+        eps, order = dpsgd_epsilon(args.sampling_rate, args.noise_multiplier, args.steps,
+                                   args.delta, args.conversion)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out = {"epsilon": eps, "order": order, "conversion": args.conversion}
+    print(json.dumps(out) if args.json
+          else f"epsilon = {eps:.6g} at order {order:g} ({args.conversion} conversion, "
+               f"delta = {args.delta:g})")
+    return 0
+
+
+def load_distances(path: Path) -> np.ndarray:
+    """The [steps, pairs] float array of a ``.npy`` file; a UserError if it is not one."""
+    try:
+        d = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read distances from {path}: {exc}") from None
+    if d.ndim != 2 or not np.issubdtype(d.dtype, np.number):
+        raise UserError(f"{path} must hold a numeric array [steps, pairs], got shape {d.shape}")
+    return d.astype(np.float64)
+
+
+def run_bayesian(args: argparse.Namespace) -> int:
+    d = load_distances(args.distances)
+    try:
+        acc = BayesianAccountant(args.moments, total_steps=d.shape[0],
+                                 confidence=args.confidence)
+        for row in d:
+            acc.accumulate(row, args.noise_std, args.sampling_rate)
+        eps, moment = acc.epsilon_and_moment(args.delta)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out = {"epsilon": eps, "moment": moment}
+    print(json.dumps(out) if args.json
+          else f"Bayesian epsilon = {eps:.6g} at moment {moment} (delta = {args.delta:g}, "
+               f"{d.shape[0]} steps, {d.shape[1]} pairs per step)")
+    return 0

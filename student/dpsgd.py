@@ -1,0 +1,221 @@
+"""The DP-SGD baseline learner (Abadi et al. 2016, "Deep Learning with Differential Privacy",
+Algorithm 1) on Opacus, accounted by our own RDP core.
+
+- Per-example gradients clipped to L2 norm C, Poisson sampling with rate q, Gaussian noise of std
+  sigma * C on the sum (Opacus ``GradSampleModule``, ``DPOptimizer``, ``DPDataLoader``).
+- Sampling and noise come from a generator seeded from the operating system's entropy (DESIGN.md
+  privacy rule 3): torchcsprng's /dev/urandom device generator when it is installed (Opacus's
+  ``secure_mode``), else a ``torch.Generator`` seeded with 64 bits from ``os.urandom``.
+- Epsilon is ``analysis.sampled_gaussian`` (privacy-math.md §6), not Opacus's accountant; with
+  a target epsilon the noise multiplier is found by bisection on it.
+- Every step samples pairs of clipped per-example gradients of the batch and feeds their
+  distances to ``analysis.bayesian.BayesianAccountant`` (Triastcyn & Faltings 2020, §4.2: pairs
+  of examples from the data, noise std sigma * C in the same units).
+- The model is the tempered-sigmoid CNN of Papernot et al. 2021 ("Tempered Sigmoid Activations
+  for Deep Learning with Differential Privacy", AAAI, Table 1: MNIST/Fashion-MNIST architecture)
+  with tanh, trained with momentum SGD and large batches as Tramèr & Boneh 2021 ("Differentially
+  Private Learning Needs Better Features", §3) do for their end-to-end CNN baseline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
+from analysis.rdp import Conversion
+from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
+
+# Opacus's clipping formula: factor = min(1, C / (norm + 1e-6)) (opacus.optimizers.optimizer).
+_CLIP_EPS = 1e-6
+_MIN_SIDE = 28
+
+
+@dataclass(frozen=True)
+class DPSGDConfig:
+    """Hyper-parameters; ``target_epsilon`` or ``noise_multiplier`` (exactly one) sets the noise.
+    Defaults are Tramèr & Boneh's Fashion-MNIST end-to-end CNN setting (batch 2048, lr 4,
+    momentum 0.9, C = 0.1, 40 epochs)."""
+
+    epochs: int = 40
+    expected_batch_size: int = 2048
+    lr: float = 4.0
+    momentum: float = 0.9
+    max_grad_norm: float = 0.1
+    target_epsilon: float | None = None
+    noise_multiplier: float | None = None
+    delta: float = 1e-5
+    conversion: Conversion = "improved"
+    bayesian_pairs: int = 256
+    moments: tuple[int, ...] = field(default=DEFAULT_MOMENTS)
+    eval_batch_size: int = 4096
+    init_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.target_epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("give exactly one of target_epsilon and noise_multiplier")
+        if self.epochs < 1 or self.expected_batch_size < 1 or self.bayesian_pairs < 3:
+            raise ValueError("epochs and expected_batch_size must be >= 1, bayesian_pairs >= 3")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+
+
+def tempered_cnn(in_shape: tuple[int, int, int], num_classes: int, mean: float,
+                 std: float) -> nn.Sequential:
+    """Papernot et al. 2021's CNN with tanh: conv 16@8x8/2, max-pool 2/1, conv 32@4x4/2,
+    max-pool 2/1, dense 32, dense classes. Inputs are standardised with ``mean``/``std`` (taken
+    from public data) and images smaller than 28x28 are first upsampled to 28x28."""
+    c, h, w = in_shape
+    layers: list[nn.Module] = []
+    if min(h, w) < _MIN_SIDE:
+        layers.append(nn.Upsample(size=(max(h, _MIN_SIDE), max(w, _MIN_SIDE)), mode="nearest"))
+    features = nn.Sequential(
+        *layers, _Standardise(mean, std),
+        nn.Conv2d(c, 16, 8, stride=2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
+        nn.Conv2d(16, 32, 4, stride=2), nn.Tanh(), nn.MaxPool2d(2, 1), nn.Flatten())
+    with torch.no_grad():
+        flat = features(torch.zeros(1, c, h, w)).shape[1]
+    return nn.Sequential(*features, nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes))
+
+
+class _Standardise(nn.Module):
+    """(x - mean) / std with fixed public constants (no parameters, so nothing to clip)."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        super().__init__()
+        self.mean, self.std = float(mean), float(std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def secure_generator() -> tuple[torch.Generator, str]:
+    """A generator for sampling and noise seeded from the OS, and a description of it."""
+    if importlib.util.find_spec("torchcsprng") is not None:
+        import torchcsprng
+
+        return (torchcsprng.create_random_device_generator("/dev/urandom"),
+                "torchcsprng /dev/urandom device generator")
+    gen = torch.Generator()
+    gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
+    return gen, "torch.Generator (mt19937) seeded with 64 bits from os.urandom; torchcsprng " \
+                "not installed"
+
+
+def pair_distances(grad_samples: list[torch.Tensor], max_grad_norm: float, pairs: int,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Distances ||g_i - g_j|| between ``pairs`` random pairs (i != j) of the batch's clipped
+    per-example gradients (Opacus's flat clipping, factor min(1, C / (norm + 1e-6))); i.i.d.
+    pairs, as the Student-t estimate of the Bayesian accountant assumes. A batch of fewer than two
+    examples gives the worst case C for every pair."""
+    b = grad_samples[0].shape[0] if grad_samples else 0
+    if b < 2:
+        return torch.full((pairs,), float(max_grad_norm))
+    i = torch.randint(b, (pairs,), generator=generator)
+    j = (i + torch.randint(1, b, (pairs,), generator=generator)) % b
+    rows = torch.cat([g.reshape(b, -1)[torch.cat([i, j])] for g in grad_samples], dim=1)
+    rows = rows * (max_grad_norm / (rows.norm(dim=1, keepdim=True) + _CLIP_EPS)).clamp(max=1.0)
+    return (rows[:pairs] - rows[pairs:]).norm(dim=1)
+
+
+@dataclass
+class DPSGDResult:
+    """What a run produced: the metrics (JSON-ready), the trained model, and the pair distances
+    [steps, pairs] (private: they depend on the training data)."""
+
+    metrics: dict
+    model: nn.Module
+    distances: np.ndarray
+
+
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int) -> float:
+    """Top-1 accuracy of ``model`` on (x, y), in evaluation mode, without gradients."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            xb = torch.from_numpy(x[start:start + batch_size])
+            pred = model(xb).argmax(dim=1).numpy()
+            correct += int((pred == y[start:start + batch_size]).sum())
+    return correct / len(y)
+
+
+def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray,
+                num_classes: int, config: DPSGDConfig, norm: tuple[float, float],
+                progress: Callable[[int, int], None] | None = None) -> DPSGDResult:
+    """Train the CNN with DP-SGD on (train_x, train_y), report accuracy on (eval_x, eval_y), and
+    account the run with the RDP and the Bayesian accountant. ``norm`` is the (mean, std) used to
+    standardise inputs, from public data. ``progress(step, total)`` is called after every step."""
+    from opacus import GradSampleModule
+    from opacus.data_loader import DPDataLoader
+    from opacus.optimizers import DPOptimizer
+    from torch.utils.data import TensorDataset
+
+    n = len(train_y)
+    q = min(1.0, config.expected_batch_size / n)
+    sample_gen, _ = secure_generator()
+    loader = DPDataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
+                          sample_rate=q, generator=sample_gen)
+    total_steps = config.epochs * len(loader)
+    sigma = (config.noise_multiplier if config.noise_multiplier is not None
+             else noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
+                                               config.delta, config.conversion))
+    noise_gen, noise_source = secure_generator()
+
+    if config.init_seed is not None:
+        torch.manual_seed(config.init_seed)
+    model = tempered_cnn(tuple(train_x.shape[1:]), num_classes, *norm)
+    gsm = GradSampleModule(model)
+    optimizer = DPOptimizer(
+        torch.optim.SGD(gsm.parameters(), lr=config.lr, momentum=config.momentum),
+        noise_multiplier=sigma, max_grad_norm=config.max_grad_norm,
+        expected_batch_size=max(1, round(q * n)), generator=noise_gen)
+    bayes = BayesianAccountant(config.moments, total_steps=total_steps)
+    params = [p for p in gsm.parameters() if p.requires_grad]
+    distances = np.empty((total_steps, config.bayesian_pairs), np.float64)
+    loss_fn = nn.CrossEntropyLoss()
+
+    start = time.perf_counter()
+    step = 0
+    with warnings.catch_warnings():
+        # Opacus's hooks on a model whose input needs no gradient make torch warn on every step.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for _ in range(config.epochs):
+            gsm.train()
+            for xb, yb in loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(gsm(xb), yb).backward()
+                with torch.no_grad():
+                    d = pair_distances([p.grad_sample for p in params
+                                        if p.grad_sample is not None],
+                                       config.max_grad_norm, config.bayesian_pairs, sample_gen)
+                distances[step] = d.numpy()
+                bayes.accumulate(distances[step], sigma * config.max_grad_norm, q)
+                optimizer.step()
+                step += 1
+                if progress is not None:
+                    progress(step, total_steps)
+    seconds = time.perf_counter() - start
+
+    eps_rdp, order = dpsgd_epsilon(q, sigma, total_steps, config.delta, config.conversion)
+    eps_bayes, moment = bayes.epsilon_and_moment(config.delta)
+    metrics = {
+        "accuracy": accuracy(model, eval_x, eval_y, config.eval_batch_size),
+        "eval_examples": len(eval_y),
+        "epsilon": eps_rdp, "rdp_order": order, "conversion": config.conversion,
+        "epsilon_bayesian": eps_bayes, "bayesian_moment": moment,
+        "bayesian_failure_probability": bayes.failure_probability,
+        "delta": config.delta, "steps": total_steps, "noise_multiplier": sigma,
+        "sampling_rate": q, "max_grad_norm": config.max_grad_norm,
+        "train_seconds": seconds, "steps_per_second": total_steps / seconds,
+        "noise_source": noise_source, "config": asdict(config),
+    }
+    return DPSGDResult(metrics, model, distances)
