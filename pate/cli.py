@@ -15,8 +15,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pate.commands.teachers",
     "pate.commands.serve",
     "pate.commands.analyze",
+    "pate.commands.report",
+    "pate.commands.run",
     "pate.commands.epsilon",
     "pate.commands.dpsgd",
+    "pate.commands.student",
 )
 
 

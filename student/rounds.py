@@ -1,0 +1,137 @@
+"""Query rounds: which pool rows the student asks about, asking, and what it received.
+
+PATE 2018 (Papernot et al., "Scalable Private Learning with PATE", ICLR 2018), §4.2-4.3: a first
+round asks Confident-GNMax for labels of part of the public pool and the student trains on the
+answers; a second round asks Interactive-GNMax, sending the student's own class probabilities for
+each query, and receives a teacher label, the student's label reinforced, or nothing. Each call of
+``ask`` is one round against one aggregator (``pate.client.LabelClient`` over HTTP or
+``LocalLabelClient`` in-process); the round's kind follows the aggregator's mechanism.
+
+Selection (``select_queries``): ``first`` rows of the pool, a ``random`` subset, or
+``uncertainty``: the rows where the current student is least confident (lowest top probability;
+"least confident" sampling, B. Settles, "Active Learning Literature Survey", 2009, §3.1).
+
+What was received is ``labels.npz`` of the run directory (DESIGN.md): ``pool_index`` int64,
+``label`` int64 (-1 = no answer), plus ``branch`` int8 (0 none, 1 teachers, 2 student), written
+atomically after every request so that nothing paid for is lost.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pate.client import BudgetExhaustedError, LabelResult
+from pate.io import write_bytes_atomic
+
+SELECTIONS: tuple[str, ...] = ("first", "random", "uncertainty")
+BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored branch code
+
+
+class LabelSource(Protocol):
+    """``pate.client.LabelClient`` or ``LocalLabelClient``."""
+
+    def labels(self, indices: NDArray[np.int64] | None = None, *,
+               student_probs: NDArray[np.float64] | None = None) -> LabelResult: ...
+
+
+@dataclass(frozen=True)
+class Received:
+    """Answers received so far, one row per asked pool index."""
+
+    pool_index: NDArray[np.int64]
+    label: NDArray[np.int64]
+    branch: NDArray[np.int8]
+
+    @classmethod
+    def empty(cls) -> Received:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8))
+
+    @classmethod
+    def load(cls, path: Path) -> Received:
+        """``labels.npz``; a file without ``branch`` counts every answer as the teachers'."""
+        with np.load(path, allow_pickle=False) as data:
+            index = data["pool_index"].astype(np.int64)
+            label = data["label"].astype(np.int64)
+            branch = (data["branch"].astype(np.int8) if "branch" in data.files
+                      else np.where(label >= 0, 1, 0).astype(np.int8))
+        if not index.shape == label.shape == branch.shape or index.ndim != 1:
+            raise ValueError(f"{path}: pool_index, label and branch must be 1-d of one length")
+        return cls(index, label, branch)
+
+    def save(self, path: Path) -> None:
+        buf = io.BytesIO()
+        np.savez(buf, pool_index=self.pool_index, label=self.label, branch=self.branch)
+        write_bytes_atomic(path, buf.getvalue())
+
+    def __add__(self, other: Received) -> Received:
+        if np.intersect1d(self.pool_index, other.pool_index).size:
+            raise ValueError("a pool index was asked twice")
+        return Received(np.concatenate([self.pool_index, other.pool_index]),
+                        np.concatenate([self.label, other.label]),
+                        np.concatenate([self.branch, other.branch]))
+
+    def __len__(self) -> int:
+        return int(self.pool_index.size)
+
+    @property
+    def answered(self) -> NDArray[np.bool_]:
+        return self.label >= 0
+
+    def counts(self) -> dict[str, int]:
+        """Queries asked, answered, and answered by each branch."""
+        return {"queries": len(self), "answered": int(self.answered.sum()),
+                **{f"answered_by_{name}": int(np.sum(self.branch == code))
+                   for code, name in enumerate(BRANCHES) if code}}
+
+
+def select_queries(candidates: NDArray[np.int64], n: int, how: str,
+                   rng: np.random.Generator | None = None,
+                   probs: NDArray[np.float64] | None = None) -> NDArray[np.int64]:
+    """Up to ``n`` of ``candidates`` (pool indices): the ``first`` ones, ``random`` ones (with
+    ``rng``), or by ``uncertainty`` (``probs[i]`` the student's probabilities for
+    ``candidates[i]``; least confident first, ties by pool index)."""
+    candidates = np.asarray(candidates, np.int64)
+    n = min(int(n), candidates.size)
+    if how == "first":
+        return np.sort(candidates)[:n]
+    if how == "random":
+        if rng is None:
+            raise ValueError("random selection needs a generator")
+        return np.sort(rng.choice(candidates, n, replace=False))
+    if how == "uncertainty":
+        if probs is None or len(probs) != candidates.size:
+            raise ValueError("uncertainty selection needs the student's probabilities of every "
+                             "candidate")
+        order = np.lexsort((candidates, np.max(probs, axis=1)))
+        return candidates[order[:n]]
+    raise ValueError(f"selection must be one of {SELECTIONS}, got {how!r}")
+
+
+def ask(source: LabelSource, indices: NDArray[np.int64],
+        student_probs: NDArray[np.float64] | None = None, request_size: int = 512,
+        on_request: Callable[[Received], None] | None = None) -> tuple[Received, bool]:
+    """One round: ask ``source`` about ``indices`` in requests of ``request_size``, with the
+    student's probabilities of each (Interactive-GNMax) when given. After every answered request
+    ``on_request`` gets everything received in this round. Stops at the budget (403): returns
+    (received, True); nothing is spent on a refused request."""
+    indices = np.asarray(indices, np.int64)
+    got = Received.empty()
+    for start in range(0, indices.size, request_size):
+        part = indices[start:start + request_size]
+        probs = None if student_probs is None else student_probs[start:start + request_size]
+        try:
+            result = source.labels(part, student_probs=probs)
+        except BudgetExhaustedError:
+            return got, True
+        branch = np.array([BRANCHES.index(b) for b in result.branch], np.int8)
+        got = got + Received(part, np.asarray(result.labels, np.int64), branch)
+        if on_request is not None:
+            on_request(got)
+    return got, False

@@ -1,0 +1,222 @@
+"""The students' methods and the training loop they share; prediction; saving/loading weights.
+
+A learner (``student.supervised``, ``student.vat``, ``student.gan``) does one optimisation step on
+a labelled batch and an unlabelled batch; ``fit`` feeds it. An epoch is one pass over the
+unlabelled pool (as in the released code of Miyato et al. 2018 and Salimans et al. 2016), the few
+labelled examples being drawn again and again in fresh random orders; the supervised baseline gets
+the same number of steps, so every method has the same budget. The learning rate of Adam ramps
+down linearly to zero over the last ``decay_from`` part of the steps, as both papers' code does.
+
+Weights are written with safetensors (https://huggingface.co/docs/safetensors) next to a JSON
+description of the network (``student/models.ModelSpec``), atomically (``pate.io``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from pate.io import write_bytes_atomic, write_json_atomic
+from student.models import ARCHITECTURES, Generator, ModelSpec, build_classifier
+
+METHODS: tuple[str, ...] = ("vat", "gan", "supervised")
+DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
+DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """A student method and its network: ``arch`` (default per method; the GAN needs its
+    ``wn-mlp`` discriminator), Adam's learning rate (default per method), VAT's eps and
+    entropy minimisation."""
+
+    method: str
+    arch: str | None = None
+    width: int = 32
+    lr: float | None = None
+    vat_eps: float = 2.0
+    entmin: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.arch is not None and self.arch not in ARCHITECTURES:
+            raise ValueError(f"arch must be one of {ARCHITECTURES}, got {self.arch!r}")
+        if self.method == "gan" and self.arch not in (None, "wn-mlp"):
+            raise ValueError("the GAN student's network is its discriminator: arch wn-mlp")
+        if not self.vat_eps > 0:
+            raise ValueError(f"VAT's eps must be > 0, got {self.vat_eps!r}")
+
+    def spec(self, in_shape: tuple[int, int, int], num_classes: int) -> ModelSpec:
+        return ModelSpec(self.arch or DEFAULT_ARCH[self.method], tuple(in_shape), num_classes,
+                         self.width)
+
+    @property
+    def learning_rate(self) -> float:
+        return DEFAULT_LR[self.method] if self.lr is None else self.lr
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Hyper-parameters of the loop (the learners hold their own)."""
+
+    epochs: int = 10
+    batch_size: int = 32               # labelled examples per step
+    unlabelled_batch_size: int = 128   # unlabelled examples per step (one epoch = one pass)
+    lr: float = 1e-3
+    decay_from: float = 0.5            # linear decay to 0 over the last half of the steps
+    seed: int = 0
+    device: str = "cpu"
+
+
+class Learner(Protocol):
+    """What ``fit`` drives: the published classifier, the optimisers and one step."""
+
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer]
+
+    def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
+             ) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Per-epoch mean losses and wall-clock seconds."""
+
+    losses: list[dict[str, float]]
+    seconds_per_epoch: list[float]
+
+
+def build_learner(method: MethodConfig, model: nn.Module, spec: ModelSpec) -> Learner:
+    """The learner of ``method`` around ``model`` (built from ``spec``); the GAN learner builds
+    its generator for ``spec.in_shape``."""
+    lr = method.learning_rate
+    if method.method == "vat":
+        from student.vat import VATLearner
+
+        return VATLearner(model, eps=method.vat_eps, entmin=method.entmin, lr=lr)
+    if method.method == "gan":
+        from student.gan import GANLearner
+
+        device = next(model.parameters()).device
+        return GANLearner(model, Generator(spec.in_shape).to(device), lr=lr)
+    from student.supervised import SupervisedLearner
+
+    return SupervisedLearner(model, lr=lr)
+
+
+def _set_lr(learner: Learner, scale: float) -> None:
+    for opt in learner.optimizers:
+        for group in opt.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = group["initial_lr"] * scale
+
+
+def lr_scale(step: int, total: int, decay_from: float) -> float:
+    """1 until ``decay_from * total`` steps, then linearly down to 0 at ``total``."""
+    start = int(decay_from * total)
+    return 1.0 if step < start else max(0.0, (total - step) / max(1, total - start))
+
+
+def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarray,
+        config: FitConfig,
+        on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> FitResult:
+    """Train ``learner`` for ``config.epochs`` passes over ``x_unl`` (float32 [n, C, H, W]),
+    with labelled batches from ``(x_lab, y_lab)`` (at least one example); ``on_epoch(epoch,
+    mean losses)`` after each epoch."""
+    if len(y_lab) == 0:
+        raise ValueError("the student needs at least one labelled example")
+    device = torch.device(config.device)
+    gen = torch.Generator().manual_seed(config.seed)
+    xl = torch.as_tensor(x_lab, dtype=torch.float32, device=device)
+    yl = torch.as_tensor(y_lab, dtype=torch.int64, device=device)
+    xu = torch.as_tensor(x_unl, dtype=torch.float32, device=device)
+    ub = min(config.unlabelled_batch_size, len(xu))
+    lb = min(config.batch_size, len(yl))
+    steps = len(xu) // ub
+    total = steps * config.epochs
+    lab_order = torch.empty(0, dtype=torch.int64)
+    losses, seconds = [], []
+    learner.model.train()
+    for epoch in range(config.epochs):
+        start = time.perf_counter()
+        perm = torch.randperm(len(xu), generator=gen)
+        sums: dict[str, float] = {}
+        for i in range(steps):
+            if len(lab_order) < lb:  # a fresh random order of the labelled set, as needed
+                lab_order = torch.cat([lab_order, torch.randperm(len(yl), generator=gen)])
+            li, lab_order = lab_order[:lb], lab_order[lb:]
+            _set_lr(learner, lr_scale(epoch * steps + i, total, config.decay_from))
+            stats = learner.step(xl[li.to(device)], yl[li.to(device)],
+                                 xu[perm[i * ub:(i + 1) * ub].to(device)])
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+        losses.append({k: v / steps for k, v in sums.items()})
+        seconds.append(time.perf_counter() - start)
+        if on_epoch is not None:
+            on_epoch(epoch, losses[-1])
+    return FitResult(losses, seconds)
+
+
+@torch.no_grad()
+def predict_proba(model: nn.Module, x: np.ndarray, device: str = "cpu",
+                  batch_size: int = 1024) -> np.ndarray:
+    """Class probabilities float64 [n, classes] of ``model`` in evaluation mode."""
+    model.eval()
+    out = []
+    for i in range(0, len(x), batch_size):
+        xb = torch.as_tensor(x[i:i + batch_size], dtype=torch.float32, device=device)
+        out.append(torch.softmax(model(xb).float(), dim=1).double().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, 0))
+
+
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu") -> float:
+    """Top-1 accuracy of ``model`` on ``(x, y)``."""
+    return float(np.mean(predict_proba(model, x, device).argmax(axis=1) == y))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch's global generator (weight initialisation, noise layers, VAT's directions):
+    training runs are reproducible offline experiments; the aggregator's noise is not seeded."""
+    torch.manual_seed(seed)
+
+
+def save_model(model: nn.Module, spec: ModelSpec, directory: Path, name: str = "model") -> None:
+    """``directory/name.safetensors`` and ``directory/name.json`` (the spec), atomically."""
+    from safetensors.torch import save
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    write_bytes_atomic(directory / f"{name}.safetensors", save(state))
+    write_json_atomic(directory / f"{name}.json", spec.as_json())
+
+
+def load_spec(directory: Path, name: str = "model") -> ModelSpec | None:
+    """The spec saved next to ``name.safetensors``, or None when there is none."""
+    path = directory / f"{name}.json"
+    if not (path.is_file() and (directory / f"{name}.safetensors").is_file()):
+        return None
+    return ModelSpec.from_json(json.loads(path.read_text()))
+
+
+def load_weights(model: nn.Module, directory: Path, name: str = "model") -> nn.Module:
+    """Load ``directory/name.safetensors`` into ``model`` (strict) and return it."""
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(str(directory / f"{name}.safetensors")))
+    return model
+
+
+def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, ModelSpec] | None:
+    """The saved classifier and its spec, or None when ``directory`` holds none."""
+    spec = load_spec(directory, name)
+    if spec is None:
+        return None
+    return load_weights(build_classifier(spec), directory, name), spec
