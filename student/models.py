@@ -27,7 +27,8 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-ARCHITECTURES: tuple[str, ...] = ("cnn", "mlp", "wn-mlp")
+from student.choices import ARCHITECTURES
+
 Z_DIM = 100  # Salimans et al., MNIST generator input
 
 

@@ -29,8 +29,8 @@ from numpy.typing import NDArray
 
 from pate.client import BudgetExhaustedError, LabelResult
 from pate.io import write_bytes_atomic
+from student.choices import SELECTIONS
 
-SELECTIONS: tuple[str, ...] = ("first", "random", "uncertainty")
 BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored branch code
 
 

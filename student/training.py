@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from pate.io import write_bytes_atomic, write_json_atomic
-from student.models import ARCHITECTURES, Generator, ModelSpec, build_classifier
+from student.choices import ARCHITECTURES, METHODS
+from student.models import Generator, ModelSpec, build_classifier
 
-METHODS: tuple[str, ...] = ("vat", "gan", "supervised")
 DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
 DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
 

@@ -29,9 +29,7 @@ from pate.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from student.models import ARCHITECTURES
-    from student.rounds import SELECTIONS
-    from student.training import METHODS
+    from student.choices import ARCHITECTURES, METHODS, SELECTIONS
 
     parser = subparsers.add_parser(
         "student", help="train the student on the aggregator's answers",
