@@ -36,11 +36,14 @@ def read_config(run_dir: Path) -> RunConfig:
     return parse_config(path.read_text(), str(path))
 
 
-def round_params(config: RunConfig, round_number: int) -> AggregatorParams:
-    """Round 1 is Confident-GNMax, round 2 Interactive-GNMax (PATE 2018, Alg. 1 and 2)."""
+def round_params(config: RunConfig, recorded: dict[str, Any]) -> AggregatorParams:
+    """A round's aggregator: the parameters ``pate student train`` recorded for it when it ran
+    the aggregator itself, else the run's configuration for that mechanism."""
     a = config.aggregator
-    return AggregatorParams("confident" if round_number == 1 else "interactive",
-                            threshold=a.threshold, sigma1=a.sigma1, sigma2=a.sigma2)
+    fields = {k: recorded.get(k) for k in ("scale", "sigma", "threshold", "sigma1", "sigma2")}
+    if not any(v is not None for v in fields.values()):
+        fields.update(threshold=a.threshold, sigma1=a.sigma1, sigma2=a.sigma2)
+    return AggregatorParams(recorded["mechanism"], **fields)
 
 
 def _pool_labels(config: RunConfig, pool_index: np.ndarray) -> np.ndarray | None:
@@ -60,6 +63,46 @@ def _teacher_accuracies(run_dir: Path) -> np.ndarray | None:
     return np.asarray(values, np.float64) if values else None
 
 
+def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
+              pool_index: np.ndarray) -> list[Segment]:
+    """The student's query rounds, in the order ``labels.npz`` holds their rows: each round's
+    record in ``student/rounds.json`` (one Confident round when there is none), and for
+    Interactive rounds the baseline num_teachers * the probabilities the student sent
+    (``student/probs.npz``)."""
+    labels_path = run_dir / "labels.npz"
+    with np.load(labels_path) as f:
+        asked, labels = f["pool_index"].astype(np.int64), f["label"].astype(np.int64)
+    row_of = np.full(int(pool_index.max()) + 1, -1)
+    row_of[pool_index] = np.arange(pool_index.size)
+    if np.any(asked > pool_index.max()) or np.any(row_of[np.minimum(asked, pool_index.max())] < 0):
+        raise UserError(f"{labels_path}: asks for pool rows the votes do not cover")
+    rounds_path = run_dir / "student" / "rounds.json"
+    rounds = (json.loads(rounds_path.read_text()) if rounds_path.is_file()
+              else [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
+    if sum(r["queries"] for r in rounds) != asked.size:
+        raise UserError(f"{rounds_path}: its rounds do not add up to the rows of {labels_path}")
+    sent: dict[int, np.ndarray] = {}
+    probs_path = run_dir / "student" / "probs.npz"
+    if probs_path.is_file():
+        with np.load(probs_path) as f:
+            sent = dict(zip(f["pool_index"].tolist(), f["probs"], strict=True))
+    teachers = float(votes[0].sum())
+    segments, start = [], 0
+    for r in rounds:
+        sel = slice(start, start + r["queries"])
+        start += r["queries"]
+        params = round_params(config, r["mechanism"])
+        baseline = None
+        if params.mechanism == "interactive":
+            missing = [i for i in asked[sel].tolist() if i not in sent]
+            if missing:
+                raise UserError(f"{probs_path}: no student probabilities for {len(missing)} "
+                                f"interactive queries")
+            baseline = teachers * np.stack([sent[i] for i in asked[sel].tolist()])
+        segments.append(Segment(row_of[asked[sel]], params, labels[sel], baseline))
+    return segments
+
+
 def load_run_data(run_dir: Path) -> RunData:
     config = read_config(run_dir)
     votes_path, labels_path = run_dir / "votes.npz", run_dir / "labels.npz"
@@ -67,21 +110,7 @@ def load_run_data(run_dir: Path) -> RunData:
         raise UserError(f"{run_dir}: no votes.npz; run `pate teachers votes --run {run_dir}`")
     with np.load(votes_path) as f:
         votes, pool_index = f["votes"].astype(np.int64), f["pool_index"].astype(np.int64)
-    segments: list[Segment] = []
-    if labels_path.is_file():
-        with np.load(labels_path) as f:
-            asked, labels = f["pool_index"].astype(np.int64), f["label"].astype(np.int64)
-            rounds = f["round"].astype(np.int64) if "round" in f.files else np.ones_like(asked)
-            baseline = f["baseline"].astype(np.float64) if "baseline" in f.files else None
-        row_of = np.full(int(pool_index.max()) + 1, -1)
-        row_of[pool_index] = np.arange(pool_index.size)
-        if np.any(asked > pool_index.max()) or np.any(row_of[asked] < 0):
-            raise UserError(f"{labels_path}: asks for pool rows the votes do not cover")
-        for r in np.unique(rounds):
-            sel = rounds == r
-            segments.append(Segment(row_of[asked[sel]], round_params(config, int(r)),
-                                    labels[sel], None if r == 1 or baseline is None
-                                    else baseline[sel]))
+    segments = _segments(run_dir, config, votes, pool_index) if labels_path.is_file() else []
     return RunData(
         name=run_dir.resolve().name, dataset=config.data.dataset,
         delta=config.aggregator.delta, votes=votes,

@@ -37,13 +37,13 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
     np.savez(run_dir / "votes.npz", votes=votes, pool_index=pool_index)
     asked = rng.choice(n, 150, replace=False)  # vote rows
     labels = np.where(rng.random(150) < 0.6, votes[asked].argmax(axis=1), -1)
-    extra = {}
-    if rounds:
-        extra["round"] = np.r_[np.ones(100, int), np.full(50, 2)]
-        baseline = np.full((150, 10), np.nan)
-        baseline[100:] = teachers * rng.dirichlet(np.ones(10), 50)
-        extra["baseline"] = baseline
-    np.savez(run_dir / "labels.npz", pool_index=pool_index[asked], label=labels, **extra)
+    np.savez(run_dir / "labels.npz", pool_index=pool_index[asked], label=labels)
+    if rounds:  # as pate student train records a Confident then an Interactive round
+        (run_dir / "student" / "rounds.json").write_text(json.dumps(
+            [{"mechanism": {"mechanism": "confident"}, "queries": 100},
+             {"mechanism": {"mechanism": "interactive"}, "queries": 50}]))
+        np.savez(run_dir / "student" / "probs.npz", pool_index=pool_index[asked[100:]],
+                 probs=rng.dirichlet(np.ones(10), 50))
     (run_dir / "student" / "metrics.json").write_text(json.dumps(
         {"method": "vat", "accuracy": 0.91, "epsilon": {"data_independent": 7.5}}))
     (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
