@@ -13,15 +13,13 @@ results/bench_dpsgd.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
+from bench_common import emit
 
 from pate.datasets import load_dataset, public_split
 from student.dpsgd import DPSGDConfig, tempered_cnn, train_dpsgd
@@ -30,12 +28,7 @@ OUT = Path("results/bench_dpsgd.jsonl")
 
 
 def _emit(row: dict) -> None:
-    row |= {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine()}
-    print(json.dumps(row), flush=True)
-    OUT.parent.mkdir(exist_ok=True)
-    with OUT.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    emit(row, OUT, torch_threads=torch.get_num_threads())
 
 
 def _progress(step: int, total: int) -> None:

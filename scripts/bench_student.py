@@ -17,14 +17,12 @@ results/bench_student.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_common import emit
 
 from pate.aggregators import Aggregator, MechanismParams
 from pate.datasets import load_dataset, public_split
@@ -43,12 +41,7 @@ OUT = Path("results/bench_student.jsonl")
 
 
 def _emit(row: dict) -> None:
-    row |= {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine()}
-    print(json.dumps(row), flush=True)
-    OUT.parent.mkdir(exist_ok=True)
-    with OUT.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    emit(row, OUT, torch_threads=torch.get_num_threads())
 
 
 def teacher_labels(args: argparse.Namespace, pool_size: int) -> tuple[np.ndarray, np.ndarray]:
