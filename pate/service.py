@@ -107,21 +107,12 @@ class LabelsRequest(BaseModel):
         return hashlib.sha256(self.model_dump_json(exclude={"request_id"}).encode()).hexdigest()
 
 
-class BudgetBody(BaseModel):
-    epsilon_budget: float
-    delta: float
-    epsilon_spent: float
-    basis: str
-    queries: int
-    answered: int
-
-
 class LabelsResponse(BaseModel):
     request_id: str
     labels: list[int] = Field(description="-1 where the aggregator declined to answer")
     branch: list[Literal["teachers", "student", "none"]]
     answered: int
-    budget: BudgetBody
+    budget: Budget
 
 
 class ErrorBody(BaseModel):
@@ -530,7 +521,7 @@ def create_app(service: LabelService, tokens: TokenStore) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/budget", response_model=BudgetBody, responses=_ERRORS, tags=["labels"])
+    @app.get("/v1/budget", response_model=Budget, responses=_ERRORS, tags=["labels"])
     def budget(_client_id: ClientId) -> Response:
         try:
             body = service.budget()
