@@ -29,8 +29,9 @@ class DataConfig(_Section):
 
 class TeachersConfig(_Section):
     count: int = Field(default=250, ge=1)
-    model: str = "cnn"
+    model: Literal["cnn", "cnn-pool", "resnet", "mlp"] = "cnn"
     epochs: int = Field(default=20, ge=1)
+    mixup: float = Field(default=0.0, ge=0)
     seed: int = 0
     workers: int = Field(default=1, ge=1)
     shard_size: int | None = Field(default=None, ge=1)
@@ -39,17 +40,34 @@ class TeachersConfig(_Section):
 
 
 class AggregatorConfig(_Section):
-    """Confident-GNMax for round 1, Interactive-GNMax (same T, sigma1, sigma2, plus gamma) for
-    round 2 (PATE 2018, Algorithms 1 and 2); the budget is in epsilon at ``delta``, charged with
-    the data-independent bound."""
+    """Confident-GNMax for round 1, Interactive-GNMax (plus gamma) for round 2 (PATE 2018,
+    Algorithms 1 and 2); the budget is in epsilon at ``delta``, charged with the
+    data-independent bound.
+
+    Round 2 takes round 1's T, sigma1 and sigma2 unless ``interactive_*`` say otherwise. It
+    usually should: its threshold step sees max_j (n_j - N p_j), which is near 0 wherever the
+    student already agrees with the teachers, so a T several sigma1 above 0 makes those queries
+    almost free (their data-dependent cost vanishes) while strong disagreements still pass."""
 
     threshold: float
     sigma1: float = Field(gt=0)
     sigma2: float = Field(gt=0)
     gamma: float = Field(default=0.9, gt=0, le=1)
+    interactive_threshold: float | None = None
+    interactive_sigma1: float | None = Field(default=None, gt=0)
+    interactive_sigma2: float | None = Field(default=None, gt=0)
     budget_epsilon: float = Field(gt=0)
     delta: float = Field(gt=0, lt=1)
     lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
+
+    def round_values(self, mechanism: str) -> tuple[float, float, float]:
+        """(T, sigma1, sigma2) of the round answered by ``mechanism``."""
+        if mechanism != "interactive":
+            return self.threshold, self.sigma1, self.sigma2
+        return (self.threshold if self.interactive_threshold is None
+                else self.interactive_threshold,
+                self.sigma1 if self.interactive_sigma1 is None else self.interactive_sigma1,
+                self.sigma2 if self.interactive_sigma2 is None else self.interactive_sigma2)
 
 
 class StudentConfig(_Section):
@@ -84,9 +102,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _threshold_in_range(self) -> RunConfig:
-        if not 0 <= self.aggregator.threshold <= self.teachers.count:
-            raise ValueError(f"aggregator.threshold must lie in [0, teachers.count = "
-                             f"{self.teachers.count}]")
+        for key in ("threshold", "interactive_threshold"):
+            value = getattr(self.aggregator, key)
+            if value is not None and not 0 <= value <= self.teachers.count:
+                raise ValueError(f"aggregator.{key} must lie in [0, teachers.count = "
+                                 f"{self.teachers.count}]")
         return self
 
 

@@ -134,7 +134,8 @@ def _teachers_argv(config: RunConfig, run_dir: Path) -> list[str]:
     t, d = config.teachers, config.data
     argv = _pate("teachers", "train", "--run", str(run_dir), "--dataset", d.dataset,
                  "--teachers", str(t.count), "--seed", str(t.seed), "--model", t.model,
-                 "--epochs", str(t.epochs), "--workers", str(t.workers), "--device", t.device)
+                 "--epochs", str(t.epochs), "--mixup", repr(t.mixup), "--workers",
+                 str(t.workers), "--device", t.device)
     if t.shard_size:
         argv += ["--shard-size", str(t.shard_size)]
     return argv + _data_args(config) + list(t.extra_args)
@@ -151,9 +152,10 @@ def _data_args(config: RunConfig) -> list[str]:
 
 def _aggregator_args(config: RunConfig, mechanism: str) -> list[str]:
     a = config.aggregator
+    threshold, sigma1, sigma2 = a.round_values(mechanism)
     gamma = ["--gamma", repr(a.gamma)] if mechanism == "interactive" else []
-    return ["--mechanism", mechanism, "--threshold", repr(a.threshold), "--sigma1",
-            repr(a.sigma1), "--sigma2", repr(a.sigma2), *gamma,
+    return ["--mechanism", mechanism, "--threshold", repr(threshold), "--sigma1",
+            repr(sigma1), "--sigma2", repr(sigma2), *gamma,
             "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta)]
 
 

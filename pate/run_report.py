@@ -39,10 +39,10 @@ def read_config(run_dir: Path) -> RunConfig:
 def round_params(config: RunConfig, recorded: dict[str, Any]) -> AggregatorParams:
     """A round's aggregator: the parameters ``pate student train`` recorded for it when it ran
     the aggregator itself, else the run's configuration for that mechanism."""
-    a = config.aggregator
     fields = {k: recorded.get(k) for k in ("scale", "sigma", "threshold", "sigma1", "sigma2")}
     if not any(v is not None for v in fields.values()):
-        fields.update(threshold=a.threshold, sigma1=a.sigma1, sigma2=a.sigma2)
+        values = config.aggregator.round_values(recorded["mechanism"])
+        fields.update(zip(("threshold", "sigma1", "sigma2"), values, strict=True))
     return AggregatorParams(recorded["mechanism"], **fields)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pate.augment import AUGMENTATIONS, random_augment
 from pate.io import write_bytes_atomic, write_json_atomic
 from student.choices import ARCHITECTURES, METHODS
 from student.models import Generator, ModelSpec, build_classifier
@@ -73,8 +74,13 @@ class FitConfig:
     unlabelled_batch_size: int = 128   # unlabelled examples per step (one epoch = one pass)
     lr: float = 1e-3
     decay_from: float = 0.5            # linear decay to 0 over the last half of the steps
+    augment: str = "none"              # pate.augment: random shifts (and mirroring) per step
     seed: int = 0
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.augment not in AUGMENTATIONS:
+            raise ValueError(f"augment must be one of {AUGMENTATIONS}, got {self.augment!r}")
 
 
 class Learner(Protocol):
@@ -155,8 +161,10 @@ def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarra
                 lab_order = torch.cat([lab_order, torch.randperm(len(yl), generator=gen)])
             li, lab_order = lab_order[:lb], lab_order[lb:]
             _set_lr(learner, lr_scale(epoch * steps + i, total, config.decay_from))
-            stats = learner.step(xl[li.to(device)], yl[li.to(device)],
-                                 xu[perm[i * ub:(i + 1) * ub].to(device)])
+            stats = learner.step(random_augment(xl[li.to(device)], config.augment, gen),
+                                 yl[li.to(device)],
+                                 random_augment(xu[perm[i * ub:(i + 1) * ub].to(device)],
+                                                config.augment, gen))
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
         losses.append({k: v / steps for k, v in sums.items()})

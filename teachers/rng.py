@@ -18,7 +18,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 # Stream identifiers: one per use, so that no two uses share numbers.
-INIT, ORDER, AUGMENT = 1, 2, 3
+INIT, ORDER, AUGMENT, MIXUP = 1, 2, 3, 4
 
 
 def _mix(z: np.ndarray) -> np.ndarray:

@@ -27,6 +27,9 @@ def test_presets_load_and_round_trip() -> None:
      "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "threshold must lie in"),
+    ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 4\nsigma1 = 1\nsigma2 = 1\n"
+     "interactive_threshold = 6\nbudget_epsilon = 1\ndelta = 1e-5\n",
+     "interactive_threshold must lie in"),
     ("name = \n", "invalid TOML"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
@@ -41,3 +44,23 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
     assert len(err) == 1 and "unknown preset 'no-such-preset'" in err[0]
     assert main(["run", str(tmp_path / "missing.toml")]) == 2
     assert "no such config file" in capsys.readouterr().err
+
+
+def test_the_interactive_round_takes_its_own_parameters() -> None:
+    from pate.pipeline import _aggregator_args
+    from pate.run_report import round_params
+
+    text = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
+            "interactive_threshold = 250\ninteractive_sigma1 = 40\nbudget_epsilon = 9\n"
+            "delta = 1e-5\n")
+    config = parse_config(text, "x.toml")
+    assert parse_config(dump_config(config), "again") == config
+    assert config.aggregator.round_values("confident") == (200, 150, 40)
+    assert config.aggregator.round_values("interactive") == (250, 40, 40)  # sigma2 inherited
+    args = _aggregator_args(config, "interactive")
+    assert args[args.index("--threshold") + 1] == "250.0" and "--gamma" in args
+    assert args[args.index("--sigma1") + 1] == "40.0"
+    assert _aggregator_args(config, "confident")[1:7] == [
+        "confident", "--threshold", "200.0", "--sigma1", "150.0", "--sigma2"]
+    p = round_params(config, {"mechanism": "interactive"})
+    assert (p.threshold, p.sigma1, p.sigma2) == (250, 40, 40)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from pate.augment import shift_flip
 from teachers import rng
 from teachers.ensemble import (
     TrainConfig,
     example_order,
-    shift_flip,
     train_group,
     train_one,
 )
@@ -20,7 +20,8 @@ from teachers.models import build_model, init_stacked
 from teachers.partition import make_partition
 from teachers.votes import Ensemble
 
-CFG = TrainConfig(model="cnn", epochs=4, batch_size=8, lr=3e-3, augment="shift-flip", seed=5)
+CFG = TrainConfig(model="cnn", epochs=4, batch_size=8, lr=3e-3, augment="shift-flip", mixup=0.4,
+                  seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def _group(cfg, data, ids):
     return train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size)
 
 
-@pytest.mark.parametrize("model", ["cnn", "resnet", "mlp"])
+@pytest.mark.parametrize("model", ["cnn", "cnn-pool", "resnet", "mlp"])
 def test_vectorised_group_equals_one_by_one(digits, data, model):
     cfg = TrainConfig(**{**CFG.__dict__, "model": model, "epochs": 1 if model == "resnet" else 4})
     x, y, part, min_size = data

@@ -25,10 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the partition and of training (offline experiments only)")
     # None: the default of teachers.ensemble.TrainConfig (cnn, 20 epochs, batch 8, lr 6e-3).
-    train.add_argument("--model", choices=["cnn", "resnet", "mlp"], help="default: cnn")
+    train.add_argument("--model", choices=["cnn", "cnn-pool", "resnet", "mlp"],
+                       help="default: cnn")
     train.add_argument("--epochs", type=int, help="default: 20")
     train.add_argument("--batch-size", type=int, help="default: 8")
     train.add_argument("--lr", type=float, help="peak learning rate (one-cycle); default: 6e-3")
+    train.add_argument("--mixup", type=float, default=None,
+                       help="mixup's Beta(alpha, alpha) within each teacher's own batch; "
+                            "default: 0 (off)")
     train.add_argument("--augment", choices=["auto", "none", "shift", "shift-flip"],
                        default="auto", help="random shifts (and mirroring); auto picks what "
                        "preserves the dataset's labels")
@@ -65,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
     augment = (DEFAULT_AUGMENT.get(args.dataset, "none") if args.augment == "auto"
                else args.augment)
     given = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
-             "lr": args.lr}
+             "lr": args.lr, "mixup": args.mixup}
     cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}, augment=augment,
                       seed=args.seed)
     job = TrainJob(args.dataset, args.teachers, args.shard_size, cfg, args.pool_size,
