@@ -2,8 +2,8 @@
 up to ``max_shift`` pixels with zero fill, and horizontal mirroring where the dataset's labels
 survive it (clothes do, digits and glyphs do not). One batched gather, no loop over images.
 
-The random shift plus mirror is the standard augmentation of the semi-supervised benchmarks
-(e.g. T. Miyato et al., "Virtual Adversarial Training", TPAMI 2018, §4.2, for CIFAR-10).
+Random shifts plus mirroring are the usual augmentation of the semi-supervised image benchmarks
+(e.g. the CIFAR-10 experiments of T. Miyato et al., "Virtual Adversarial Training", TPAMI 2018).
 """
 
 from __future__ import annotations

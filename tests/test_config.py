@@ -64,3 +64,14 @@ def test_the_interactive_round_takes_its_own_parameters() -> None:
         "confident", "--threshold", "200.0", "--sigma1", "150.0", "--sigma2"]
     p = round_params(config, {"mechanism": "interactive"})
     assert (p.threshold, p.sigma1, p.sigma2) == (250, 40, 40)
+
+
+def test_the_teacher_architectures_are_named_alike_everywhere() -> None:
+    from typing import get_args
+
+    from pate.config import TeachersConfig
+    from teachers.choices import MODELS
+    from teachers.models import ARCHITECTURES
+
+    assert set(MODELS) == set(ARCHITECTURES) == set(get_args(
+        TeachersConfig.model_fields["model"].annotation))

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from teachers.choices import MODELS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("teachers", help="train teachers and collect their votes",
@@ -25,8 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the partition and of training (offline experiments only)")
     # None: the default of teachers.ensemble.TrainConfig (cnn, 20 epochs, batch 8, lr 6e-3).
-    train.add_argument("--model", choices=["cnn", "cnn-pool", "resnet", "mlp"],
-                       help="default: cnn")
+    train.add_argument("--model", choices=MODELS, help="default: cnn")
     train.add_argument("--epochs", type=int, help="default: 20")
     train.add_argument("--batch-size", type=int, help="default: 8")
     train.add_argument("--lr", type=float, help="peak learning rate (one-cycle); default: 6e-3")
