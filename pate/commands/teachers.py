@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from pate.augment import AUGMENTATIONS
 from teachers.choices import MODELS
 
 
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--mixup", type=float, default=None,
                        help="mixup's Beta(alpha, alpha) within each teacher's own batch; "
                             "default: 0 (off)")
-    train.add_argument("--augment", choices=["auto", "none", "shift", "shift-flip"],
+    train.add_argument("--augment", choices=["auto", *AUGMENTATIONS],
                        default="auto", help="random shifts (and mirroring); auto picks what "
                        "preserves the dataset's labels")
     train.add_argument("--shard-size", type=int, default=25,
