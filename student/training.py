@@ -75,6 +75,7 @@ class FitConfig:
     lr: float = 1e-3
     decay_from: float = 0.5            # linear decay to 0 over the last half of the steps
     augment: str = "none"              # pate.augment: random shifts (and mirroring) per step
+    balance_classes: bool = False      # oversample the labelled set's rarer labels (see below)
     seed: int = 0
     device: str = "cpu"
 
@@ -132,21 +133,39 @@ def lr_scale(step: int, total: int, decay_from: float) -> float:
     return 1.0 if step < start else max(0.0, (total - step) / max(1, total - start))
 
 
+def balanced_indices(labels: np.ndarray) -> np.ndarray:
+    """Indices into ``labels`` in which every present class appears as often as the most frequent
+    one, its examples repeated cyclically: random oversampling of the minority classes (M. Buda,
+    A. Maki, M. A. Mazurowski, "A systematic study of the class imbalance problem in convolutional
+    neural networks", Neural Networks 106, 2018, §3.2.1). The aggregator answers the classes the
+    teachers agree on more often (on Fashion-MNIST it answered 19 shirts of 511 labels against
+    about 50 of each other class), so the student's label set is skewed where the teachers are
+    weakest."""
+    labels = np.asarray(labels)
+    order = np.argsort(labels, kind="stable")
+    _, starts, counts = np.unique(labels[order], return_index=True, return_counts=True)
+    repeat = np.arange(counts.max())
+    return order[(starts[:, None] + repeat[None, :] % counts[:, None]).ravel()]
+
+
 def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarray,
         config: FitConfig,
         on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> FitResult:
     """Train ``learner`` for ``config.epochs`` passes over ``x_unl`` (float32 [n, C, H, W]),
     with labelled batches from ``(x_lab, y_lab)`` (at least one example); ``on_epoch(epoch,
-    mean losses)`` after each epoch."""
+    mean losses)`` after each epoch. With ``config.balance_classes`` the labelled batches are
+    drawn from ``balanced_indices(y_lab)``."""
     if len(y_lab) == 0:
         raise ValueError("the student needs at least one labelled example")
+    lab_pool = torch.as_tensor(balanced_indices(y_lab) if config.balance_classes
+                               else np.arange(len(y_lab)))
     device = torch.device(config.device)
     gen = torch.Generator().manual_seed(config.seed)
     xl = torch.as_tensor(x_lab, dtype=torch.float32, device=device)
     yl = torch.as_tensor(y_lab, dtype=torch.int64, device=device)
     xu = torch.as_tensor(x_unl, dtype=torch.float32, device=device)
     ub = min(config.unlabelled_batch_size, len(xu))
-    lb = min(config.batch_size, len(yl))
+    lb = min(config.batch_size, len(lab_pool))
     steps = len(xu) // ub
     total = steps * config.epochs
     lab_order = torch.empty(0, dtype=torch.int64)
@@ -158,7 +177,8 @@ def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarra
         sums: dict[str, float] = {}
         for i in range(steps):
             if len(lab_order) < lb:  # a fresh random order of the labelled set, as needed
-                lab_order = torch.cat([lab_order, torch.randperm(len(yl), generator=gen)])
+                lab_order = torch.cat([lab_order,
+                                       lab_pool[torch.randperm(len(lab_pool), generator=gen)]])
             li, lab_order = lab_order[:lb], lab_order[lb:]
             _set_lr(learner, lr_scale(epoch * steps + i, total, config.decay_from))
             stats = learner.step(random_augment(xl[li.to(device)], config.augment, gen),

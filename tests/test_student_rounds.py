@@ -70,7 +70,8 @@ def _metrics(run: Path) -> dict:
 
 def test_two_rounds_with_the_local_aggregator(run_dir: Path, digits: Dataset) -> None:
     local = ["--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN]
-    assert main(["student", "train", *local, *CONFIDENT, "--queries", "120"]) == 0
+    assert main(["student", "train", *local, *CONFIDENT, "--queries", "120",
+                 "--balance-classes"]) == 0
     first = Received.load(run_dir / "labels.npz")
     np.testing.assert_array_equal(first.pool_index, np.arange(120))
     m = _metrics(run_dir)
@@ -80,6 +81,7 @@ def test_two_rounds_with_the_local_aggregator(run_dir: Path, digits: Dataset) ->
     ok = first.label >= 0
     assert m["label_accuracy"] == pytest.approx(np.mean(first.label[ok] == truth[ok]))
     assert m["label_accuracy"] > 0.9
+    assert m["training"]["balance_classes"] and m["training"]["vat_eps"] == 2.0
     assert m["epsilon"]["data_independent"] > 0
     assert 0 < m["epsilon"]["data_dependent_sanitised"] < m["epsilon"]["data_independent"]
     assert (run_dir / "student" / "model.safetensors").is_file()
@@ -91,6 +93,7 @@ def test_two_rounds_with_the_local_aggregator(run_dir: Path, digits: Dataset) ->
     np.testing.assert_array_equal(both.pool_index[:120], first.pool_index)
     m2 = _metrics(run_dir)
     assert m2["continued_from_previous"] and len(m2["rounds"]) == 2
+    assert not m2["training"]["balance_classes"]
     assert m2["rounds"][1]["mechanism"]["mechanism"] == "interactive"
     assert m2["epsilon"]["data_independent"] > m["epsilon"]["data_independent"]
     assert m2["epsilon"]["data_dependent_sanitised"] > m["epsilon"]["data_dependent_sanitised"]

@@ -76,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="random 2-pixel shifts (and mirroring: only where labels survive it) "
                          "of every batch; on Fashion-MNIST with 500 labels and 30 epochs VAT "
                          "measured 0.817 with shift-flip, 0.823 without")
+    tr.add_argument("--balance-classes", action="store_true",
+                    help="oversample the rarer answered labels so every class is drawn equally "
+                         "often (the aggregator answers the classes the teachers agree on more "
+                         "often)")
     tr.add_argument("--vat-eps", type=float, default=2.0, help="VAT: norm of the perturbation")
     tr.add_argument("--entmin", action="store_true", help="VAT: add entropy minimisation")
     tr.add_argument("--seed", type=int, default=0,
@@ -241,7 +245,8 @@ def run_train(args: argparse.Namespace) -> int:
         method = MethodConfig(args.method, args.arch, args.width, args.lr, args.vat_eps,
                               args.entmin)
         fit_config = FitConfig(args.epochs, args.batch_size, args.unlabelled_batch_size,
-                               method.learning_rate, augment=args.augment, seed=args.seed,
+                               method.learning_rate, augment=args.augment,
+                               balance_classes=args.balance_classes, seed=args.seed,
                                device=args.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -343,6 +348,11 @@ def run_train(args: argparse.Namespace) -> int:
         },
         "rounds": rounds,
         "continued_from_previous": continued,
+        "training": {"width": spec.width, "lr": method.learning_rate, "vat_eps": method.vat_eps,
+                     "entmin": method.entmin, "batch_size": fit_config.batch_size,
+                     "unlabelled_batch_size": fit_config.unlabelled_batch_size,
+                     "augment": fit_config.augment,
+                     "balance_classes": fit_config.balance_classes, "seed": fit_config.seed},
         "epochs": args.epochs, "seconds_per_epoch": float(np.mean(result.seconds_per_epoch)),
         "seconds": time.perf_counter() - started,
     }
