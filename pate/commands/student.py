@@ -348,8 +348,10 @@ def run_train(args: argparse.Namespace) -> int:
         },
         "rounds": rounds,
         "continued_from_previous": continued,
-        "training": {"width": spec.width, "lr": method.learning_rate, "vat_eps": method.vat_eps,
-                     "entmin": method.entmin, "batch_size": fit_config.batch_size,
+        "training": {"width": spec.width, "lr": method.learning_rate,
+                     **({"vat_eps": method.vat_eps, "entmin": method.entmin}
+                        if args.method == "vat" else {}),
+                     "batch_size": fit_config.batch_size,
                      "unlabelled_batch_size": fit_config.unlabelled_batch_size,
                      "augment": fit_config.augment,
                      "balance_classes": fit_config.balance_classes, "seed": fit_config.seed},
