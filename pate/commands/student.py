@@ -21,6 +21,7 @@ import json
 import sys
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -348,13 +349,9 @@ def run_train(args: argparse.Namespace) -> int:
         },
         "rounds": rounds,
         "continued_from_previous": continued,
-        "training": {"width": spec.width, "lr": method.learning_rate,
+        "training": {"width": spec.width, **asdict(fit_config),
                      **({"vat_eps": method.vat_eps, "entmin": method.entmin}
-                        if args.method == "vat" else {}),
-                     "batch_size": fit_config.batch_size,
-                     "unlabelled_batch_size": fit_config.unlabelled_batch_size,
-                     "augment": fit_config.augment,
-                     "balance_classes": fit_config.balance_classes, "seed": fit_config.seed},
+                        if args.method == "vat" else {})},
         "epochs": args.epochs, "seconds_per_epoch": float(np.mean(result.seconds_per_epoch)),
         "seconds": time.perf_counter() - started,
     }
