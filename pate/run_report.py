@@ -23,6 +23,7 @@ from analysis.votes_analysis import AggregatorParams
 from pate.config import RunConfig, parse_config
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
+from student.rounds import interactive_baseline
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -81,11 +82,6 @@ def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
               else [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
     if sum(r["queries"] for r in rounds) != asked.size:
         raise UserError(f"{rounds_path}: its rounds do not add up to the rows of {labels_path}")
-    sent: dict[int, np.ndarray] = {}
-    probs_path = run_dir / "student" / "probs.npz"
-    if probs_path.is_file():
-        with np.load(probs_path) as f:
-            sent = dict(zip(f["pool_index"].tolist(), f["probs"], strict=True))
     teachers = float(votes[0].sum())
     segments, start = [], 0
     for r in rounds:
@@ -94,11 +90,8 @@ def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
         params = round_params(config, r["mechanism"])
         baseline = None
         if params.mechanism == "interactive":
-            missing = [i for i in asked[sel].tolist() if i not in sent]
-            if missing:
-                raise UserError(f"{probs_path}: no student probabilities for {len(missing)} "
-                                f"interactive queries")
-            baseline = teachers * np.stack([sent[i] for i in asked[sel].tolist()])
+            baseline = interactive_baseline(run_dir / "student" / "probs.npz", asked[sel],
+                                            teachers)
         segments.append(Segment(row_of[asked[sel]], params, labels[sel], baseline))
     return segments
 

@@ -1,21 +1,30 @@
 """Reproduce the shape of PATE 2018's Figure 4 and its Glyph rows of Table 1 on our synthetic
 ``glyphs`` task.
 
-For each ensemble size it trains teachers on the same glyph training set (``pate teachers train``
-then ``pate teachers votes``, real runs under --out), then, over the teachers' votes on the public
-pool:
+As in the paper (§5.2), every ensemble size splits the *same* training set (``--train-size``
+rendered examples), so more teachers means less data per teacher. For each size it trains the
+teachers (``pate teachers train`` then ``pate teachers votes``: real, resumable runs under --out),
+then, over the teachers' votes on the public pool:
 
-- Figure 4 (left): accuracy of the aggregated labels against the privacy cost of answering
-  ``--queries`` queries, LNMax against GNMax over a range of noise scales;
+- Figure 4 (left): accuracy of the aggregated labels against the data-dependent privacy cost of
+  answering ``--queries`` queries (4 000 in the paper), LNMax against GNMax over noise scales;
 - Figure 4 (right): the same trade-off for GNMax with more or fewer teachers;
-- Table 1's Glyph rows: Confident-GNMax, queries answered, label accuracy of the answered ones and
-  epsilon (data-independent, data-dependent, smooth-sensitivity-sanitised).
+- per ensemble, Confident-GNMax at thresholds and noise proportional to the ensemble: queries
+  answered, label accuracy of the answers, epsilon (data-independent, data-dependent, smooth-
+  sensitivity-sanitised).
+
+Table 1's Glyph rows then train VAT students (``pate student train``, each row its own run and
+ledger) on the answers of the largest ensemble: LNMax; Confident-GNMax; Confident-GNMax then
+Interactive-GNMax (two rounds); and the non-private baseline, the same network trained on
+``--baseline-size`` rows of the sensitive training split. Each row gives queries asked and
+answered, the students' accuracy on the evaluation half, and epsilon at ``--delta``.
 
 Label accuracies are Monte-Carlo averages over noise draws from a fixed seed (an offline
-experiment, not a release). Writes reproduction.json, figures/*.png and reproduction.html under
---out and prints one JSON object per ensemble size.
+experiment, not a release; the data-dependent epsilon is shown for comparison with the paper,
+which a release would not do, DESIGN.md rule 6). Writes reproduction.json, figures/*.png and
+reproduction.html under --out and prints one JSON object per ensemble and per student.
 
-    python scripts/reproduce_glyphs.py --teachers 50 100 250 --train-size 60000 --test-size 10000
+    python scripts/reproduce_glyphs.py --teachers 25 50 100 --train-size 600000 --test-size 20000
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,18 +43,29 @@ from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
 from analysis.report import figure_png, render_html
-from analysis.votes_analysis import AggregatorParams, analyze_votes
+from analysis.votes_analysis import AggregatorParams, analyze_segments, analyze_votes
 from pate.datasets import load_dataset, public_split
+from student.rounds import Received, round_segments
 
 
-def train_ensemble(run: Path, teachers: int, epochs: int, env: dict[str, str]) -> float:
-    """Train ``teachers`` teachers on glyphs into ``run`` and collect their votes (resumable)."""
+def pate_cli(*argv: str, env: dict[str, str]) -> str:
+    """Run ``pate ARGV`` (a real CLI run) and return its standard output."""
+    done = subprocess.run([sys.executable, "-m", "pate", *argv], check=True, env=env,
+                          stdout=subprocess.PIPE, text=True)
+    return done.stdout
+
+
+def train_ensemble(run: Path, teachers: int, args: argparse.Namespace, env: dict[str, str]
+                   ) -> float:
+    """Train ``teachers`` teachers on glyphs into ``run`` and collect their votes (resumable:
+    a finished run is reused). Four shards or more, so both CPU workers stay busy."""
     start = time.monotonic()
     if not (run / "votes.npz").is_file():
-        for argv in (["teachers", "train", "--run", str(run), "--dataset", "glyphs",
-                      "--teachers", str(teachers), "--epochs", str(epochs)],
-                     ["teachers", "votes", "--run", str(run)]):
-            subprocess.run([sys.executable, "-m", "pate", *argv], check=True, env=env)
+        pate_cli("teachers", "train", "--run", str(run), "--dataset", "glyphs",
+                 "--teachers", str(teachers), "--model", args.model, "--epochs",
+                 str(args.epochs), "--batch-size", str(args.batch_size),
+                 "--shard-size", str(-(-teachers // 4)), "--workers", "2", env=env)
+        pate_cli("teachers", "votes", "--run", str(run), env=env)
     return time.monotonic() - start
 
 
@@ -103,14 +124,102 @@ def plot_trade_off(series: dict[str, list[dict[str, float]]], title: str, querie
     return fig
 
 
+def student_row(name: str, run: Path, votes_path: Path, rounds: list[list[str]],
+                args: argparse.Namespace, env: dict[str, str]) -> dict:
+    """One of Table 1's student rows: ``pate student train`` once per round (each list of
+    flags: mechanism, its parameters, queries), on its own run directory and ledger, then the
+    data-dependent epsilon of everything asked (``analysis.votes_analysis.analyze_segments``
+    over the recorded rounds; the CLI itself releases only the sanitised bound)."""
+    metrics_path, rounds_path = run / "student" / "metrics.json", run / "student" / "rounds.json"
+    done = len(json.loads(rounds_path.read_text())) if rounds_path.is_file() else 0
+    for flags in rounds[done:]:  # resumable: the rounds already run are not asked again
+        pate_cli("student", "train", "--run", str(run), "--votes", str(votes_path),
+                 "--ledger", f"sqlite:///{run / 'ledger.db'}", "--budget-epsilon",
+                 str(args.student_budget), "--delta", str(args.delta), "--dataset", "glyphs",
+                 "--method", "vat", "--select", "random", "--epochs",
+                 str(args.student_epochs), "--threads", "2", *flags, env=env)
+    metrics = json.loads(metrics_path.read_text())
+    with np.load(votes_path) as f:
+        votes, rows = f["votes"].astype(np.int64), np.argsort(f["pool_index"])
+        pool_index = np.sort(f["pool_index"])
+    received = Received.load(run / "labels.npz")
+    segments = round_segments(metrics["rounds"], received,
+                              lambda index: votes[rows[np.searchsorted(pool_index, index)]],
+                              run / "student" / "probs.npz")
+    assert segments is not None, "the local aggregator records every round's parameters"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
+        analysis = analyze_segments(segments, args.delta)
+    return {"row": name, "rounds": metrics["rounds"], "queries": metrics["queries"],
+            "answered": metrics["answered"], "label_accuracy": metrics["label_accuracy"],
+            "student_accuracy": metrics["accuracy"],
+            "epsilon_data_independent": analysis["data_independent"]["epsilon"],
+            "epsilon_data_dependent": analysis["data_dependent"]["epsilon"],
+            "epsilon_smooth_sensitivity": (analysis["smooth_sensitivity"] or {}).get("epsilon"),
+            "seconds_per_epoch": metrics["seconds_per_epoch"]}
+
+
+def baseline_accuracy(args: argparse.Namespace) -> dict:
+    """The non-private baseline (PATE 2018 §5.3): the students' network, supervised on the first
+    ``--baseline-size`` rows of the sensitive training split (noisy labels and all), accuracy on
+    the evaluation half."""
+    import torch
+
+    from student.models import build_classifier
+    from student.training import FitConfig, MethodConfig, accuracy, build_learner, fit
+
+    torch.set_num_threads(2)
+    os.environ["PATE_GLYPHS_SIZE"] = f"{args.baseline_size},{args.test_size}"
+    ds = load_dataset("glyphs")
+    _, (eval_x, eval_y) = public_split(ds)
+    method = MethodConfig("supervised")
+    model = build_classifier(method.spec(ds.train_x.shape[1:], ds.num_classes))
+    config = FitConfig(args.baseline_epochs, 128, 128, method.learning_rate)
+    started = time.monotonic()
+    fit(build_learner(method, model, method.spec(ds.train_x.shape[1:], ds.num_classes)),
+        ds.train_x, ds.train_y, ds.train_x, config)
+    return {"row": "non-private baseline", "train_rows": len(ds.train_y),
+            "epochs": args.baseline_epochs, "student_accuracy": accuracy(model, eval_x, eval_y),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def flags(mechanism: str, queries: int, **params: float) -> list[str]:
+    return ["--mechanism", mechanism, "--queries", str(queries),
+            *(x for k, v in params.items() for x in (f"--{k}", f"{v:g}"))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--teachers", type=int, nargs="+", default=[50, 100, 250])
-    parser.add_argument("--train-size", type=int, default=60_000)
-    parser.add_argument("--test-size", type=int, default=10_000)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--teachers", type=int, nargs="+", default=[25, 50, 100])
+    parser.add_argument("--train-size", type=int, default=600_000)
+    parser.add_argument("--test-size", type=int, default=20_000)
+    parser.add_argument("--model", default="cnn-pool")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--queries", type=int, default=4000)
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--students", action=argparse.BooleanOptionalAction, default=True,
+                        help="train Table 1's students (default: yes)")
+    parser.add_argument("--student-epochs", type=int, default=10)
+    parser.add_argument("--student-budget", type=float, default=1000.0,
+                        help="each student row's ledger budget (data-independent epsilon); "
+                        "high because Table 1 compares data-dependent bounds, and LNMax's "
+                        "data-independent one is far above them")
+    parser.add_argument("--lnmax", nargs=2, type=float, default=[2000, 0.4],
+                        metavar=("QUERIES", "SCALE"), help="LNMax row: queries, Laplace scale "
+                        "as a fraction of the number of teachers")
+    parser.add_argument("--confident", nargs=4, type=float, default=[6000, 0.6, 0.4, 0.1],
+                        metavar=("QUERIES", "T", "SIGMA1", "SIGMA2"),
+                        help="Confident-GNMax row and the interactive row's first round; "
+                        "T and the sigmas as fractions of the number of teachers")
+    parser.add_argument("--interactive", nargs=5, type=float,
+                        default=[2000, 3000, 0.6, 0.4, 0.1],
+                        metavar=("QUERIES1", "QUERIES2", "T", "SIGMA1", "SIGMA2"),
+                        help="two-round row: Confident-GNMax queries (with --confident's "
+                        "parameters), then Interactive-GNMax queries and parameters")
+    parser.add_argument("--gamma", type=float, default=0.9)
+    parser.add_argument("--baseline-size", type=int, default=200_000)
+    parser.add_argument("--baseline-epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/glyphs"))
     args = parser.parse_args()
 
@@ -122,66 +231,112 @@ def main() -> None:
     results, by_size = [], {}
     for n in sorted(args.teachers):
         run = args.out / f"teachers-{n}"
-        seconds = train_ensemble(run, n, args.epochs, env)
+        seconds = train_ensemble(run, n, args, env)
         with np.load(run / "votes.npz") as f:
             order = np.argsort(f["pool_index"])
             votes = f["votes"][order][: args.queries].astype(np.int64)
             truth = pool_y[np.sort(f["pool_index"])][: args.queries]
         manifest = json.loads((run / "teachers" / "manifest.json").read_text())
-        scale = n / 250.0  # noise grids scale with the ensemble, as vote margins do
+        scale = n / 100.0  # noise grids scale with the ensemble, as vote margins do
         gnmax = trade_off(votes, truth, "gnmax", scale * np.geomspace(2, 200, 9), args.delta,
                           rng)
         lnmax = trade_off(votes, truth, "lnmax", scale * np.geomspace(1, 100, 9), args.delta,
                           rng)
-        confident = AggregatorParams("confident", threshold=0.6 * n, sigma1=0.5 * n,
-                                     sigma2=0.16 * n)
+        confident = AggregatorParams("confident", threshold=args.confident[1] * n,
+                                     sigma1=args.confident[2] * n, sigma2=args.confident[3] * n)
         analysis = analyze_votes(votes, confident, args.delta)
         answered, label_acc = confident_accuracy(votes, truth, confident, rng)
-        row = {"teachers": n, "train_seconds": round(seconds, 1),
+        row = {"teachers": n, "examples_per_teacher": args.train_size // n,
+               "train_seconds": round(seconds, 1),
                "teacher_accuracy_mean": manifest["accuracy"]["mean"],
                "plurality_accuracy": float(np.mean(votes.argmax(1) == truth)),
                "gnmax": gnmax, "lnmax": lnmax,
-               "table1": {"mechanism": "Confident-GNMax",
-                          "params": {"threshold": confident.threshold,
-                                     "sigma1": confident.sigma1, "sigma2": confident.sigma2},
-                          "queries": args.queries, "answered": answered,
-                          "label_accuracy": label_acc,
-                          "epsilon_data_independent": analysis["data_independent"]["epsilon"],
-                          "epsilon_data_dependent": analysis["data_dependent"]["epsilon"],
-                          "epsilon_smooth_sensitivity":
-                              analysis["smooth_sensitivity"]["epsilon"]}}
+               "confident": {"params": {"threshold": confident.threshold,
+                                        "sigma1": confident.sigma1, "sigma2": confident.sigma2},
+                             "queries": len(votes), "answered": answered,
+                             "label_accuracy": label_acc,
+                             "epsilon_data_independent":
+                                 analysis["data_independent"]["epsilon"],
+                             "epsilon_data_dependent": analysis["data_dependent"]["epsilon"],
+                             "epsilon_smooth_sensitivity":
+                                 analysis["smooth_sensitivity"]["epsilon"]}}
         print(json.dumps({k: v for k, v in row.items() if k not in ("gnmax", "lnmax")}),
               flush=True)
         results.append(row)
         by_size[n] = row
 
-    largest = by_size[max(by_size)]
+    largest = max(by_size)
+    students: list[dict] = []
+    if args.students:
+        votes_path = args.out / f"teachers-{largest}" / "votes.npz"
+        conf = dict(threshold=args.confident[1] * largest, sigma1=args.confident[2] * largest,
+                    sigma2=args.confident[3] * largest)
+        q1, q2, *inter = args.interactive
+        rows = {
+            "LNMax": [flags("lnmax", int(args.lnmax[0]), scale=args.lnmax[1] * largest)],
+            "Confident-GNMax": [flags("confident", int(args.confident[0]), **conf)],
+            "Interactive-GNMax, two rounds": [
+                flags("confident", int(q1), **conf),
+                flags("interactive", int(q2), threshold=inter[0] * largest,
+                      sigma1=inter[1] * largest, sigma2=inter[2] * largest, gamma=args.gamma)],
+        }
+        for name, rounds in rows.items():
+            run = args.out / f"student-{name.split(',')[0].lower()}"
+            students.append(student_row(name, run, votes_path, rounds, args, env))
+            print(json.dumps(students[-1]), flush=True)
+        students.append(baseline_accuracy(args))
+        print(json.dumps(students[-1]), flush=True)
+
     figures = {
         "figure4_left.png": plot_trade_off(
-            {"LNMax": largest["lnmax"], "GNMax": largest["gnmax"]},
-            f"LNMax vs GNMax, {max(by_size)} teachers", args.queries, args.delta),
+            {"LNMax": by_size[largest]["lnmax"], "GNMax": by_size[largest]["gnmax"]},
+            f"LNMax vs GNMax, {largest} teachers", args.queries, args.delta),
         "figure4_right.png": plot_trade_off(
-            {f"GNMax, {n} teachers": by_size[n]["gnmax"] for n in sorted(by_size)},
-            "GNMax with more teachers", args.queries, args.delta),
+            {f"GNMax, {n} teachers ({by_size[n]['examples_per_teacher']} examples each)":
+             by_size[n]["gnmax"] for n in sorted(by_size)},
+            "GNMax with more teachers, same training set", args.queries, args.delta),
     }
     pngs = {name: figure_png(fig) for name, fig in figures.items()}
     (args.out / "figures").mkdir(parents=True, exist_ok=True)
     for name, png in pngs.items():
         (args.out / "figures" / name).write_bytes(png)
-    (args.out / "reproduction.json").write_text(json.dumps(results, indent=2) + "\n")
-    rows = "".join(
-        f"<tr><td>{r['teachers']}</td><td>{r['teacher_accuracy_mean']:.3f}</td>"
-        f"<td>{r['plurality_accuracy']:.3f}</td><td>{r['table1']['answered']:.0f}</td>"
-        f"<td>{r['table1']['label_accuracy']:.3f}</td>"
-        f"<td>{r['table1']['epsilon_data_independent']:.3f}</td>"
-        f"<td>{r['table1']['epsilon_data_dependent']:.3f}</td>"
-        f"<td>{r['table1']['epsilon_smooth_sensitivity']:.3f}</td></tr>" for r in results)
-    table = ("<table><tr><th>Teachers</th><th>Mean teacher accuracy</th><th>Plurality "
-             "accuracy</th><th>Answered</th><th>Label accuracy</th><th>ε data-independent</th>"
-             "<th>ε data-dependent</th><th>ε smooth-sensitivity</th></tr>" + rows + "</table>")
+    (args.out / "reproduction.json").write_text(json.dumps(
+        {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+         "ensembles": results, "table1": students}, indent=2) + "\n")
     (args.out / "reproduction.html").write_text(render_html(
-        "Glyphs: PATE 2018 Figure 4 and Table 1 (Confident-GNMax rows)",
-        [(f"Table 1, Glyph rows ({args.queries} queries, δ = {args.delta:g})", table)], pngs))
+        "Glyphs: PATE 2018 Figure 4 and Table 1",
+        [(f"Ensembles on {args.train_size} training rows, Confident-GNMax on {args.queries} "
+          f"queries (δ = {args.delta:g})", ensembles_table(results)),
+         (f"Table 1, Glyph rows ({largest} teachers, VAT students)", students_table(students))],
+        pngs))
+
+
+def html_table(header: list[str], rows: list[list[object]]) -> str:
+    def cell(v: object) -> str:
+        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>" + "".join(
+        "<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows) + "</table>")
+
+
+def ensembles_table(results: list[dict]) -> str:
+    return html_table(
+        ["Teachers", "Examples each", "Mean teacher accuracy", "Plurality accuracy", "Answered",
+         "Label accuracy", "ε data-independent", "ε data-dependent", "ε smooth-sensitivity"],
+        [[r["teachers"], r["examples_per_teacher"], r["teacher_accuracy_mean"],
+          r["plurality_accuracy"], round(r["confident"]["answered"]),
+          r["confident"]["label_accuracy"], r["confident"]["epsilon_data_independent"],
+          r["confident"]["epsilon_data_dependent"], r["confident"]["epsilon_smooth_sensitivity"]]
+         for r in results])
+
+
+def students_table(students: list[dict]) -> str:
+    return html_table(
+        ["Aggregator", "Queries", "Answered", "Label accuracy", "Student accuracy",
+         "ε data-independent", "ε data-dependent", "ε smooth-sensitivity"],
+        [[s["row"], s.get("queries"), s.get("answered"), s.get("label_accuracy"),
+          s["student_accuracy"], s.get("epsilon_data_independent"),
+          s.get("epsilon_data_dependent"), s.get("epsilon_smooth_sensitivity")]
+         for s in students])
 
 
 if __name__ == "__main__":

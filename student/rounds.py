@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from analysis.votes_analysis import AggregatorParams, QuerySegment
 from pate.client import BudgetExhaustedError, LabelResult
 from pate.io import write_bytes_atomic
 from student.choices import SELECTIONS
@@ -135,3 +136,51 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
         if on_request is not None:
             on_request(got)
     return got, False
+
+
+
+def interactive_baseline(probs_path: Path, index: NDArray[np.int64], num_teachers: float
+                         ) -> NDArray[np.float64]:
+    """The baseline num_teachers * student_probs that Interactive-GNMax's threshold step
+    subtracted (PATE 2018, Alg. 2) for the pool rows ``index``, from the probabilities the
+    student sent (``student/probs.npz``). UserError when a row's probabilities are missing."""
+    from pate.errors import UserError
+
+    index = np.asarray(index, np.int64)
+    sent_index, probs = np.zeros(0, np.int64), np.zeros((0, 0))
+    if probs_path.is_file():
+        with np.load(probs_path, allow_pickle=False) as data:
+            sent_index, probs = data["pool_index"].astype(np.int64), data["probs"]
+    order = np.argsort(sent_index)
+    pos = order[np.minimum(np.searchsorted(sent_index, index, sorter=order),
+                           max(sent_index.size - 1, 0))] if sent_index.size else None
+    missing = index.size if pos is None else int(np.sum(sent_index[pos] != index))
+    if missing:
+        raise UserError(f"{probs_path}: no student probabilities for {missing} interactive "
+                        "queries")
+    return num_teachers * probs[pos].astype(np.float64)
+
+
+def round_segments(rounds: list[dict], received: Received,
+                   votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
+                   probs_path: Path) -> list[QuerySegment] | None:
+    """The privacy analysis's view of a run's rounds (``student/rounds.json``, in order, and the
+    rows of ``received`` they asked, in the same order): one ``QuerySegment`` per round, with the
+    votes ``votes_of(pool_index)`` and, for Interactive-GNMax, its ``interactive_baseline``.
+    None when a round's parameters were not recorded (a remote service) or the rounds do not
+    account for every received row."""
+    if sum(r["queries"] for r in rounds) != len(received) or any(
+            len(r["mechanism"]) == 1 for r in rounds):
+        return None
+    segments, start = [], 0
+    for r in rounds:
+        index = received.pool_index[start:start + r["queries"]]
+        start += r["queries"]
+        votes = votes_of(index)
+        m = r["mechanism"]
+        baseline = (interactive_baseline(probs_path, index, float(votes[0].sum()))
+                    if m["mechanism"] == "interactive" else None)
+        params = AggregatorParams(m["mechanism"], m.get("scale"), m.get("sigma"),
+                                  m.get("threshold"), m.get("sigma1"), m.get("sigma2"))
+        segments.append(QuerySegment(votes, params, baseline))
+    return segments

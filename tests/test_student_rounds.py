@@ -16,7 +16,8 @@ from analysis.rdp import epsilon_from_rdp
 from pate.aggregators import Aggregator, MechanismParams
 from pate.cli import main
 from pate.datasets import Dataset, public_split
-from student.rounds import Received, select_queries
+from pate.errors import UserError
+from student.rounds import Received, interactive_baseline, select_queries
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -144,3 +145,16 @@ def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset) -> None:
     assert len(both) == 160 and after["queries"] == 160
     assert after["epsilon_spent"] > spent
     assert _metrics(run_dir)["answered"] == after["answered"]
+
+
+def test_interactive_baseline_looks_up_each_row_by_pool_index(tmp_path: Path) -> None:
+    sent_index = np.array([7, 2, 9, 4])
+    probs = np.random.default_rng(0).dirichlet(np.ones(3), size=4)
+    path = tmp_path / "probs.npz"
+    np.savez(path, pool_index=sent_index, probs=probs)
+    got = interactive_baseline(path, np.array([9, 2, 4]), 50.0)
+    np.testing.assert_allclose(got, 50.0 * probs[[2, 1, 3]])
+    with pytest.raises(UserError, match="no student probabilities for 2 interactive"):
+        interactive_baseline(path, np.array([2, 3, 11]), 50.0)
+    with pytest.raises(UserError, match="no student probabilities for 1 interactive"):
+        interactive_baseline(tmp_path / "absent.npz", np.array([2]), 50.0)

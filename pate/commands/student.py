@@ -177,29 +177,16 @@ def _sanitised_epsilon(service: Any, received: Any, rounds: list[dict[str, Any]]
     Table 2 analysis of the asked rows, rounds composed): the data-independent bound and the
     smooth-sensitivity-sanitised data-dependent one; only these are released (DESIGN.md rule 6).
     None without local votes, with LNMax, or when a round's parameters or rows are unknown."""
-    import numpy as np
+    from analysis.votes_analysis import analyze_segments
+    from student.rounds import round_segments
 
-    from analysis.votes_analysis import AggregatorParams, QuerySegment, analyze_segments
-
-    if service is None or sum(r["queries"] for r in rounds) != len(received) or any(
-            len(r["mechanism"]) == 1 or r["mechanism"]["mechanism"] == "lnmax" for r in rounds):
+    if service is None or any(r["mechanism"].get("mechanism") == "lnmax" for r in rounds):
         return None
-    sent: dict[int, Any] = {}
-    if (out / "probs.npz").is_file():
-        with np.load(out / "probs.npz", allow_pickle=False) as data:
-            sent = dict(zip(data["pool_index"].tolist(), data["probs"], strict=True))
-    segments, start = [], 0
-    for r in rounds:
-        index = received.pool_index[start:start + r["queries"]]
-        start += r["queries"]
-        votes = service.pool.votes[service.pool.rows(index)]
-        m = r["mechanism"]
-        baseline = None
-        if m["mechanism"] == "interactive":
-            baseline = votes.sum(axis=1, keepdims=True) * np.stack([sent[i] for i in index])
-        params = AggregatorParams(m["mechanism"], m.get("scale"), m.get("sigma"),
-                                  m.get("threshold"), m.get("sigma1"), m.get("sigma2"))
-        segments.append(QuerySegment(votes, params, baseline))
+    segments = round_segments(rounds, received,
+                              lambda index: service.pool.votes[service.pool.rows(index)],
+                              out / "probs.npz")
+    if segments is None:
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
         result = analyze_segments(segments, delta, conversion=conversion)

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "train them on Ray; rerunning trains only missing shards.")
     train.add_argument("--run", required=True, type=Path, help="run directory")
     train.add_argument("--dataset", default="fashion-mnist",
-                       help="fashion-mnist, mnist, svhn, cifar10 or digits")
+                       help="fashion-mnist, mnist, svhn, cifar10, digits or glyphs")
     train.add_argument("--teachers", type=int, default=250, help="number of teachers")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the partition and of training (offline experiments only)")
