@@ -14,10 +14,11 @@ then, over the teachers' votes on the public pool:
   sensitivity-sanitised).
 
 Table 1's Glyph rows then train VAT students (``pate student train``, each row its own run and
-ledger) on the answers of the largest ensemble: LNMax; Confident-GNMax; Confident-GNMax then
-Interactive-GNMax (two rounds); and the non-private baseline, the same network trained on
-``--baseline-size`` rows of the sensitive training split. Each row gives queries asked and
-answered, the students' accuracy on the evaluation half, and epsilon at ``--delta``.
+ledger) on the answers of one ensemble (``--student-teachers``, default the largest): LNMax;
+Confident-GNMax; Confident-GNMax then Interactive-GNMax (two rounds); and the non-private
+baseline, the same network trained on ``--baseline-size`` rows of the sensitive training split.
+Each row gives queries asked and answered, the students' accuracy on the evaluation half, and
+epsilon at ``--delta``.
 
 Label accuracies are Monte-Carlo averages over noise draws from a fixed seed (an offline
 experiment, not a release; the data-dependent epsilon is shown for comparison with the paper,
@@ -107,6 +108,13 @@ def trade_off(votes: NDArray[np.int64], truth: NDArray[np.int64], mechanism: str
     return points
 
 
+def least_epsilon(curve: list[dict[str, float]], accuracy: float) -> float | None:
+    """The smallest data-dependent epsilon on ``curve`` whose label accuracy reaches
+    ``accuracy`` (None if no point does): one number per curve to compare mechanisms and
+    ensembles at equal label accuracy."""
+    return min((p["epsilon"] for p in curve if p["label_accuracy"] >= accuracy), default=None)
+
+
 def plot_trade_off(series: dict[str, list[dict[str, float]]], title: str, queries: int,
                    delta: float) -> Figure:
     fig = Figure(figsize=(6.4, 4.4))
@@ -162,8 +170,14 @@ def student_row(name: str, run: Path, votes_path: Path, rounds: list[list[str]],
 def baseline_accuracy(args: argparse.Namespace) -> dict:
     """The non-private baseline (PATE 2018 §5.3): the students' network, supervised on the first
     ``--baseline-size`` rows of the sensitive training split (noisy labels and all), accuracy on
-    the evaluation half."""
+    the evaluation half. Kept in ``--out``/baseline.json and reused while its settings hold."""
     import torch
+
+    saved = args.out / "baseline.json"
+    if saved.is_file():
+        row = json.loads(saved.read_text())
+        if (row["train_rows"], row["epochs"]) == (args.baseline_size, args.baseline_epochs):
+            return row
 
     from student.models import build_classifier
     from student.training import FitConfig, MethodConfig, accuracy, build_learner, fit
@@ -173,14 +187,16 @@ def baseline_accuracy(args: argparse.Namespace) -> dict:
     ds = load_dataset("glyphs")
     _, (eval_x, eval_y) = public_split(ds)
     method = MethodConfig("supervised")
-    model = build_classifier(method.spec(ds.train_x.shape[1:], ds.num_classes))
+    spec = method.spec(ds.train_x.shape[1:], ds.num_classes)
+    model = build_classifier(spec)
     config = FitConfig(args.baseline_epochs, 128, 128, method.learning_rate)
     started = time.monotonic()
-    fit(build_learner(method, model, method.spec(ds.train_x.shape[1:], ds.num_classes)),
-        ds.train_x, ds.train_y, ds.train_x, config)
-    return {"row": "non-private baseline", "train_rows": len(ds.train_y),
-            "epochs": args.baseline_epochs, "student_accuracy": accuracy(model, eval_x, eval_y),
-            "seconds": round(time.monotonic() - started, 1)}
+    fit(build_learner(method, model, spec), ds.train_x, ds.train_y, ds.train_x, config)
+    row = {"row": "non-private baseline", "train_rows": len(ds.train_y),
+           "epochs": args.baseline_epochs, "student_accuracy": accuracy(model, eval_x, eval_y),
+           "seconds": round(time.monotonic() - started, 1)}
+    saved.write_text(json.dumps(row) + "\n")
+    return row
 
 
 def flags(mechanism: str, queries: int, **params: float) -> list[str]:
@@ -198,22 +214,26 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--queries", type=int, default=4000)
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--target-accuracy", type=float, default=0.6,
+                        help="label accuracy at which the ensembles' epsilons are compared")
     parser.add_argument("--students", action=argparse.BooleanOptionalAction, default=True,
                         help="train Table 1's students (default: yes)")
-    parser.add_argument("--student-epochs", type=int, default=10)
+    parser.add_argument("--student-teachers", type=int,
+                        help="the ensemble Table 1's students learn from (default: the largest)")
+    parser.add_argument("--student-epochs", type=int, default=20)
     parser.add_argument("--student-budget", type=float, default=1000.0,
                         help="each student row's ledger budget (data-independent epsilon); "
                         "high because Table 1 compares data-dependent bounds, and LNMax's "
                         "data-independent one is far above them")
-    parser.add_argument("--lnmax", nargs=2, type=float, default=[2000, 0.4],
+    parser.add_argument("--lnmax", nargs=2, type=float, default=[2000, 0.05],
                         metavar=("QUERIES", "SCALE"), help="LNMax row: queries, Laplace scale "
                         "as a fraction of the number of teachers")
-    parser.add_argument("--confident", nargs=4, type=float, default=[6000, 0.6, 0.4, 0.1],
+    parser.add_argument("--confident", nargs=4, type=float, default=[6000, 0.7, 0.3, 0.1],
                         metavar=("QUERIES", "T", "SIGMA1", "SIGMA2"),
                         help="Confident-GNMax row and the interactive row's first round; "
                         "T and the sigmas as fractions of the number of teachers")
     parser.add_argument("--interactive", nargs=5, type=float,
-                        default=[2000, 3000, 0.6, 0.4, 0.1],
+                        default=[3000, 3000, 0.5, 0.3, 0.1],
                         metavar=("QUERIES1", "QUERIES2", "T", "SIGMA1", "SIGMA2"),
                         help="two-round row: Confident-GNMax queries (with --confident's "
                         "parameters), then Interactive-GNMax queries and parameters")
@@ -251,6 +271,9 @@ def main() -> None:
                "teacher_accuracy_mean": manifest["accuracy"]["mean"],
                "plurality_accuracy": float(np.mean(votes.argmax(1) == truth)),
                "gnmax": gnmax, "lnmax": lnmax,
+               "least_epsilon": {"label_accuracy": args.target_accuracy,
+                                 "gnmax": least_epsilon(gnmax, args.target_accuracy),
+                                 "lnmax": least_epsilon(lnmax, args.target_accuracy)},
                "confident": {"params": {"threshold": confident.threshold,
                                         "sigma1": confident.sigma1, "sigma2": confident.sigma2},
                              "queries": len(votes), "answered": answered,
@@ -266,19 +289,22 @@ def main() -> None:
         by_size[n] = row
 
     largest = max(by_size)
+    chosen = args.student_teachers or largest
+    if chosen not in by_size:
+        parser.error(f"--student-teachers {chosen} is not one of --teachers")
     students: list[dict] = []
     if args.students:
-        votes_path = args.out / f"teachers-{largest}" / "votes.npz"
-        conf = dict(threshold=args.confident[1] * largest, sigma1=args.confident[2] * largest,
-                    sigma2=args.confident[3] * largest)
+        votes_path = args.out / f"teachers-{chosen}" / "votes.npz"
+        conf = dict(threshold=args.confident[1] * chosen, sigma1=args.confident[2] * chosen,
+                    sigma2=args.confident[3] * chosen)
         q1, q2, *inter = args.interactive
         rows = {
-            "LNMax": [flags("lnmax", int(args.lnmax[0]), scale=args.lnmax[1] * largest)],
+            "LNMax": [flags("lnmax", int(args.lnmax[0]), scale=args.lnmax[1] * chosen)],
             "Confident-GNMax": [flags("confident", int(args.confident[0]), **conf)],
             "Interactive-GNMax, two rounds": [
                 flags("confident", int(q1), **conf),
-                flags("interactive", int(q2), threshold=inter[0] * largest,
-                      sigma1=inter[1] * largest, sigma2=inter[2] * largest, gamma=args.gamma)],
+                flags("interactive", int(q2), threshold=inter[0] * chosen,
+                      sigma1=inter[1] * chosen, sigma2=inter[2] * chosen, gamma=args.gamma)],
         }
         for name, rounds in rows.items():
             run = args.out / f"student-{name.split(',')[0].lower()}"
@@ -307,7 +333,7 @@ def main() -> None:
         "Glyphs: PATE 2018 Figure 4 and Table 1",
         [(f"Ensembles on {args.train_size} training rows, Confident-GNMax on {args.queries} "
           f"queries (δ = {args.delta:g})", ensembles_table(results)),
-         (f"Table 1, Glyph rows ({largest} teachers, VAT students)", students_table(students))],
+         (f"Table 1, Glyph rows ({chosen} teachers, VAT students)", students_table(students))],
         pngs))
 
 
@@ -320,10 +346,13 @@ def html_table(header: list[str], rows: list[list[object]]) -> str:
 
 def ensembles_table(results: list[dict]) -> str:
     return html_table(
-        ["Teachers", "Examples each", "Mean teacher accuracy", "Plurality accuracy", "Answered",
+        ["Teachers", "Examples each", "Mean teacher accuracy", "Plurality accuracy",
+         f"GNMax: least ε for label accuracy ≥ {results[0]['least_epsilon']['label_accuracy']}",
+         "LNMax: the same", "Confident: answered",
          "Label accuracy", "ε data-independent", "ε data-dependent", "ε smooth-sensitivity"],
         [[r["teachers"], r["examples_per_teacher"], r["teacher_accuracy_mean"],
-          r["plurality_accuracy"], round(r["confident"]["answered"]),
+          r["plurality_accuracy"], r["least_epsilon"]["gnmax"], r["least_epsilon"]["lnmax"],
+          round(r["confident"]["answered"]),
           r["confident"]["label_accuracy"], r["confident"]["epsilon_data_independent"],
           r["confident"]["epsilon_data_dependent"], r["confident"]["epsilon_smooth_sensitivity"]]
          for r in results])
