@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_reproduction_writes_figure4_and_table1(tmp_path: Path) -> None:
     out = tmp_path / "glyphs"
-    argv = ["--teachers", "2", "4", "--train-size", "1200", "--test-size", "400",
-            "--queries", "150", "--epochs", "1", "--student-epochs", "1",
+    argv = ["--teachers", "2", "4", "--student-teachers", "4", "--train-size", "1200",
+            "--test-size", "400", "--queries", "150", "--epochs", "1", "--student-epochs", "1",
             "--lnmax", "40", "0.5", "--confident", "80", "0.5", "0.3", "0.1",
             "--interactive", "40", "40", "0.5", "0.3", "0.1",
             "--baseline-size", "600", "--baseline-epochs", "1", "--out", str(out)]
