@@ -27,6 +27,7 @@ def test_reproduction_writes_figure4_and_table1(tmp_path: Path) -> None:
     assert [e["teachers"] for e in result["ensembles"]] == [2, 4]
     for ensemble in result["ensembles"]:
         assert ensemble["examples_per_teacher"] == 1200 // ensemble["teachers"]
+        assert len(ensemble["shard_seconds"]) == ensemble["teachers"]  # shards of one teacher
         for curve in (ensemble["gnmax"], ensemble["lnmax"]):
             # more noise, less privacy spent (the data-dependent bound need not be monotone)
             bound = [p["epsilon_data_independent"] for p in curve]
