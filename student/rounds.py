@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from analysis.votes_analysis import AggregatorParams, QuerySegment
 from pate.client import BudgetExhaustedError, LabelResult
+from pate.errors import UserError
 from pate.io import write_bytes_atomic
 from student.choices import SELECTIONS
 
@@ -138,27 +139,26 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
     return got, False
 
 
-
 def interactive_baseline(probs_path: Path, index: NDArray[np.int64], num_teachers: float
                          ) -> NDArray[np.float64]:
     """The baseline num_teachers * student_probs that Interactive-GNMax's threshold step
     subtracted (PATE 2018, Alg. 2) for the pool rows ``index``, from the probabilities the
     student sent (``student/probs.npz``). UserError when a row's probabilities are missing."""
-    from pate.errors import UserError
-
     index = np.asarray(index, np.int64)
     sent_index, probs = np.zeros(0, np.int64), np.zeros((0, 0))
     if probs_path.is_file():
         with np.load(probs_path, allow_pickle=False) as data:
             sent_index, probs = data["pool_index"].astype(np.int64), data["probs"]
-    order = np.argsort(sent_index)
-    pos = order[np.minimum(np.searchsorted(sent_index, index, sorter=order),
-                           max(sent_index.size - 1, 0))] if sent_index.size else None
-    missing = index.size if pos is None else int(np.sum(sent_index[pos] != index))
+    missing, rows = index.size, np.zeros(0, np.int64)
+    if sent_index.size:
+        order = np.argsort(sent_index)
+        found = np.searchsorted(sent_index, index, sorter=order)
+        rows = order[np.minimum(found, sent_index.size - 1)]
+        missing = int(np.sum(sent_index[rows] != index))
     if missing:
         raise UserError(f"{probs_path}: no student probabilities for {missing} interactive "
                         "queries")
-    return num_teachers * probs[pos].astype(np.float64)
+    return num_teachers * probs[rows].astype(np.float64)
 
 
 def round_segments(rounds: list[dict], received: Received,
