@@ -36,7 +36,6 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -44,22 +43,22 @@ from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
 from analysis.report import figure_png, render_html
-from analysis.votes_analysis import AggregatorParams, analyze_segments, analyze_votes
+from analysis.votes_analysis import AggregatorParams, analyze_votes
 from pate.datasets import load_dataset, public_split
-from student.rounds import Received, round_segments
+from student.rounds import Received, analyze_rounds
 
 
-def pate_cli(*argv: str, env: dict[str, str]) -> str:
-    """Run ``pate ARGV`` (a real CLI run) and return its standard output."""
-    done = subprocess.run([sys.executable, "-m", "pate", *argv], check=True, env=env,
-                          stdout=subprocess.PIPE, text=True)
-    return done.stdout
+def pate_cli(*argv: str, env: dict[str, str]) -> None:
+    """Run ``pate ARGV``: a real CLI run, its one-line summaries on stderr."""
+    subprocess.run([sys.executable, "-m", "pate", *argv], check=True, env=env,
+                   stdout=sys.stderr)
 
 
 def train_ensemble(run: Path, teachers: int, args: argparse.Namespace, env: dict[str, str]
                    ) -> None:
     """Train ``teachers`` teachers on glyphs into ``run`` and collect their votes (resumable:
-    a finished run is reused). Four shards or more, so both CPU workers stay busy."""
+    a finished run is reused). Four shards, two trained at a time, so both CPU cores
+    stay busy."""
     if not (run / "votes.npz").is_file():
         pate_cli("teachers", "train", "--run", str(run), "--dataset", "glyphs",
                  "--teachers", str(teachers), "--model", args.model, "--epochs",
@@ -134,8 +133,8 @@ def student_row(name: str, run: Path, votes_path: Path, rounds: list[list[str]],
                 args: argparse.Namespace, env: dict[str, str]) -> dict:
     """One of Table 1's student rows: ``pate student train`` once per round (each list of
     flags: mechanism, its parameters, queries), on its own run directory and ledger, then the
-    data-dependent epsilon of everything asked (``analysis.votes_analysis.analyze_segments``
-    over the recorded rounds; the CLI itself releases only the sanitised bound)."""
+    data-dependent epsilon of everything asked (``student.rounds.analyze_rounds`` over the
+    recorded rounds; the CLI itself releases only the sanitised bound)."""
     metrics_path, rounds_path = run / "student" / "metrics.json", run / "student" / "rounds.json"
     done = len(json.loads(rounds_path.read_text())) if rounds_path.is_file() else 0
     for flags in rounds[done:]:  # resumable: the rounds already run are not asked again
@@ -149,13 +148,10 @@ def student_row(name: str, run: Path, votes_path: Path, rounds: list[list[str]],
         votes, rows = f["votes"].astype(np.int64), np.argsort(f["pool_index"])
         pool_index = np.sort(f["pool_index"])
     received = Received.load(run / "labels.npz")
-    segments = round_segments(metrics["rounds"], received,
+    analysis = analyze_rounds(metrics["rounds"], received,
                               lambda index: votes[rows[np.searchsorted(pool_index, index)]],
-                              run / "student" / "probs.npz")
-    assert segments is not None, "the local aggregator records every round's parameters"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
-        analysis = analyze_segments(segments, args.delta)
+                              run / "student" / "probs.npz", args.delta)
+    assert analysis is not None, "the local aggregator records every round's parameters"
     return {"row": name, "rounds": metrics["rounds"], "queries": metrics["queries"],
             "answered": metrics["answered"], "label_accuracy": metrics["label_accuracy"],
             "student_accuracy": metrics["accuracy"],

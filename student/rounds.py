@@ -19,6 +19,7 @@ atomically after every request so that nothing paid for is lost.
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from analysis.votes_analysis import AggregatorParams, QuerySegment
+from analysis.votes_analysis import AggregatorParams, QuerySegment, analyze_segments
 from pate.client import BudgetExhaustedError, LabelResult
 from pate.errors import UserError
 from pate.io import write_bytes_atomic
@@ -184,3 +185,19 @@ def round_segments(rounds: list[dict], received: Received,
                                   m.get("threshold"), m.get("sigma1"), m.get("sigma2"))
         segments.append(QuerySegment(votes, params, baseline))
     return segments
+
+
+def analyze_rounds(rounds: list[dict], received: Received,
+                   votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
+                   probs_path: Path, delta: float, conversion: str = "improved"
+                   ) -> dict | None:
+    """``analysis.votes_analysis.analyze_segments`` (PATE 2018's Table 2 analysis, rounds
+    composed) of the rounds' ``round_segments``; None where those are unknown. The full result
+    holds the raw data-dependent epsilon: callers release only the data-independent and
+    sanitised bounds (DESIGN.md rule 6)."""
+    segments = round_segments(rounds, received, votes_of, probs_path)
+    if segments is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
+        return analyze_segments(segments, delta, conversion=conversion)

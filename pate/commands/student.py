@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -173,23 +172,19 @@ def _record_round(out: Path, args: argparse.Namespace, service: Any, got: Any,
 
 def _sanitised_epsilon(service: Any, received: Any, rounds: list[dict[str, Any]], out: Path,
                        delta: float, conversion: str) -> dict[str, Any] | None:
-    """Epsilon of every round so far from ``analysis.votes_analysis.analyze_segments`` (PATE 2018's
-    Table 2 analysis of the asked rows, rounds composed): the data-independent bound and the
+    """Epsilon of every round so far from ``student.rounds.analyze_rounds`` (PATE 2018's Table 2
+    analysis of the asked rows, rounds composed): the data-independent bound and the
     smooth-sensitivity-sanitised data-dependent one; only these are released (DESIGN.md rule 6).
     None without local votes, with LNMax, or when a round's parameters or rows are unknown."""
-    from analysis.votes_analysis import analyze_segments
-    from student.rounds import round_segments
+    from student.rounds import analyze_rounds
 
     if service is None or any(r["mechanism"].get("mechanism") == "lnmax" for r in rounds):
         return None
-    segments = round_segments(rounds, received,
-                              lambda index: service.pool.votes[service.pool.rows(index)],
-                              out / "probs.npz")
-    if segments is None:
+    result = analyze_rounds(rounds, received,
+                            lambda index: service.pool.votes[service.pool.rows(index)],
+                            out / "probs.npz", delta, conversion)
+    if result is None:
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
-        result = analyze_segments(segments, delta, conversion=conversion)
     ss = result["smooth_sensitivity"]
     return {"data_independent": result["data_independent"]["epsilon"],
             "smooth_sensitivity": {k: ss.get(k) for k in ("epsilon", "order", "beta", "sigma",
