@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 from analysis.report import figure_png, render_html
 from analysis.votes_analysis import AggregatorParams, analyze_votes
 from pate.datasets import load_dataset, public_split
+from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 from student.rounds import Received, analyze_rounds
 
 
@@ -164,13 +165,15 @@ def student_row(name: str, run: Path, votes_path: Path, rounds: list[list[str]],
 def baseline_accuracy(args: argparse.Namespace) -> dict:
     """The non-private baseline (PATE 2018 §5.3): the students' network, supervised on the first
     ``--baseline-size`` rows of the sensitive training split (noisy labels and all), accuracy on
-    the evaluation half. Kept in ``--out``/baseline.json and reused while its settings hold."""
+    the evaluation half. Kept in ``--out``/baseline.json and reused while its settings (training
+    rows, epochs, test rows) hold."""
     import torch
 
     saved = args.out / "baseline.json"
     if saved.is_file():
         row = json.loads(saved.read_text())
-        if (row["train_rows"], row["epochs"]) == (args.baseline_size, args.baseline_epochs):
+        if (row["train_rows"], row["epochs"], row.get("test_rows")) == (
+                args.baseline_size, args.baseline_epochs, args.test_size):
             return row
 
     from student.models import build_classifier
@@ -187,9 +190,10 @@ def baseline_accuracy(args: argparse.Namespace) -> dict:
     started = time.monotonic()
     fit(build_learner(method, model, spec), ds.train_x, ds.train_y, ds.train_x, config)
     row = {"row": "non-private baseline", "train_rows": len(ds.train_y),
-           "epochs": args.baseline_epochs, "student_accuracy": accuracy(model, eval_x, eval_y),
+           "epochs": args.baseline_epochs, "test_rows": args.test_size,
+           "student_accuracy": accuracy(model, eval_x, eval_y),
            "seconds": round(time.monotonic() - started, 1)}
-    saved.write_text(json.dumps(row) + "\n")
+    write_json_atomic(saved, row)
     return row
 
 
@@ -318,18 +322,18 @@ def main() -> None:
             "GNMax with more teachers, same training set", args.queries, args.delta),
     }
     pngs = {name: figure_png(fig) for name, fig in figures.items()}
-    (args.out / "figures").mkdir(parents=True, exist_ok=True)
+    figures_dir = ensure_dir(args.out / "figures")
     for name, png in pngs.items():
-        (args.out / "figures" / name).write_bytes(png)
-    (args.out / "reproduction.json").write_text(json.dumps(
-        {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-         "ensembles": results, "table1": students}, indent=2) + "\n")
-    (args.out / "reproduction.html").write_text(render_html(
+        write_bytes_atomic(figures_dir / name, png)
+    write_json_atomic(args.out / "reproduction.json", {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "ensembles": results, "table1": students})
+    write_bytes_atomic(args.out / "reproduction.html", render_html(
         "Glyphs: PATE 2018 Figure 4 and Table 1",
         [(f"Ensembles on {args.train_size} training rows, Confident-GNMax on {args.queries} "
           f"queries (δ = {args.delta:g})", ensembles_table(results)),
          (f"Table 1, Glyph rows ({chosen} teachers, VAT students)", students_table(students))],
-        pngs))
+        pngs).encode())
 
 
 def html_table(header: list[str], rows: list[list[object]]) -> str:

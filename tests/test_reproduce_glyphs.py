@@ -18,7 +18,8 @@ def test_reproduction_writes_figure4_and_table1(tmp_path: Path) -> None:
             "--test-size", "400", "--queries", "150", "--epochs", "1", "--student-epochs", "1",
             "--lnmax", "40", "0.5", "--confident", "80", "0.5", "0.3", "0.1",
             "--interactive", "40", "40", "0.5", "0.3", "0.1",
-            "--baseline-size", "600", "--baseline-epochs", "1", "--out", str(out)]
+            "--baseline-size", "600", "--baseline-epochs", "1", "--target-accuracy", "0.6",
+            "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce_glyphs.py"), *argv],
                    check=True, env=env, cwd=tmp_path, capture_output=True)
@@ -35,6 +36,7 @@ def test_reproduction_writes_figure4_and_table1(tmp_path: Path) -> None:
             assert all(p["epsilon"] <= p["epsilon_data_independent"] + 1e-9 for p in curve)
             assert all(0.0 <= p["label_accuracy"] <= 1.0 for p in curve)
         assert ensemble["confident"]["queries"] == 150
+        assert ensemble["least_epsilon"]["label_accuracy"] == 0.6
         for mechanism in ("gnmax", "lnmax"):
             least = ensemble["least_epsilon"][mechanism]
             reaching = [p["epsilon"] for p in ensemble[mechanism] if p["label_accuracy"] >= 0.6]
@@ -55,6 +57,7 @@ def test_reproduction_writes_figure4_and_table1(tmp_path: Path) -> None:
         assert 0 < row["epsilon_data_dependent"] <= row["epsilon_data_independent"] + 1e-9
         assert 0.0 <= row["student_accuracy"] <= 1.0
     assert rows["non-private baseline"]["train_rows"] == 600
+    assert rows["non-private baseline"]["test_rows"] == 400
     for name in ("figure4_left.png", "figure4_right.png"):
         assert (out / "figures" / name).read_bytes().startswith(b"\x89PNG")
     page = (out / "reproduction.html").read_text()
