@@ -10,6 +10,10 @@ Files are checked before use: Fashion-MNIST by the sha256 of each decompressed I
 same for Debian's ``dataset-fashion-mnist`` and the upstream ``.gz`` files), MNIST, SVHN and
 CIFAR-10 by the md5 sums torchvision publishes for them. The IDX format is Y. LeCun's, described
 at http://yann.lecun.com/exdb/mnist/.
+
+torchvision is an optional dependency (``pip install 'pate[datasets]'``): it downloads what is
+missing and reads SVHN and CIFAR-10. Fashion-MNIST, MNIST files already on disk, the digits and
+the glyphs load without it, so a CPU-only install needs no torchvision build matched to its torch.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ import numpy as np
 from pate.errors import UserError
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+# md5 of the upstream MNIST .gz files, as published in torchvision.datasets.MNIST.resources.
+MNIST_MD5 = {
+    "train-images-idx3-ubyte": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c",
+}
 
 # sha256 of the decompressed IDX payloads of Fashion-MNIST
 # (github.com/zalandoresearch/fashion-mnist).
@@ -130,9 +142,19 @@ def _idx_pair(split: str, dirs: list[Path], sums: dict[str, tuple[str | None, st
     return (images[:, None].astype(np.float32) / 255.0), labels.astype(np.int64)
 
 
-def _torchvision_download(cls_name: str, root: Path, missing: str) -> None:
-    import torchvision.datasets as tvd  # lazy: torchvision is heavy
+def _torchvision_datasets(what: str):
+    """``torchvision.datasets``, imported lazily (it is heavy and optional); without it, one clear
+    error naming what needed it."""
+    try:
+        import torchvision.datasets as tvd
+    except ImportError as exc:
+        raise UserError(f"{what} needs torchvision, which is not installed; install it with "
+                        "pip install 'pate[datasets]' (a build matched to your torch)") from exc
+    return tvd
 
+
+def _torchvision_download(cls_name: str, root: Path, missing: str) -> None:
+    tvd = _torchvision_datasets(f"{cls_name} is not on disk ({missing}); its download")
     try:
         for train in (True, False):
             getattr(tvd, cls_name)(str(root), train=train, download=True)
@@ -170,17 +192,14 @@ def _fashion_mnist(data_dir: Path | None, need_train: bool) -> Dataset:
 
 @register("mnist")
 def _mnist(data_dir: Path | None, need_train: bool) -> Dataset:
-    import torchvision.datasets as tvd
-
-    sums = {Path(f).name.removesuffix(".gz"): (None, md5) for f, md5 in tvd.MNIST.resources}
+    sums = {stem: (None, md5) for stem, md5 in MNIST_MD5.items()}
     dirs = [d for d in (data_dir, _default_cache()) if d is not None]
     missing = "put the MNIST .gz files (train-*, t10k-*) in --data-dir or $PATE_DATA"
     return _mnist_like("mnist", "MNIST", sums, dirs, missing, data_dir, need_train)
 
 
 def _torchvision_split(cls_name: str, data_dir: Path | None, split_kw: dict, what: str):
-    import torchvision.datasets as tvd
-
+    tvd = _torchvision_datasets(f"{cls_name} ({what})")
     root = data_dir or _default_cache()
     cls = getattr(tvd, cls_name)
     try:

@@ -2,4 +2,8 @@
 
 
 class UserError(Exception):
-    """Bad input or a missing prerequisite; the message says what to do about it."""
+    """Bad input or a missing prerequisite; the message says what to do about it. Whitespace runs,
+    newlines included (a wrapped library error, say), fold to single spaces: one line always."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))

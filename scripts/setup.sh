@@ -21,5 +21,21 @@ fi
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+pip=(.venv/bin/python -m pip install -q --no-cache-dir)
+"${pip[@]}" --upgrade pip
+
+# PyTorch. With an NVIDIA GPU: the registry's CUDA build, and torchvision (the datasets extra).
+# Without one: the CPU build (about 1 GB installed, against some 6 GB for the CUDA build) from
+# PyTorch's CPU index, or offline from the wheels in $PIP_FIND_LINKS; the config files are skipped
+# so that no other index offers a CUDA build. torchvision stays out there: the registry's build
+# wants the CUDA torch, and pate needs it only to download MNIST, SVHN or CIFAR-10. If no CPU
+# build can be had, the next step takes the registry's torch.
+extras=test
+if command -v nvidia-smi >/dev/null 2>&1; then
+  extras=test,datasets
+elif ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  PIP_CONFIG_FILE=/dev/null "${pip[@]}" --no-deps --retries 0 \
+    --index-url https://download.pytorch.org/whl/cpu torch 2>/dev/null \
+    || echo "setup: no CPU build of torch found; installing the registry's build" >&2
+fi
+"${pip[@]}" -e ".[$extras]"

@@ -70,3 +70,21 @@ def test_corrupt_file_is_one_clear_error(tmp_path: Path):
     (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(bytes(labels)))
     with pytest.raises(UserError, match="corrupt"):
         load_dataset("fashion-mnist", tmp_path, need_train=False)
+
+
+@pytest.mark.parametrize("name", ["mnist", "svhn", "cifar10"])
+def test_missing_files_are_one_clear_error(name: str, tmp_path: Path, monkeypatch):
+    """Not on disk and not downloadable here (torchvision absent, or no network): one line."""
+    monkeypatch.setenv("PATE_DATA", str(tmp_path / "cache"))
+    with pytest.raises(UserError) as info:
+        load_dataset(name, tmp_path / "data", need_train=False)
+    assert "\n" not in str(info.value)
+
+
+def test_mnist_files_are_verified_without_torchvision(tmp_path: Path, monkeypatch):
+    """MNIST's checksums are the project's own, so files on disk are checked with no torchvision."""
+    monkeypatch.setitem(__import__("sys").modules, "torchvision", None)  # import now fails
+    for stem in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (tmp_path / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x01" + bytes(8)))
+    with pytest.raises(UserError, match="corrupt"):
+        load_dataset("mnist", tmp_path, need_train=False)
