@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -142,7 +143,7 @@ def _idx_pair(split: str, dirs: list[Path], sums: dict[str, tuple[str | None, st
     return (images[:, None].astype(np.float32) / 255.0), labels.astype(np.int64)
 
 
-def _torchvision_datasets(what: str):
+def _torchvision_datasets(what: str) -> ModuleType:
     """``torchvision.datasets``, imported lazily (it is heavy and optional); without it, one clear
     error naming what needed it."""
     try:
@@ -199,7 +200,7 @@ def _mnist(data_dir: Path | None, need_train: bool) -> Dataset:
 
 
 def _torchvision_split(cls_name: str, data_dir: Path | None, split_kw: dict, what: str):
-    tvd = _torchvision_datasets(f"{cls_name} ({what})")
+    tvd = _torchvision_datasets(f"reading {what}")
     root = data_dir or _default_cache()
     cls = getattr(tvd, cls_name)
     try:

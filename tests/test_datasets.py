@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,14 @@ def test_missing_files_are_one_clear_error(name: str, tmp_path: Path, monkeypatc
 
 def test_mnist_files_are_verified_without_torchvision(tmp_path: Path, monkeypatch):
     """MNIST's checksums are the project's own, so files on disk are checked with no torchvision."""
-    monkeypatch.setitem(__import__("sys").modules, "torchvision", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import now fails
     for stem in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
         (tmp_path / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x01" + bytes(8)))
     with pytest.raises(UserError, match="corrupt"):
         load_dataset("mnist", tmp_path, need_train=False)
+
+
+def test_a_wrapped_multi_line_error_folds_to_one_line():
+    """torchvision's failed download lists one URL error per line; the CLI prints one line."""
+    exc = UserError("MNIST download failed (Error downloading x:\n  <urlopen error>\n\n)")
+    assert str(exc) == "MNIST download failed (Error downloading x: <urlopen error> )"
