@@ -14,6 +14,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pate.errors import UserError
+from teachers.choices import MODELS
 
 
 class _Section(BaseModel):
@@ -29,7 +30,7 @@ class DataConfig(_Section):
 
 class TeachersConfig(_Section):
     count: int = Field(default=250, ge=1)
-    model: Literal["cnn", "cnn-pool", "resnet", "mlp"] = "cnn"
+    model: Literal[MODELS] = "cnn"  # type: ignore[valid-type]
     epochs: int = Field(default=20, ge=1)
     mixup: float = Field(default=0.0, ge=0)
     seed: int = 0

@@ -115,6 +115,16 @@ def mixup_weights(seed: int, teacher_ids: np.ndarray, draws: int, alpha: float) 
     return beta.ppf(u, alpha, alpha).astype(np.float32)
 
 
+def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-example cross-entropy ``[K * b]`` of logits ``[K, b, C]``, or of an
+    :class:`~teachers.models.Experts` model's ``[K, b, E, C]`` summed over its experts (each
+    expert's gradient is its own)."""
+    if logits.dim() == 4:
+        y = y[..., None].expand(logits.shape[:-1])
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+    return ce.reshape(y.shape[0] * y.shape[1], -1).sum(1)
+
+
 def _loss(cfg: TrainConfig, forward: Callable[[torch.Tensor], torch.Tensor], xb: torch.Tensor,
           yb: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """Sum over teachers of each teacher's mean cross-entropy on its batch ``xb [K, b, ...]``.
@@ -124,11 +134,10 @@ def _loss(cfg: TrainConfig, forward: Callable[[torch.Tensor], torch.Tensor], xb:
     random draw, so this is a random pairing, and a teacher never mixes in another's data):
     x = lam x_i + (1 - lam) x_{b-1-i}, loss = lam CE(y_i) + (1 - lam) CE(y_{b-1-i})."""
     if cfg.mixup == 0:
-        logits = forward(xb)
-        return F.cross_entropy(logits.flatten(0, 1), yb.reshape(-1), reduction="sum") / yb.shape[1]
+        return _cross_entropy(forward(xb), yb).sum() / yb.shape[1]
     w = lam.reshape(*lam.shape, *(1,) * (xb.dim() - 2))
-    logits = forward(w * xb + (1 - w) * xb.flip(1)).flatten(0, 1)
-    ce = [F.cross_entropy(logits, y.reshape(-1), reduction="none") for y in (yb, yb.flip(1))]
+    logits = forward(w * xb + (1 - w) * xb.flip(1))
+    ce = [_cross_entropy(logits, y) for y in (yb, yb.flip(1))]
     lam = lam.reshape(-1)
     return (lam * ce[0] + (1 - lam) * ce[1]).sum() / yb.shape[1]
 

@@ -15,6 +15,12 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
 - ``resnet``: a deeper residual network (K. He et al., "Deep Residual Learning for Image
   Recognition", CVPR 2016) for harder data such as SVHN or CIFAR-10.
 - ``mlp``: one hidden layer, the cheapest option.
+- ``cnn-pool-hog``: two experts on the same rows, ``cnn-pool`` and a linear softmax on fixed
+  histograms of oriented gradients (:mod:`teachers.hog`). Each expert is trained on its own
+  cross-entropy; the teacher predicts with the mean of their softmax outputs. Their errors differ,
+  so the pair is better than either (Fashion-MNIST, 25 teachers of 240 examples, mixup 0.4: mean
+  accuracy 0.802 and pool plurality 0.847, against 0.775 and 0.832 for ``cnn-pool`` and 0.792
+  and 0.834 for the HOG expert alone).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from torch import nn
 
 from teachers import rng
+from teachers.hog import HOG, hog_size
 
 Shape = tuple[int, int, int]
 
@@ -80,12 +87,36 @@ def _mlp(in_shape: Shape, num_classes: int) -> nn.Module:
                          nn.Linear(128, num_classes))
 
 
+class Experts(nn.Module):
+    """Independent experts that see the same input. In training mode ``forward`` returns their
+    logits ``[n, E, C]`` (the training loss gives each expert its own cross-entropy); in eval mode
+    the log of the mean of their softmax outputs ``[n, C]``, the averaged-probability ensemble
+    (T. G. Dietterich, "Ensemble Methods in Machine Learning", MCS 2000)."""
+
+    def __init__(self, *experts: nn.Module) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = torch.stack([e(x) for e in self.experts], -2)
+        if self.training:
+            return logits
+        return torch.logsumexp(logits.log_softmax(-1), -2) - math.log(len(self.experts))
+
+
+def _cnn_pool_hog(in_shape: Shape, num_classes: int) -> nn.Module:
+    hog = nn.Sequential(HOG(), nn.Linear(hog_size(in_shape), num_classes))
+    return Experts(_cnn_pool(in_shape, num_classes), hog)
+
+
 ARCHITECTURES: dict[str, Callable[[Shape, int], nn.Module]] = {
-    "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp}
+    "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp,
+    "cnn-pool-hog": _cnn_pool_hog}
 
 
 def build_model(name: str, in_shape: Shape, num_classes: int) -> nn.Module:
-    """A fresh module of architecture ``name`` for inputs ``[C, H, W]``."""
+    """A fresh module of architecture ``name`` for inputs ``[C, H, W]``, in training mode
+    (call ``.eval()`` before predicting: :class:`Experts` answers differently)."""
     return ARCHITECTURES[name](tuple(in_shape), num_classes)
 
 

@@ -37,7 +37,7 @@ class Ensemble:
         self.device = torch.device(device)
         self.shards = shards
         self.num_teachers = sum(next(iter(p.values())).shape[0] for p in shards)
-        base = build_model(model, self.in_shape, num_classes).to("meta")
+        base = build_model(model, self.in_shape, num_classes).to("meta").eval()
         self._forward = vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
 
     def labels(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
