@@ -2,9 +2,10 @@
 
 N. Dalal, B. Triggs, "Histograms of Oriented Gradients for Human Detection", CVPR 2005: centred
 [-1, 0, 1] gradients, each pixel votes its gradient magnitude into unsigned-orientation bins
-(linear interpolation between the two nearest bin centres), the votes are summed over square
-cells, and each block of 2x2 cells is L2-normalised (their section 6.4, "L2-norm"), then the
-square root is taken (their "L1-sqrt" variant's compression, Hellinger-style). Written with
+(linear interpolation between the two nearest bin centres), the votes are averaged over square
+cells, and each block of 2x2 cells (blocks overlap, one cell apart) is L2-normalised (their
+section 6.4, "L2-norm"); then the square root is taken, the compression of their "L1-sqrt"
+variant. Written with
 broadcasting and convolutions only (no in-place scatter, no random numbers) so that it runs
 inside ``torch.func.vmap`` with the teachers' stacked parameters.
 """
