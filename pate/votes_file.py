@@ -55,6 +55,18 @@ def load_votes(path: str | Path) -> NDArray[np.int64]:
     return votes
 
 
+def load_pool_indices(path: str | Path) -> NDArray[np.int64]:
+    """Pool indices, 1-d integers: a ``.npy``, or an ``.npz`` with ``pool_index`` (a student's
+    ``labels.npz``)."""
+    indices = _load_array(Path(path), "pool_index")
+    if indices.ndim != 1 or indices.size == 0:
+        raise UserError(f"{path}: pool indices must be a non-empty 1-d array, got shape "
+                        f"{list(indices.shape)}")
+    if not np.issubdtype(indices.dtype, np.integer):
+        raise UserError(f"{path}: pool indices must be integers, got dtype {indices.dtype}")
+    return indices.astype(np.int64)
+
+
 def load_baseline(path: str | Path, votes: NDArray[np.int64]) -> NDArray[np.float64]:
     """Interactive-GNMax baseline ``num_teachers * student_probs``, same shape as the votes."""
     baseline = _load_array(Path(path), "baseline")

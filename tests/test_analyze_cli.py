@@ -52,6 +52,24 @@ def test_fixed_order_beta_classic_and_queries(capsys: pytest.CaptureFixture,
     assert a["data_dependent"]["epsilon"] == pytest.approx(rdp + np.log(1e5) / 16, rel=1e-12)
 
 
+def test_asked_rows_are_found_through_the_pool_index(capsys: pytest.CaptureFixture,
+                                                      tmp_path: Path) -> None:
+    votes = np.load(EXAMPLE)
+    pool_index = np.random.default_rng(1).permutation(np.arange(1000, 1000 + len(votes)))
+    np.savez(tmp_path / "votes.npz", votes=votes, pool_index=pool_index)
+    rows = np.array([7, 300, 2, 511, 64, 99, 123])
+    np.savez(tmp_path / "labels.npz", pool_index=pool_index[rows], label=np.zeros(7, np.int64))
+    np.save(tmp_path / "v.npy", votes[rows])
+    fixed = ["--delta", "1e-5", *CONFIDENT, "--order", "9"]
+    expected = analyze(capsys, "--votes", str(tmp_path / "v.npy"), *fixed)
+    got = analyze(capsys, "--votes", str(tmp_path / "votes.npz"),
+                  "--asked", str(tmp_path / "labels.npz"), *fixed)
+    assert got == expected and got["queries"] == 7
+    np.save(tmp_path / "asked.npy", rows)  # without a pool_index, indices are row numbers
+    assert analyze(capsys, "--votes", str(EXAMPLE), "--asked", str(tmp_path / "asked.npy"),
+                   *fixed) == expected
+
+
 def test_rdp_composes_over_queries() -> None:
     votes = synthetic_votes(300, 250, 10, seed=4)
     params = AggregatorParams("confident", threshold=200, sigma1=150, sigma2=40)
@@ -105,7 +123,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def bad_files(tmp: Path) -> dict[str, Path]:
     files = {"shape": np.zeros(5), "negative": np.array([[3, -1], [1, 1]]),
              "fraction": np.array([[1.5, 0.5], [1, 1]]), "sums": np.array([[2, 0], [1, 0]]),
-             "nan": np.array([[np.nan, 1.0], [1.0, 1.0]])}
+             "nan": np.array([[np.nan, 1.0], [1.0, 1.0]]),
+             "asked_unknown": np.array([3, 640]), "asked_repeated": np.array([3, 5, 3])}
     out = {}
     for name, arr in files.items():
         out[name] = tmp / f"{name}.npy"
@@ -145,6 +164,14 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path) -> None:
           "--sigma2", "4", "--delta", "1e-5"], "--baseline"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
           "--queries", "100000"], "exceeds"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--queries", "10", "--asked", str(files["asked_unknown"])], "not both"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["asked_unknown"])], "not in the registered pool: [640]"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["asked_repeated"])], "must not repeat"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["fraction"])], "pool indices must be a non-empty 1-d array"),
     ]
     for args, message in cases:
         proc = run_cli(*args)

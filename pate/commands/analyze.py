@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", metavar="FILE",
                    help="interactive only: num_teachers * student_probs, same shape as votes")
     p.add_argument("--queries", type=int, help="analyse only the first N rows")
+    p.add_argument("--asked", metavar="FILE",
+                   help="analyse only the rows a student asked about, in its order: its run's "
+                        "labels.npz (key 'pool_index') or a .npy of pool indices, found through "
+                        "the votes file's 'pool_index' (row numbers without one); every row must "
+                        "have gone to the aggregator described here")
     p.add_argument("--order", type=float, help="fix the Rényi order (default: best of the grid)")
     p.add_argument("--beta", type=float,
                    help="fix the smooth-sensitivity beta (default: optimised)")
@@ -50,6 +55,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--beta must be >= 0, got {args.beta:g}")
     if args.queries is not None and args.queries < 1:
         raise UserError(f"--queries must be >= 1, got {args.queries}")
+    if args.queries is not None and args.asked is not None:
+        raise UserError("give --queries or --asked, not both")
     if args.baseline is not None and args.mechanism != "interactive":
         raise UserError("--baseline is for --mechanism interactive only")
     for name in ("scale", "sigma", "sigma1", "sigma2", "threshold"):
@@ -73,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
                                   sigma2=args.sigma2)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    votes = load_votes(args.votes)
+    if args.asked is None:
+        votes, asked = load_votes(args.votes), None
+    else:
+        votes, asked = _votes_and_asked_rows(args.votes, args.asked)
     baseline = None
     if args.mechanism == "interactive":
         if args.baseline is None:
@@ -85,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
                             f"{args.votes}")
         votes = votes[:args.queries]
         baseline = None if baseline is None else baseline[:args.queries]
+    if asked is not None:
+        votes = votes[asked]
+        baseline = None if baseline is None else baseline[asked]
     try:
         result = analyze_votes(votes, params, args.delta, baseline=baseline, order=args.order,
                                beta=args.beta, conversion=args.conversion)
@@ -96,6 +109,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_analysis(result))
     return 0
+
+
+def _votes_and_asked_rows(votes_path: str, asked_path: str) -> tuple[Any, Any]:
+    """The votes, and the rows holding the pool indices of ``asked_path`` in its order (the
+    service's own lookup, so the rows are those its aggregator saw)."""
+    from pate.service import RequestError, VotePool
+    from pate.votes_file import load_pool_indices
+
+    indices = load_pool_indices(asked_path)
+    pool = VotePool.from_file(votes_path)
+    try:
+        return pool.votes, pool.rows(indices)
+    except RequestError as exc:
+        raise UserError(f"{asked_path}: {exc.detail} (the pool of {votes_path})") from None
 
 
 def format_analysis(r: dict[str, Any]) -> str:
