@@ -5,9 +5,8 @@ N. Dalal, B. Triggs, "Histograms of Oriented Gradients for Human Detection", CVP
 (linear interpolation between the two nearest bin centres), the votes are averaged over square
 cells, and each block of 2x2 cells (blocks overlap, one cell apart) is L2-normalised (their
 section 6.4, "L2-norm"); then the square root is taken, the compression of their "L1-sqrt"
-variant. Written with
-broadcasting and convolutions only (no in-place scatter, no random numbers) so that it runs
-inside ``torch.func.vmap`` with the teachers' stacked parameters.
+variant. Written with broadcasting and convolutions only (no in-place scatter, no random numbers)
+so that it runs inside ``torch.func.vmap`` with the teachers' stacked parameters.
 """
 
 from __future__ import annotations
