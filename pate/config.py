@@ -73,6 +73,7 @@ class AggregatorConfig(_Section):
 
 class StudentConfig(_Section):
     method: Literal["vat", "gan", "supervised"] = "vat"
+    arch: Literal["cnn", "cnn-hog", "mlp", "wn-mlp"] | None = None  # None: the method's default
     queries: int = Field(default=1000, ge=1)
     interactive_queries: int = Field(default=0, ge=0)
     select: Literal["first", "random", "uncertainty"] = "random"

@@ -159,17 +159,22 @@ def _aggregator_args(config: RunConfig, mechanism: str) -> list[str]:
             "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta)]
 
 
+def _student_args(config: RunConfig) -> list[str]:
+    """``pate student train``'s options from the config's student section (not the round's)."""
+    s = config.student
+    return ["--method", s.method, *(["--arch", s.arch] if s.arch else []),
+            "--dataset", config.data.dataset, "--select", s.select, "--epochs", str(s.epochs),
+            "--device", s.device, *_data_args(config), *s.extra_args]
+
+
 def _student_round(config: RunConfig, run_dir: Path, mechanism: str, queries: int) -> None:
     """One query round of the student against a ``pate serve`` of ``mechanism``."""
-    s = config.student
     token = _token(run_dir)
     with label_service(run_dir, config, mechanism, token) as url:
         _run_stage(f"student-{mechanism}", _pate(
-            "student", "train", "--run", str(run_dir), "--method", s.method,
-            "--server", url, "--token-file", str(token), "--mechanism", mechanism,
-            "--dataset", config.data.dataset, "--queries", str(queries), "--select", s.select,
-            "--epochs", str(s.epochs), "--device", s.device, *_data_args(config),
-            *s.extra_args))
+            "student", "train", "--run", str(run_dir), "--server", url, "--token-file",
+            str(token), "--mechanism", mechanism, "--queries", str(queries),
+            *_student_args(config)))
 
 
 def _dpsgd_stage(config: RunConfig, run_dir: Path) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from student.losses import cross_entropy
 
 
 class SupervisedLearner:
@@ -18,7 +19,7 @@ class SupervisedLearner:
     def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
              ) -> dict[str, float]:
         (opt,) = self.optimizers
-        loss = F.cross_entropy(self.model(x_lab), y_lab)
+        loss = cross_entropy(self.model(x_lab), y_lab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

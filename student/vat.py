@@ -9,7 +9,9 @@ r_vadv = eps g/||g|| (L2 norm per example, so ||r_vadv|| = eps exactly). xi = 1e
 The power iteration runs in float32 even under autocast. Perturbed passes use their own batch
 statistics but do not update the running ones (the released code's ``update_batch_stats=False``).
 With ``entmin`` the loss adds the entropy of the clean prediction on unlabelled data
-("VAT+EntMin", §3.4).
+("VAT+EntMin", §3.4). For a network of experts (``cnn-hog``) every term is each expert's own,
+summed (``student.losses``): one perturbation, found for the sum of their KL divergences, and each
+expert's smoothness measured on its own prediction.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from student.losses import cross_entropy, entropy, kl_logits
 
 XI = 1e-6  # §4: the finite-difference step of the power iteration
 
@@ -46,12 +49,6 @@ def _unit(d: torch.Tensor) -> torch.Tensor:
     flat = flat / flat.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
     flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
     return flat.view_as(d)
-
-
-def kl_logits(logp_clean: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch of KL(p_clean || softmax(logits)); ``logp_clean`` is log-probs."""
-    return F.kl_div(torch.log_softmax(logits, dim=1), logp_clean, log_target=True,
-                    reduction="batchmean")
 
 
 def virtual_adversarial_perturbation(model: nn.Module, x: torch.Tensor, logp_clean: torch.Tensor,
@@ -88,16 +85,15 @@ class VATLearner:
         # same unlabelled batch as the clean one; only the clean unlabelled pass updates them.
         logits_unl = self.model(x_unl)
         with frozen_batch_stats(self.model):
-            sup = F.cross_entropy(self.model(x_lab), y_lab)
-        logp_clean = torch.log_softmax(logits_unl.detach().float(), dim=1)
+            sup = cross_entropy(self.model(x_lab), y_lab)
+        logp_clean = torch.log_softmax(logits_unl.detach().float(), dim=-1)
         r_adv = virtual_adversarial_perturbation(self.model, x_unl, logp_clean, self.eps, self.xi)
         with frozen_batch_stats(self.model):
             lds = kl_logits(logp_clean, self.model(x_unl + r_adv))
         loss = sup + self.alpha * lds
         stats = {"supervised": float(sup.detach()), "lds": float(lds.detach())}
         if self.entmin:
-            logp = torch.log_softmax(logits_unl, dim=1)
-            ent = -(logp.exp() * logp).sum(dim=1).mean()
+            ent = entropy(logits_unl)
             loss = loss + ent
             stats["entropy"] = float(ent.detach())
         opt.zero_grad(set_to_none=True)

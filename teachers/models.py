@@ -89,9 +89,10 @@ def _mlp(in_shape: Shape, num_classes: int) -> nn.Module:
 
 class Experts(nn.Module):
     """Independent experts that see the same input. In training mode ``forward`` returns their
-    logits ``[n, E, C]`` (the training loss gives each expert its own cross-entropy); in eval mode
-    the log of the mean of their softmax outputs ``[n, C]``, the averaged-probability ensemble
-    (T. G. Dietterich, "Ensemble Methods in Machine Learning", MCS 2000)."""
+    logits ``[n, E, C]`` (the training loss gives each expert its own terms: the teachers' and
+    the students' cross-entropy, the VAT student's smoothness); in eval mode the log of the mean
+    of their softmax outputs ``[n, C]``, the averaged-probability ensemble (T. G. Dietterich,
+    "Ensemble Methods in Machine Learning", MCS 2000)."""
 
     def __init__(self, *experts: nn.Module) -> None:
         super().__init__()
@@ -104,9 +105,13 @@ class Experts(nn.Module):
         return torch.logsumexp(logits.log_softmax(-1), -2) - math.log(len(self.experts))
 
 
+def hog_linear(in_shape: Shape, num_classes: int) -> nn.Module:
+    """The HOG expert: a linear softmax on :func:`teachers.hog.hog_features`."""
+    return nn.Sequential(HOG(), nn.Linear(hog_size(in_shape), num_classes))
+
+
 def _cnn_pool_hog(in_shape: Shape, num_classes: int) -> nn.Module:
-    hog = nn.Sequential(HOG(), nn.Linear(hog_size(in_shape), num_classes))
-    return Experts(_cnn_pool(in_shape, num_classes), hog)
+    return Experts(_cnn_pool(in_shape, num_classes), hog_linear(in_shape, num_classes))
 
 
 ARCHITECTURES: dict[str, Callable[[Shape, int], nn.Module]] = {

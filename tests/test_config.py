@@ -75,3 +75,29 @@ def test_the_teacher_architectures_are_named_alike_everywhere() -> None:
 
     assert set(MODELS) == set(ARCHITECTURES) == set(get_args(
         TeachersConfig.model_fields["model"].annotation))
+
+
+def test_the_student_architectures_are_named_alike_everywhere() -> None:
+    from typing import get_args
+
+    from pate.config import StudentConfig
+    from student.choices import ARCHITECTURES
+
+    names, none = get_args(StudentConfig.model_fields["arch"].annotation)  # Literal | None
+    assert set(ARCHITECTURES) == set(get_args(names)) and none is type(None)
+
+
+def test_the_student_section_reaches_pate_student_train() -> None:
+    from pate.cli import build_parser
+    from pate.pipeline import _student_args
+
+    head = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
+            "budget_epsilon = 9\ndelta = 1e-5\n[student]\nepochs = 7\n")
+    parser = build_parser()
+    for extra, arch in (("", None), ("arch = 'cnn-hog'\n", "cnn-hog")):
+        config = parse_config(head + extra, "x.toml")
+        args = parser.parse_args(["student", "train", "--run", "r", "--mechanism", "confident",
+                                  *_student_args(config)])
+        assert (args.arch, args.epochs, args.method) == (arch, 7, "vat")
+    with pytest.raises(UserError, match=r"student\.arch"):
+        parse_config(head + "arch = 'resnet'\n", "x.toml")

@@ -79,3 +79,24 @@ def test_perturbation_leaves_the_network_alone(
         assert torch.equal(model.state_dict()[k], v), k
     assert all(p.grad is None for p in model.parameters())
     assert momenta == [m.momentum for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+
+
+def test_perturbation_through_the_hog_expert_is_finite(digits: Dataset) -> None:
+    """``cnn-hog`` differentiates through HOG: the empty orientation bins of the digits' flat
+    background must not turn the power iteration's gradient into NaN (the square root's floor in
+    teachers.hog); every row still has norm eps and the step moves both experts."""
+    seed_everything(0)
+    spec = ModelSpec("cnn-hog", digits.train_x.shape[1:], 10)
+    model = build_classifier(spec)
+    x = torch.as_tensor(digits.test_x[:256])
+    for _ in range(5):
+        r = virtual_adversarial_perturbation(model, x, _clean(model, x), EPS)
+        assert torch.isfinite(r).all()
+        np.testing.assert_allclose(r.flatten(1).norm(dim=1).numpy(), EPS, rtol=1e-5)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = fit(build_learner(MethodConfig("vat", "cnn-hog"), model, spec),
+                 digits.train_x[:50], digits.train_y[:50], digits.train_x[:256],
+                 FitConfig(epochs=1, unlabelled_batch_size=64))
+    assert all(np.isfinite(v) for v in result.losses[0].values())
+    assert all(torch.isfinite(p).all() and not torch.equal(p, b)
+               for p, b in zip(model.parameters(), before, strict=True))
