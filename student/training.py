@@ -27,7 +27,7 @@ from torch import nn
 from pate.augment import AUGMENTATIONS, random_augment
 from pate.io import write_bytes_atomic, write_json_atomic
 from student.choices import ARCHITECTURES, METHODS
-from student.models import Generator, ModelSpec, build_classifier
+from student.models import SMOOTHED_EXPERT, Generator, ModelSpec, build_classifier
 
 DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
 DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
@@ -109,7 +109,8 @@ def build_learner(method: MethodConfig, model: nn.Module, spec: ModelSpec) -> Le
     if method.method == "vat":
         from student.vat import VATLearner
 
-        return VATLearner(model, eps=method.vat_eps, entmin=method.entmin, lr=lr)
+        return VATLearner(model, eps=method.vat_eps, entmin=method.entmin, lr=lr,
+                          smoothed=SMOOTHED_EXPERT.get(spec.arch))
     if method.method == "gan":
         from student.gan import GANLearner
 

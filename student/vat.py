@@ -9,9 +9,9 @@ r_vadv = eps g/||g|| (L2 norm per example, so ||r_vadv|| = eps exactly). xi = 1e
 The power iteration runs in float32 even under autocast. Perturbed passes use their own batch
 statistics but do not update the running ones (the released code's ``update_batch_stats=False``).
 With ``entmin`` the loss adds the entropy of the clean prediction on unlabelled data
-("VAT+EntMin", §3.4). For a network of experts (``cnn-hog``) every term is each expert's own,
-summed (``student.losses``): one perturbation, found for the sum of their KL divergences, and each
-expert's smoothness measured on its own prediction.
+("VAT+EntMin", §3.4). For a network of experts (:class:`teachers.models.Experts`, the
+``cnn-hog`` student) every expert learns from its own cross-entropy (``student.losses``), and the
+smoothness and entropy terms apply to the one expert ``smoothed`` (see ``student.models``).
 """
 
 from __future__ import annotations
@@ -71,11 +71,14 @@ def virtual_adversarial_perturbation(model: nn.Module, x: torch.Tensor, logp_cle
 
 class VATLearner:
     """Cross-entropy on labelled data plus ``alpha`` LDS on unlabelled data (§3.2), optionally
-    plus the entropy of the clean unlabelled prediction; Adam."""
+    plus the entropy of the clean unlabelled prediction; Adam. ``smoothed``: for an Experts
+    network, the index of the expert the LDS and entropy terms are for."""
 
     def __init__(self, model: nn.Module, eps: float = 2.0, alpha: float = 1.0,
-                 entmin: bool = False, lr: float = 1e-3, xi: float = XI) -> None:
+                 entmin: bool = False, lr: float = 1e-3, xi: float = XI,
+                 smoothed: int | None = None) -> None:
         self.model, self.eps, self.alpha, self.entmin, self.xi = model, eps, alpha, entmin, xi
+        self.smoothed = smoothed
         self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]
 
     def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
@@ -86,14 +89,17 @@ class VATLearner:
         logits_unl = self.model(x_unl)
         with frozen_batch_stats(self.model):
             sup = cross_entropy(self.model(x_lab), y_lab)
-        logp_clean = torch.log_softmax(logits_unl.detach().float(), dim=-1)
-        r_adv = virtual_adversarial_perturbation(self.model, x_unl, logp_clean, self.eps, self.xi)
-        with frozen_batch_stats(self.model):
-            lds = kl_logits(logp_clean, self.model(x_unl + r_adv))
+        net, clean = self.model, logits_unl
+        if self.smoothed is not None:
+            net, clean = self.model.experts[self.smoothed], logits_unl[:, self.smoothed]
+        logp_clean = torch.log_softmax(clean.detach().float(), dim=-1)
+        r_adv = virtual_adversarial_perturbation(net, x_unl, logp_clean, self.eps, self.xi)
+        with frozen_batch_stats(net):
+            lds = kl_logits(logp_clean, net(x_unl + r_adv))
         loss = sup + self.alpha * lds
         stats = {"supervised": float(sup.detach()), "lds": float(lds.detach())}
         if self.entmin:
-            ent = entropy(logits_unl)
+            ent = entropy(clean)
             loss = loss + ent
             stats["entropy"] = float(ent.detach())
         opt.zero_grad(set_to_none=True)

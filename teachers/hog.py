@@ -5,10 +5,8 @@ N. Dalal, B. Triggs, "Histograms of Oriented Gradients for Human Detection", CVP
 (linear interpolation between the two nearest bin centres), the votes are averaged over square
 cells, and each block of 2x2 cells (blocks overlap, one cell apart) is L2-normalised (their
 section 6.4, "L2-norm"); then the square root is taken, the compression of their "L1-sqrt"
-variant, over a floor of ``SQRT_FLOOR`` so that its derivative stays finite at empty bins (the
-VAT student differentiates through these features with respect to its input). Written with
-broadcasting and convolutions only (no in-place scatter, no random numbers) so that it runs inside
-``torch.func.vmap`` with the teachers' stacked parameters.
+variant. Written with broadcasting and convolutions only (no in-place scatter, no random numbers)
+so that it runs inside ``torch.func.vmap`` with the teachers' stacked parameters.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-SQRT_FLOOR = 1e-8  # under the final square root: d sqrt(u)/du at an empty bin is 1/(2e-4)
 
 
 def hog_size(in_shape: tuple[int, int, int], cell: int = 4, bins: int = 9) -> int:
@@ -43,7 +39,7 @@ def hog_features(x: torch.Tensor, cell: int = 4, bins: int = 9) -> torch.Tensor:
     cells = F.avg_pool2d(hist, cell)
     blocks = F.unfold(cells, 2)  # [n, bins*4, positions]
     blocks = blocks / torch.sqrt((blocks * blocks).sum(1, keepdim=True) + 1e-4)
-    return torch.sqrt(blocks + SQRT_FLOOR).flatten(1)
+    return torch.sqrt(blocks).flatten(1)
 
 
 class HOG(nn.Module):
