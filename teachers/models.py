@@ -89,10 +89,10 @@ def _mlp(in_shape: Shape, num_classes: int) -> nn.Module:
 
 class Experts(nn.Module):
     """Independent experts that see the same input. In training mode ``forward`` returns their
-    logits ``[n, E, C]`` (the training loss gives each expert its own terms: the teachers' and
-    the students' cross-entropy, the VAT student's smoothness); in eval mode the log of the mean
-    of their softmax outputs ``[n, C]``, the averaged-probability ensemble (T. G. Dietterich,
-    "Ensemble Methods in Machine Learning", MCS 2000)."""
+    logits ``[n, E, C]`` (the training loss gives each expert its own cross-entropy: the
+    teachers', and the ``cnn-hog`` student's); in eval mode the log of the mean of their softmax
+    outputs ``[n, C]``, the averaged-probability ensemble (T. G. Dietterich, "Ensemble Methods in
+    Machine Learning", MCS 2000)."""
 
     def __init__(self, *experts: nn.Module) -> None:
         super().__init__()
