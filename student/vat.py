@@ -86,12 +86,10 @@ class VATLearner:
         (opt,) = self.optimizers
         # Separate passes, so that the perturbed passes normalise with the statistics of the
         # same unlabelled batch as the clean one; only the clean unlabelled pass updates them.
-        logits_unl = self.model(x_unl)
+        net = self.model if self.smoothed is None else self.model.experts[self.smoothed]
+        clean = net(x_unl)
         with frozen_batch_stats(self.model):
             sup = cross_entropy(self.model(x_lab), y_lab)
-        net, clean = self.model, logits_unl
-        if self.smoothed is not None:
-            net, clean = self.model.experts[self.smoothed], logits_unl[:, self.smoothed]
         logp_clean = torch.log_softmax(clean.detach().float(), dim=-1)
         r_adv = virtual_adversarial_perturbation(net, x_unl, logp_clean, self.eps, self.xi)
         with frozen_batch_stats(net):
