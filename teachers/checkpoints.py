@@ -1,8 +1,8 @@
-"""A run's ``teachers/`` directory: one safetensors file of stacked parameters per shard, and
-``manifest.json`` saying which shards are done and, after ``pate teachers votes``, how accurate
-the teachers are. Teacher weights are private (DESIGN.md): files 0600 in a 0700 directory,
-written to a temporary file and renamed (:mod:`pate.io`), so a killed run leaves either a whole
-checkpoint or none. safetensors: https://huggingface.co/docs/safetensors.
+"""A run's ``teachers/`` directory: one safetensors file of stacked parameters per shard, the
+frozen pool encoder of the architectures that use one, and ``manifest.json`` saying which shards
+are done and, after ``pate teachers votes``, how accurate the teachers are. Teacher weights are
+private (DESIGN.md): files 0600 in a 0700 directory, written to a temporary file and renamed
+(:mod:`pate.io`), so a killed run leaves either a whole checkpoint or none. safetensors: https://huggingface.co/docs/safetensors.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 
 DIR = "teachers"
 MANIFEST = "manifest.json"
+ENCODER_FILE = "pool-encoder.safetensors"
 
 
 def teachers_dir(run_dir: Path) -> Path:
@@ -39,25 +40,53 @@ def write_manifest(run_dir: Path, manifest: dict) -> None:
     write_json_atomic(teachers_dir(run_dir) / MANIFEST, manifest, private=True)
 
 
+def _save(run_dir: Path, name: str, tensors: dict[str, np.ndarray]) -> str:
+    data = save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+    write_bytes_atomic(teachers_dir(run_dir) / name, data, private=True)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _ok(run_dir: Path, name: str, sha256: str) -> bool:
+    path = Path(run_dir) / DIR / name
+    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+
+
+def _load(run_dir: Path, name: str, sha256: str, device: str, what: str
+          ) -> dict[str, torch.Tensor]:
+    path = Path(run_dir) / DIR / name
+    data = path.read_bytes() if path.is_file() else b""
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise UserError(f"{what} {path} is missing or corrupt; rerun `pate teachers train` "
+                        "with the same --run to retrain it")
+    return {k: torch.from_numpy(v).to(device) for k, v in load(data).items()}
+
+
 def save_shard(run_dir: Path, index: int, params: dict[str, np.ndarray]) -> str:
     """Write shard ``index``'s stacked parameters; returns the file's sha256."""
-    data = save({k: np.ascontiguousarray(v) for k, v in params.items()})
-    write_bytes_atomic(teachers_dir(run_dir) / shard_file(index), data, private=True)
-    return hashlib.sha256(data).hexdigest()
+    return _save(run_dir, shard_file(index), params)
 
 
 def shard_ok(run_dir: Path, index: int, sha256: str) -> bool:
     """Whether shard ``index``'s checkpoint exists with the recorded digest."""
-    path = Path(run_dir) / DIR / shard_file(index)
-    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+    return _ok(run_dir, shard_file(index), sha256)
 
 
 def load_shard(run_dir: Path, index: int, sha256: str, device: str = "cpu"
                ) -> dict[str, torch.Tensor]:
     """Stacked parameters of shard ``index``, verified against the manifest's digest."""
-    path = Path(run_dir) / DIR / shard_file(index)
-    data = path.read_bytes() if path.is_file() else b""
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise UserError(f"teacher checkpoint {path} is missing or corrupt; rerun "
-                        "`pate teachers train` with the same --run to retrain it")
-    return {k: torch.from_numpy(v).to(device) for k, v in load(data).items()}
+    return _load(run_dir, shard_file(index), sha256, device, "teacher checkpoint")
+
+
+def save_encoder(run_dir: Path, tensors: dict[str, np.ndarray]) -> str:
+    """Write the run's frozen pool encoder (:mod:`teachers.pool_encoder`); returns its sha256."""
+    return _save(run_dir, ENCODER_FILE, tensors)
+
+
+def encoder_ok(run_dir: Path, sha256: str) -> bool:
+    """Whether the pool encoder's file exists with the recorded digest."""
+    return _ok(run_dir, ENCODER_FILE, sha256)
+
+
+def load_encoder(run_dir: Path, sha256: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The run's pool encoder tensors, verified against the manifest's digest."""
+    return _load(run_dir, ENCODER_FILE, sha256, device, "pool encoder")

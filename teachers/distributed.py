@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pate.datasets import Dataset, load_dataset
+from pate.datasets import Dataset, load_dataset, public_split
 from pate.errors import UserError
 from pate.io import ensure_dir
 from teachers import checkpoints
@@ -61,7 +61,8 @@ def shard_ranges(num_teachers: int, shard_size: int) -> list[range]:
 
 def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
                 teachers: range, parts: list[np.ndarray], min_size: int, device: str,
-                threads: int) -> dict[str, np.ndarray]:
+                threads: int, encoder: dict[str, np.ndarray] | None = None
+                ) -> dict[str, np.ndarray]:
     """Body of one Ray task: train the teachers of one shard, return stacked parameters."""
     import torch
 
@@ -70,8 +71,10 @@ def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int
     torch.set_num_threads(threads)
     xt = torch.tensor(x, device=device)  # copy: object-store arrays are read-only
     yt = torch.tensor(y, device=device)
+    enc = None if encoder is None else {k: torch.tensor(v, device=device)
+                                        for k, v in encoder.items()}
     params = train_group(cfg, xt, yt, num_classes, np.arange(teachers.start, teachers.stop),
-                         parts, min_size)
+                         parts, min_size, enc)
     return {k: v.numpy() for k, v in params.items()}
 
 
@@ -123,6 +126,35 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Dataset, Partition]:
     return manifest, ds, part
 
 
+def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, ds: Dataset
+                  ) -> dict[str, np.ndarray] | None:
+    """The run's frozen pool encoder for the architectures that use one: trained on the public
+    pool alone (never on the private split) and recorded in the manifest the first time, read
+    back (digest checked) after. A damaged encoder is retrained only while no shard depends on
+    it; after that the run fails closed."""
+    from teachers.models import POOL_ENCODER_MODELS
+    from teachers.pool_encoder import EPOCHS, train_pool_encoder
+
+    if job.train.model not in POOL_ENCODER_MODELS:
+        return None
+    recorded = manifest.get("pool_encoder")
+    if recorded and checkpoints.encoder_ok(run_dir, recorded["sha256"]):
+        return {k: v.numpy() for k, v in
+                checkpoints.load_encoder(run_dir, recorded["sha256"]).items()}
+    if recorded and manifest["shards"]:
+        raise UserError(f"the pool encoder of {run_dir} is missing or corrupt and trained "
+                        "teachers depend on it; use a new --run directory")
+    (pool_x, _), _ = public_split(ds, job.pool_size)
+    t0 = time.time()
+    encoder = train_pool_encoder(pool_x, EPOCHS, job.train.seed)
+    manifest["pool_encoder"] = {
+        "file": checkpoints.ENCODER_FILE, "sha256": checkpoints.save_encoder(run_dir, encoder),
+        "method": "simclr", "pool_rows": len(pool_x), "epochs": EPOCHS,
+        "seconds": round(time.time() - t0, 2)}
+    checkpoints.write_manifest(run_dir, manifest)
+    return encoder
+
+
 def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluster(),
                    only: list[int] | None = None) -> dict:
     """Train every missing shard of ``run_dir`` (or of the shards ``only``); returns
@@ -134,6 +166,7 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         raise UserError("--workers and --shard-size must be at least 1")
     run_dir = ensure_dir(run_dir, private=True)
     manifest, ds, part = _prepare(run_dir, job)
+    encoder = _pool_encoder(run_dir, job, manifest, ds)
     shards = shard_ranges(job.num_teachers, job.shard_size)
     done = manifest["shards"]
     wanted = range(len(shards)) if only is None else sorted(set(only) & set(range(len(shards))))
@@ -142,7 +175,8 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     if todo:
         _start_ray(cluster)
         try:
-            _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], ds, part, cluster)
+            _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], ds, part, cluster,
+                 encoder)
         finally:
             ray.shutdown()
     manifest["done"] = len(manifest["shards"]) == len(shards)
@@ -151,7 +185,8 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 
 
 def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
-         ds: Dataset, part: Partition, cluster: Cluster) -> None:
+         ds: Dataset, part: Partition, cluster: Cluster,
+         encoder: dict[str, np.ndarray] | None) -> None:
     """Submit the shards ``todo`` with at most ``cluster.workers`` in flight; checkpoint each
     result as it arrives."""
     import ray
@@ -161,7 +196,7 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)
-    x_ref, y_ref = ray.put(ds.train_x), ray.put(ds.train_y)
+    x_ref, y_ref, enc_ref = ray.put(ds.train_x), ray.put(ds.train_y), ray.put(encoder)
     queue, pending, failed = list(todo), {}, []
     bar = tqdm(total=sum(len(t) for _, t in todo), unit="teacher", desc="training teachers",
                disable=not sys.stderr.isatty())
@@ -169,7 +204,8 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
         while queue and len(pending) < cluster.workers:
             i, teachers = queue.pop(0)
             ref = task.remote(job.train, x_ref, y_ref, ds.num_classes, teachers,
-                              part.parts(teachers), manifest["min_size"], cluster.device, cpus)
+                              part.parts(teachers), manifest["min_size"], cluster.device, cpus,
+                              enc_ref)
             pending[ref] = (i, teachers, time.time())
         ready, _ = ray.wait(list(pending), num_returns=1)
         i, teachers, t0 = pending.pop(ready[0])

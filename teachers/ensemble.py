@@ -172,14 +172,18 @@ def _augmented(cfg: TrainConfig, x: torch.Tensor, rows: torch.Tensor, dy: torch.
 
 
 def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                teacher_ids: np.ndarray, parts: list[np.ndarray], min_size: int
-                ) -> dict[str, torch.Tensor]:
+                teacher_ids: np.ndarray, parts: list[np.ndarray], min_size: int,
+                encoder: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Train the teachers ``teacher_ids`` together; teacher k only ever reads rows ``parts[k]``
-    of ``x``/``y`` (already on the target device). Returns their stacked parameters (CPU)."""
+    of ``x``/``y`` (already on the target device). ``encoder``: the run's frozen pool encoder,
+    for the architectures that use one (shared, not trained). Returns the teachers' stacked
+    parameters (CPU)."""
     check_disjoint(parts, len(x))
     device = x.device
     ids = np.asarray(teacher_ids, dtype=np.int64)
-    base = build_model(cfg.model, tuple(x.shape[1:]), num_classes).to("meta")
+    # The module's own parameters are never used (functional_call replaces them), its buffers
+    # (a frozen encoder's) are: so it lives on the device.
+    base = build_model(cfg.model, tuple(x.shape[1:]), num_classes, encoder).to(device)
     init = init_stacked(base, ids, cfg.seed)
     params = {k: v.to(device).requires_grad_() for k, v in init.items()}
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -199,11 +203,12 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
 
 
 def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-              teacher_id: int, part: np.ndarray, min_size: int) -> nn.Module:
+              teacher_id: int, part: np.ndarray, min_size: int,
+              encoder: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """The same teacher as :func:`train_group` would produce, trained alone as a plain module
     (the one-at-a-time baseline of the benchmark and the reference of the equivalence test)."""
     ids = np.array([teacher_id])
-    model = build_model(cfg.model, tuple(x.shape[1:]), num_classes).to(x.device)
+    model = build_model(cfg.model, tuple(x.shape[1:]), num_classes, encoder).to(x.device)
     init = init_stacked(model, ids, cfg.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -21,6 +21,10 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
   so the pair is better than either (Fashion-MNIST, 25 teachers of 240 examples, mixup 0.4: mean
   accuracy 0.802 and pool plurality 0.847, against 0.775 and 0.832 for ``cnn-pool`` and 0.792
   and 0.834 for the HOG expert alone).
+- ``cnn-pool-hog-simclr``: a third expert, a linear softmax on the run's pool encoder
+  (:mod:`teachers.pool_encoder`, SimCLR on the public pool, frozen). Its features come from
+  unlabelled public images rather than from the teacher's few hundred private ones, so its
+  errors are the least like the others' (Fashion-MNIST, 25 teachers: see that module).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from pate.errors import UserError
 from teachers import rng
 from teachers.hog import HOG, hog_size
+from teachers.pool_encoder import FEATURES, FrozenEncoder
 
 Shape = tuple[int, int, int]
 
@@ -114,15 +120,29 @@ def _cnn_pool_hog(in_shape: Shape, num_classes: int) -> nn.Module:
     return Experts(_cnn_pool(in_shape, num_classes), hog_linear(in_shape, num_classes))
 
 
-ARCHITECTURES: dict[str, Callable[[Shape, int], nn.Module]] = {
+def _cnn_pool_hog_simclr(in_shape: Shape, num_classes: int,
+                         encoder: dict[str, torch.Tensor]) -> nn.Module:
+    return Experts(_cnn_pool(in_shape, num_classes), hog_linear(in_shape, num_classes),
+                   nn.Sequential(FrozenEncoder(encoder), nn.Linear(FEATURES, num_classes)))
+
+
+ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp,
-    "cnn-pool-hog": _cnn_pool_hog}
+    "cnn-pool-hog": _cnn_pool_hog, "cnn-pool-hog-simclr": _cnn_pool_hog_simclr}
+
+# Architectures that take the run's frozen pool encoder (:mod:`teachers.pool_encoder`).
+POOL_ENCODER_MODELS = frozenset({"cnn-pool-hog-simclr"})
 
 
-def build_model(name: str, in_shape: Shape, num_classes: int) -> nn.Module:
+def build_model(name: str, in_shape: Shape, num_classes: int,
+                encoder: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """A fresh module of architecture ``name`` for inputs ``[C, H, W]``, in training mode
-    (call ``.eval()`` before predicting: :class:`Experts` answers differently)."""
-    return ARCHITECTURES[name](tuple(in_shape), num_classes)
+    (call ``.eval()`` before predicting: :class:`Experts` answers differently). Architectures
+    in :data:`POOL_ENCODER_MODELS` need the run's ``encoder`` tensors, the others take none."""
+    if (name in POOL_ENCODER_MODELS) != (encoder is not None):
+        raise UserError(f"model {name} {'needs' if encoder is None else 'takes no'} pool encoder")
+    extra = (encoder,) if encoder is not None else ()
+    return ARCHITECTURES[name](tuple(in_shape), num_classes, *extra)
 
 
 def init_stacked(model: nn.Module, teacher_ids: np.ndarray, seed: int

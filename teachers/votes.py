@@ -28,16 +28,19 @@ from teachers.models import build_model
 
 
 class Ensemble:
-    """All teachers of a run, shard by shard, on one device."""
+    """All teachers of a run, shard by shard, on one device; ``encoder`` is the run's frozen
+    pool encoder for the architectures that use one (one copy shared by all teachers: rows are
+    the same for every teacher, so vmap evaluates it once per batch)."""
 
     def __init__(self, model: str, in_shape: tuple[int, int, int], num_classes: int,
-                 shards: list[dict[str, torch.Tensor]], device: str = "cpu") -> None:
+                 shards: list[dict[str, torch.Tensor]], device: str = "cpu",
+                 encoder: dict[str, torch.Tensor] | None = None) -> None:
         self.num_classes = num_classes
         self.in_shape = tuple(in_shape)
         self.device = torch.device(device)
         self.shards = shards
         self.num_teachers = sum(next(iter(p.values())).shape[0] for p in shards)
-        base = build_model(model, self.in_shape, num_classes).to("meta").eval()
+        base = build_model(model, self.in_shape, num_classes, encoder).to(self.device).eval()
         self._forward = vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
 
     def labels(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
@@ -85,8 +88,10 @@ def load_ensemble(run_dir: str | Path, device: str = "cpu") -> Ensemble:
                         f"--run {run_dir}` first")
     shards = [checkpoints.load_shard(Path(run_dir), int(i), s["sha256"], device)
               for i, s in sorted(manifest["shards"].items(), key=lambda kv: int(kv[0]))]
+    encoder = (checkpoints.load_encoder(Path(run_dir), manifest["pool_encoder"]["sha256"], device)
+               if "pool_encoder" in manifest else None)
     return Ensemble(manifest["model"], tuple(manifest["in_shape"]), manifest["num_classes"],
-                    shards, device)
+                    shards, device, encoder)
 
 
 def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None = None,

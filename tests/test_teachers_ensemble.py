@@ -9,6 +9,7 @@ import torch
 from torch.func import functional_call
 
 from pate.augment import shift_flip
+from pate.datasets import public_split
 from teachers import rng
 from teachers.ensemble import (
     TrainConfig,
@@ -16,8 +17,9 @@ from teachers.ensemble import (
     train_group,
     train_one,
 )
-from teachers.models import build_model, init_stacked
+from teachers.models import POOL_ENCODER_MODELS, build_model, init_stacked
 from teachers.partition import make_partition
+from teachers.pool_encoder import train_pool_encoder
 from teachers.votes import Ensemble
 
 CFG = TrainConfig(model="cnn", epochs=4, batch_size=8, lr=3e-3, augment="shift-flip", mixup=0.4,
@@ -31,20 +33,28 @@ def data(digits):
             int(part.sizes.min()))
 
 
-def _group(cfg, data, ids):
+@pytest.fixture(scope="module")
+def pool_encoder(digits):
+    (pool_x, _), _ = public_split(digits)
+    return {k: torch.as_tensor(v) for k, v in train_pool_encoder(pool_x, 2, 0).items()}
+
+
+def _group(cfg, data, ids, encoder=None):
     x, y, part, min_size = data
-    return train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size)
+    return train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size, encoder)
 
 
-@pytest.mark.parametrize("model", ["cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog"])
-def test_vectorised_group_equals_one_by_one(digits, data, model):
+@pytest.mark.parametrize("model", ["cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog",
+                                   "cnn-pool-hog-simclr"])
+def test_vectorised_group_equals_one_by_one(digits, data, pool_encoder, model):
     cfg = TrainConfig(**{**CFG.__dict__, "model": model, "epochs": 1 if model == "resnet" else 4})
     x, y, part, min_size = data
+    encoder = pool_encoder if model in POOL_ENCODER_MODELS else None
     ids = [0, 1, 2, 3]
-    group = _group(cfg, data, ids)
-    logits = Ensemble(model, (1, 8, 8), 10, [group])._forward(group, x[:200])
+    group = _group(cfg, data, ids, encoder)
+    logits = Ensemble(model, (1, 8, 8), 10, [group], encoder=encoder)._forward(group, x[:200])
     for k, t in enumerate(ids):
-        alone = train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size).eval()
+        alone = train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size, encoder).eval()
         with torch.no_grad():
             ref = alone(x[:200])
         if model == "resnet":  # Adam amplifies float noise in near-zero GroupNorm gradients
