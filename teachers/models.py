@@ -22,9 +22,10 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
   accuracy 0.802 and pool plurality 0.847, against 0.775 and 0.832 for ``cnn-pool`` and 0.792
   and 0.834 for the HOG expert alone).
 - ``cnn-pool-hog-simclr``: a third expert, a linear softmax on the run's pool encoder
-  (:mod:`teachers.pool_encoder`, SimCLR on the public pool, frozen). Its features come from
-  unlabelled public images rather than from the teacher's few hundred private ones, so its
-  errors are the least like the others' (Fashion-MNIST, 25 teachers: see that module).
+  (:mod:`teachers.pool_encoder`, SimCLR on the public pool, frozen): features learnt from
+  thousands of unlabelled public images rather than the teacher's few hundred private ones
+  (Fashion-MNIST, 250 teachers: mean accuracy 0.814 and pool plurality 0.864, against 0.803 and
+  0.850 for ``cnn-pool-hog``).
 """
 
 from __future__ import annotations
