@@ -108,12 +108,13 @@ def train_pool_encoder(pool_x: np.ndarray, epochs: int, seed: int) -> dict[str, 
     """SimCLR on the public pool ``pool_x [n, C, H, W]``; returns the frozen encoder's tensors
     (folded convolutions, the pool's feature mean and standard deviation) for
     :class:`FrozenEncoder`."""
-    torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # seed the initialisation, leave the caller's RNG
+        torch.manual_seed(seed)
+        f = trainable_encoder(pool_x.shape[1])
+        g = nn.Sequential(nn.Linear(FEATURES, 256), nn.BatchNorm1d(256), nn.ReLU(),
+                          nn.Linear(256, PROJECTION))
     generator = torch.Generator().manual_seed(seed)
     x = torch.as_tensor(pool_x, dtype=torch.float32)
-    f = trainable_encoder(x.shape[1])
-    g = nn.Sequential(nn.Linear(FEATURES, 256), nn.BatchNorm1d(256), nn.ReLU(),
-                      nn.Linear(256, PROJECTION))
     batch = min(BATCH_SIZE, len(x))
     per_epoch = len(x) // batch
     steps = max(1, epochs * per_epoch)
