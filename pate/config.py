@@ -73,7 +73,8 @@ class AggregatorConfig(_Section):
 
 class StudentConfig(_Section):
     method: Literal["vat", "gan", "supervised"] = "vat"
-    arch: Literal["cnn", "cnn-hog", "mlp", "wn-mlp"] | None = None  # None: the method's default
+    # None: the method's default
+    arch: Literal["cnn", "cnn-hog", "cnn-hog-simclr", "mlp", "wn-mlp"] | None = None
     queries: int = Field(default=1000, ge=1)
     interactive_queries: int = Field(default=0, ge=0)
     select: Literal["first", "random", "uncertainty"] = "random"

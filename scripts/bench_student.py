@@ -27,7 +27,7 @@ from bench_common import emit
 from pate.aggregators import Aggregator, MechanismParams
 from pate.datasets import load_dataset, public_split
 from pate.votes_file import load_votes
-from student.models import build_classifier
+from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -36,6 +36,7 @@ from student.training import (
     fit,
     seed_everything,
 )
+from teachers.pool_encoder import load_encoder_file
 
 OUT = Path("results/bench_student.jsonl")
 
@@ -78,6 +79,8 @@ def main() -> int:
     ap.add_argument("--labels", type=int, nargs="+", default=[100, 300, 1000])
     ap.add_argument("--methods", nargs="+", default=["supervised", "vat", "gan"])
     ap.add_argument("--arch", default=None, help="network of vat and supervised (default cnn)")
+    ap.add_argument("--pool-encoder", type=Path,
+                    help="cnn-hog-simclr: the pool encoder (RUN/teachers/pool-encoder.safetensors)")
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--vat-eps", type=float, default=2.0)
@@ -89,6 +92,15 @@ def main() -> int:
 
     ds = load_dataset("fashion-mnist", need_train=False)
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
+    features = None
+    if args.arch in POOL_FEATURE_ARCHS:
+        if args.pool_encoder is None:
+            ap.error(f"--arch {args.arch} needs --pool-encoder")
+        try:
+            encoder = load_encoder_file(args.pool_encoder, pool_x.shape[1])
+        except (OSError, ValueError) as exc:
+            ap.error(f"--pool-encoder {args.pool_encoder}: {exc}")
+        features = PoolFeatures.on_pool(encoder, pool_x)
     if args.votes:
         index, labels = teacher_labels(args, len(pool_y))
         source = {"labels_from": f"confident-gnmax over {args.votes}",
@@ -107,7 +119,8 @@ def main() -> int:
             method = MethodConfig(name, None if name == "gan" else args.arch, args.width,
                                   vat_eps=args.vat_eps)
             spec = method.spec(pool_x.shape[1:], ds.num_classes)
-            model = build_classifier(spec).to(args.device)
+            model = build_classifier(
+                spec, features if spec.arch in POOL_FEATURE_ARCHS else None).to(args.device)
             config = FitConfig(args.epochs, lr=method.learning_rate, seed=args.seed,
                                device=args.device)
             result = fit(build_learner(method, model, spec), pool_x[li], ly, pool_x, config)

@@ -14,6 +14,12 @@
   stopped being adversarial for the ``cnn`` (its smoothness term fell threefold) and the pair
   did no better than ``cnn``. On Fashion-MNIST, four end-to-end draws averaged 0.817, as
   ``cnn``'s five did (figures in the README).
+- ``cnn-hog-simclr``: ``cnn`` beside a linear softmax on :class:`PoolFeatures`, the HOG features
+  and a frozen encoder learnt from the public pool by SimCLR (:mod:`teachers.pool_encoder`, the
+  third expert of the ``cnn-pool-hog-simclr`` teachers), each standardised on the pool. Trained
+  as ``cnn-hog``: each expert on its own cross-entropy, VAT's smoothness for the ``cnn`` only.
+  The encoder's features, learnt from thousands of unlabelled images, carry what the few hundred
+  answered labels cannot teach the ``cnn`` (figures in the README).
 - ``mlp``: the VAT paper's MNIST network (§4: 784-1200-600-300-150-10, batch norm, ReLU).
 - ``wn-mlp``: the improved-GAN discriminator below, as a classifier (the GAN student's network,
   and the architecture of its supervised baseline).
@@ -31,15 +37,22 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from student.choices import ARCHITECTURES
+from teachers.hog import hog_features, hog_size
 from teachers.models import Experts, hog_linear
+from teachers.pool_encoder import FEATURES, FrozenEncoder
 
 Z_DIM = 100  # Salimans et al., MNIST generator input
-SMOOTHED_EXPERT = {"cnn-hog": 0}  # the expert VAT's smoothness is for, per Experts architecture
+# The expert VAT's smoothness is for, per Experts architecture.
+SMOOTHED_EXPERT = {"cnn-hog": 0, "cnn-hog-simclr": 0}
+# Architectures whose linear expert reads PoolFeatures, and where they sit in the state dict.
+POOL_FEATURE_ARCHS = frozenset({"cnn-hog-simclr"})
+POOL_FEATURES_KEY = "experts.1.0."
 
 
 @dataclass(frozen=True)
@@ -88,14 +101,66 @@ def mlp(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def build_classifier(spec: ModelSpec) -> nn.Module:
-    """The classifier of ``spec``: ``cnn``, ``cnn-hog``, ``mlp`` or ``wn-mlp`` (the GAN's
-    discriminator)."""
+class PoolFeatures(nn.Module):
+    """Fixed features of an image: its HOG (:func:`teachers.hog.hog_features`) standardised with
+    the public pool's mean and standard deviation, followed by the frozen pool encoder's
+    (:class:`teachers.pool_encoder.FrozenEncoder`, already standardised on the pool), so that a
+    linear softmax weighs the two alike. Buffers only: nothing here is trained, and the tensors
+    travel with the student's saved weights."""
+
+    def __init__(self, encoder: dict[str, torch.Tensor], hog_mean: torch.Tensor,
+                 hog_std: torch.Tensor) -> None:
+        super().__init__()
+        self.encoder = FrozenEncoder(encoder)
+        self.register_buffer("hog_mean", torch.as_tensor(hog_mean, dtype=torch.float32))
+        self.register_buffer("hog_std", torch.as_tensor(hog_std, dtype=torch.float32))
+
+    @staticmethod
+    def size(in_shape: tuple[int, int, int]) -> int:
+        return hog_size(in_shape) + FEATURES
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([(hog_features(x) - self.hog_mean) / self.hog_std, self.encoder(x)], 1)
+
+    @classmethod
+    def on_pool(cls, encoder: dict[str, torch.Tensor], pool_x: np.ndarray) -> PoolFeatures:
+        """The features for ``encoder``, HOG standardised on the public pool ``pool_x``."""
+        with torch.no_grad():
+            hog = torch.cat([hog_features(torch.as_tensor(pool_x[i:i + 1024],
+                                                          dtype=torch.float32))
+                             for i in range(0, len(pool_x), 1024)])
+        return cls(encoder, hog.mean(0), hog.std(0) + 1e-3)
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> PoolFeatures:
+        """The features saved in a ``cnn-hog-simclr`` student's state dict."""
+        prefix = POOL_FEATURES_KEY + "encoder."
+        encoder = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+        return cls(encoder, state[POOL_FEATURES_KEY + "hog_mean"],
+                   state[POOL_FEATURES_KEY + "hog_std"])
+
+
+def same_tensors(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two modules hold equal parameters and buffers under the same names."""
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
+
+
+def build_classifier(spec: ModelSpec, features: PoolFeatures | None = None) -> nn.Module:
+    """The classifier of ``spec``: ``cnn``, ``cnn-hog``, ``cnn-hog-simclr`` (which needs its
+    ``features``; the others take none), ``mlp`` or ``wn-mlp`` (the GAN's discriminator)."""
+    if (spec.arch in POOL_FEATURE_ARCHS) != (features is not None):
+        raise ValueError(f"architecture {spec.arch} "
+                         f"{'needs' if features is None else 'takes no'} pool features")
     if spec.arch == "cnn":
         return conv_small(spec.in_shape, spec.num_classes, spec.width)
     if spec.arch == "cnn-hog":
         return Experts(conv_small(spec.in_shape, spec.num_classes, spec.width),
                        hog_linear(spec.in_shape, spec.num_classes))
+    if spec.arch == "cnn-hog-simclr":
+        return Experts(conv_small(spec.in_shape, spec.num_classes, spec.width),
+                       nn.Sequential(features, nn.Linear(PoolFeatures.size(spec.in_shape),
+                                                         spec.num_classes)))
     if spec.arch == "mlp":
         return mlp(spec.in_shape, spec.num_classes)
     if spec.arch == "wn-mlp":

@@ -27,7 +27,14 @@ from torch import nn
 from pate.augment import AUGMENTATIONS, random_augment
 from pate.io import write_bytes_atomic, write_json_atomic
 from student.choices import ARCHITECTURES, METHODS
-from student.models import SMOOTHED_EXPERT, Generator, ModelSpec, build_classifier
+from student.models import (
+    POOL_FEATURE_ARCHS,
+    SMOOTHED_EXPERT,
+    Generator,
+    ModelSpec,
+    PoolFeatures,
+    build_classifier,
+)
 
 DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
 DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
@@ -244,8 +251,15 @@ def load_weights(model: nn.Module, directory: Path, name: str = "model") -> nn.M
 
 
 def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, ModelSpec] | None:
-    """The saved classifier and its spec, or None when ``directory`` holds none."""
+    """The saved classifier and its spec, or None when ``directory`` holds none; a
+    ``cnn-hog-simclr`` student's pool features are rebuilt from its own saved tensors."""
+    from safetensors.torch import load_file
+
     spec = load_spec(directory, name)
     if spec is None:
         return None
-    return load_weights(build_classifier(spec), directory, name), spec
+    state = load_file(str(directory / f"{name}.safetensors"))
+    features = PoolFeatures.from_state(state) if spec.arch in POOL_FEATURE_ARCHS else None
+    model = build_classifier(spec, features)
+    model.load_state_dict(state)
+    return model, spec

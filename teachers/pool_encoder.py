@@ -23,6 +23,8 @@ as the third expert of ``cnn-pool-hog-simclr`` all 250 teachers reach 0.814 and 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -148,15 +150,49 @@ def train_pool_encoder(pool_x: np.ndarray, epochs: int, seed: int) -> dict[str, 
     return out
 
 
+def encoder_shapes(channels: int) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor :func:`train_pool_encoder` returns for images of
+    ``channels`` channels."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, (cin, cout) in enumerate(_convs(channels)):
+        shapes[f"conv{i}.weight"], shapes[f"conv{i}.bias"] = (cout, cin, 3, 3), (cout,)
+    return {**shapes, "mean": (FEATURES,), "std": (FEATURES,)}
+
+
+def check_encoder(tensors: Mapping[str, np.ndarray | torch.Tensor], channels: int) -> None:
+    """ValueError unless ``tensors`` are a frozen encoder for images of ``channels`` channels:
+    the names and shapes of :func:`encoder_shapes`, finite values."""
+    if {k: tuple(v.shape) for k, v in tensors.items()} != encoder_shapes(channels):
+        raise ValueError(f"not a pool encoder for {channels}-channel images")
+    if not all(torch.isfinite(torch.as_tensor(v)).all() for v in tensors.values()):
+        raise ValueError("the pool encoder holds values that are not finite")
+
+
+def load_encoder_file(path: Path, channels: int) -> dict[str, np.ndarray]:
+    """The frozen encoder in the safetensors file ``path`` (as ``pate teachers train`` writes
+    it, RUN/teachers/pool-encoder.safetensors); OSError if it cannot be read, ValueError if it is
+    no encoder for ``channels``-channel images."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, TypeError) as exc:
+        raise ValueError(f"not a safetensors file of numeric tensors ({exc})") from None
+    check_encoder(tensors, channels)
+    return tensors
+
+
 class FrozenEncoder(nn.Module):
     """The trained encoder as a fixed function: its tensors are buffers, not parameters, so the
     teachers share one copy (it is never stacked per teacher nor trained), and ``vmap`` over
     the teachers evaluates it once per batch when the rows are the same for all (voting)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, tensors: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         super().__init__()
         for name, value in tensors.items():
-            self.register_buffer(name.replace(".", "_"), torch.as_tensor(value))
+            self.register_buffer(name.replace(".", "_"),
+                                 torch.as_tensor(value, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x

@@ -12,10 +12,11 @@ import torch
 from student_support import one_thread
 from torch.nn import functional as F
 
-from pate.datasets import Dataset
-from student.models import ModelSpec, build_classifier
+from pate.datasets import Dataset, public_split
+from student.models import ModelSpec, PoolFeatures, build_classifier
 from student.training import FitConfig, MethodConfig, build_learner, fit, seed_everything
 from student.vat import frozen_batch_stats, virtual_adversarial_perturbation
+from teachers.pool_encoder import train_pool_encoder
 
 EPS = 1.5
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
@@ -83,13 +84,21 @@ def test_perturbation_leaves_the_network_alone(
     assert momenta == [m.momentum for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
 
 
-def test_cnn_hog_smooths_the_cnn_and_fits_hog_to_the_labels(digits: Dataset) -> None:
-    """A cnn-hog VAT step: the HOG expert's gradient is that of its own cross-entropy alone; the
-    Conv-Small expert also gets the smoothness term; both move and stay finite."""
+@pytest.mark.parametrize("arch", ["cnn-hog", "cnn-hog-simclr"])
+def test_cnn_hog_smooths_the_cnn_and_fits_hog_to_the_labels(digits: Dataset, arch: str) -> None:
+    """A cnn-hog (or cnn-hog-simclr) VAT step: the linear expert's gradient is that of its own
+    cross-entropy alone; the Conv-Small expert also gets the smoothness term; both move and stay
+    finite."""
+    features = None
+    if arch == "cnn-hog-simclr":
+        pool_x = public_split(digits)[0][0]
+        encoder = train_pool_encoder(pool_x, 1, seed=0)
+        features = PoolFeatures.on_pool({k: torch.as_tensor(v) for k, v in encoder.items()},
+                                        pool_x)
     seed_everything(0)
-    spec = ModelSpec("cnn-hog", digits.train_x.shape[1:], 10)
-    model = build_classifier(spec)
-    learner = build_learner(MethodConfig("vat", "cnn-hog"), model, spec)
+    spec = ModelSpec(arch, digits.train_x.shape[1:], 10)
+    model = build_classifier(spec, features)
+    learner = build_learner(MethodConfig("vat", arch), model, spec)
     x_lab, y_lab = torch.as_tensor(digits.train_x[:32]), torch.as_tensor(digits.train_y[:32])
     x_unl = torch.as_tensor(digits.train_x[32:160])
     hog = copy.deepcopy(model.experts[1])

@@ -6,7 +6,8 @@ service core over a votes file (``--votes FILE``, default ``DIR/votes.npz``) wit
 Confident-GNMax (or GNMax, LNMax) answers pool indices; Interactive-GNMax also gets the current
 student's probabilities, so it needs the student a previous round left in ``DIR/student``. Every
 call adds its answers to ``DIR/labels.npz`` and trains on all of them (continuing from the saved
-weights when the network is the same); ``--queries 0`` only retrains.
+weights when the network is the same, for ``cnn-hog-simclr`` its pool encoder too); ``--queries 0``
+only retrains.
 
 Writes ``DIR/labels.npz``, ``DIR/student/model.safetensors`` (+ ``model.json``, the network; the
 GAN's generator as ``generator.safetensors``), ``DIR/student/rounds.json`` (one public record per
@@ -68,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr.add_argument("--arch", choices=ARCHITECTURES, default=None,
                     help="network (default: cnn; the GAN's wn-mlp discriminator)")
     tr.add_argument("--width", type=int, default=32, help="cnn channels")
+    tr.add_argument("--pool-encoder", type=Path, metavar="FILE",
+                    help="cnn-hog-simclr: the frozen encoder learnt from the public pool "
+                         "(`pate teachers train` writes RUN/teachers/pool-encoder.safetensors; "
+                         "default: that of --run's teachers, else one learnt here from the pool)")
+    tr.add_argument("--encoder-epochs", type=int, default=None,
+                    help="cnn-hog-simclr: SimCLR epochs of an encoder learnt here (default: the "
+                         "teachers')")
     tr.add_argument("--epochs", type=int, default=30, help="passes over the pool")
     tr.add_argument("--batch-size", type=int, default=32, help="labelled examples per step")
     tr.add_argument("--unlabelled-batch-size", type=int, default=128)
@@ -191,6 +199,50 @@ def _sanitised_epsilon(service: Any, received: Any, rounds: list[dict[str, Any]]
                                                             "fallback")}}
 
 
+def _given_encoder(args: argparse.Namespace, channels: int) -> Any:
+    """The pool encoder the ``cnn-hog-simclr`` student is told to use, read and checked before
+    any query is asked (a bad one spends nothing): ``--pool-encoder``'s, else the one ``--run``'s
+    teachers learnt (digest checked); None when there is neither. Both are derived from the
+    public pool alone (teachers.pool_encoder), so the student may read them."""
+    from teachers import checkpoints
+    from teachers.pool_encoder import check_encoder, load_encoder_file
+
+    if args.pool_encoder is not None:
+        try:
+            return load_encoder_file(args.pool_encoder, channels)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--pool-encoder {args.pool_encoder}: {exc}") from None
+    manifest = args.run / checkpoints.DIR / checkpoints.MANIFEST
+    try:
+        recorded = (checkpoints.read_manifest(args.run) or {}).get("pool_encoder")
+        tensors = None if not recorded else checkpoints.load_encoder(args.run,
+                                                                     recorded["sha256"])
+        if tensors is not None:
+            check_encoder(tensors, channels)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{manifest}: no readable pool encoder ({exc.__class__.__name__})"
+                        ) from None
+    return tensors
+
+
+def _pool_features(args: argparse.Namespace, given: Any, previous: Any, pool_x: Any) -> Any:
+    """The ``cnn-hog-simclr`` student's :class:`student.models.PoolFeatures`: on the encoder
+    ``given`` (:func:`_given_encoder`), else that of the student saved by a previous round,
+    else one learnt here by SimCLR from the public pool (``--encoder-epochs``)."""
+    from student.models import POOL_FEATURE_ARCHS, PoolFeatures
+    from teachers.pool_encoder import EPOCHS, train_pool_encoder
+
+    encoder = given
+    if encoder is None and previous is not None and previous[1].arch in POOL_FEATURE_ARCHS:
+        encoder = previous[0].experts[1][0].encoder.state_dict()
+    if encoder is None:
+        epochs = EPOCHS if args.encoder_epochs is None else args.encoder_epochs
+        print(f"pate student: learning a pool encoder ({epochs} SimCLR epochs on the "
+              f"{len(pool_x)} pool rows)", file=sys.stderr, flush=True)
+        encoder = train_pool_encoder(pool_x, epochs, args.seed)
+    return PoolFeatures.on_pool(encoder, pool_x)
+
+
 def run_train(args: argparse.Namespace) -> int:
     import httpx
     import numpy as np
@@ -199,7 +251,7 @@ def run_train(args: argparse.Namespace) -> int:
     from pate.client import ServiceError
     from pate.datasets import load_dataset, public_split
     from pate.io import ensure_dir, write_json_atomic
-    from student.models import build_classifier
+    from student.models import POOL_FEATURE_ARCHS, build_classifier, same_tensors
     from student.rounds import Received, ask, select_queries
     from student.training import (
         FitConfig,
@@ -216,8 +268,13 @@ def run_train(args: argparse.Namespace) -> int:
     )
 
     started = time.perf_counter()
-    if args.queries < 0 or args.request_size < 1 or args.epochs < 1:
-        raise UserError("--queries must be >= 0, --request-size and --epochs >= 1")
+    if (args.queries < 0 or args.request_size < 1 or args.epochs < 1
+            or (args.encoder_epochs is not None and args.encoder_epochs < 1)):
+        raise UserError("--queries must be >= 0, --request-size, --epochs and --encoder-epochs "
+                        ">= 1")
+    if args.pool_encoder is not None and args.encoder_epochs is not None:
+        raise UserError("give --pool-encoder (an encoder) or --encoder-epochs (learn one), "
+                        "not both")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {args.device}: CUDA is not available")
     if args.threads is not None:
@@ -235,6 +292,12 @@ def run_train(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     ds = load_dataset(args.dataset, args.data_dir, need_train=False)
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, args.pool_size)
+    spec = method.spec(pool_x.shape[1:], ds.num_classes)
+    pool_features = spec.arch in POOL_FEATURE_ARCHS
+    if not pool_features and (args.pool_encoder or args.encoder_epochs):
+        raise UserError("--pool-encoder and --encoder-epochs are for --arch "
+                        f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
+    given = _given_encoder(args, pool_x.shape[1]) if pool_features else None
     run = ensure_dir(args.run)
     out = ensure_dir(run / "student")
     labels_path = run / "labels.npz"
@@ -287,11 +350,15 @@ def run_train(args: argparse.Namespace) -> int:
                         "threshold)")
     lab_index = received.pool_index[answered]
     lab_y = received.label[answered]
-    seed_everything(args.seed)
-    spec = method.spec(pool_x.shape[1:], ds.num_classes)
-    model = build_classifier(spec).to(args.device)
     continued = previous is not None and previous[1] == spec and (
         load_spec(out, "generator") is not None or args.method != "gan")
+    features = None
+    if pool_features:  # continue only on the same encoder
+        features = _pool_features(args, given, previous, pool_x)
+        continued = continued and same_tensors(previous[0].experts[1][0].encoder,
+                                               features.encoder)
+    seed_everything(args.seed)
+    model = build_classifier(spec, features).to(args.device)
     if continued:
         load_weights(model, out)
     learner = build_learner(method, model, spec)
