@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -108,7 +109,7 @@ class PoolFeatures(nn.Module):
     linear softmax weighs the two alike. Buffers only: nothing here is trained, and the tensors
     travel with the student's saved weights."""
 
-    def __init__(self, encoder: dict[str, torch.Tensor], hog_mean: torch.Tensor,
+    def __init__(self, encoder: Mapping[str, np.ndarray | torch.Tensor], hog_mean: torch.Tensor,
                  hog_std: torch.Tensor) -> None:
         super().__init__()
         self.encoder = FrozenEncoder(encoder)
@@ -117,13 +118,15 @@ class PoolFeatures(nn.Module):
 
     @staticmethod
     def size(in_shape: tuple[int, int, int]) -> int:
+        """Number of features for images of ``in_shape``."""
         return hog_size(in_shape) + FEATURES
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([(hog_features(x) - self.hog_mean) / self.hog_std, self.encoder(x)], 1)
 
     @classmethod
-    def on_pool(cls, encoder: dict[str, torch.Tensor], pool_x: np.ndarray) -> PoolFeatures:
+    def on_pool(cls, encoder: Mapping[str, np.ndarray | torch.Tensor], pool_x: np.ndarray
+                ) -> PoolFeatures:
         """The features for ``encoder``, HOG standardised on the public pool ``pool_x``."""
         with torch.no_grad():
             hog = torch.cat([hog_features(torch.as_tensor(pool_x[i:i + 1024],
