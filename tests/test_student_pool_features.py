@@ -35,13 +35,10 @@ def encoder(digits: Dataset) -> dict[str, np.ndarray]:
     return train_pool_encoder(public_split(digits)[0][0], 2, seed=0)
 
 
-def _tensors(encoder: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(v) for k, v in encoder.items()}
-
-
-def test_features_are_standardised_hog_then_the_encoder(digits: Dataset, encoder) -> None:
+def test_features_are_standardised_hog_then_the_encoder(digits: Dataset,
+        encoder: dict[str, np.ndarray]) -> None:
     (pool_x, _), (eval_x, _) = public_split(digits)
-    features = PoolFeatures.on_pool(_tensors(encoder), pool_x)
+    features = PoolFeatures.on_pool(encoder, pool_x)
     assert not list(features.parameters())  # fixed: nothing here is trained
     x = torch.as_tensor(pool_x)
     f = features(x)
@@ -53,15 +50,16 @@ def test_features_are_standardised_hog_then_the_encoder(digits: Dataset, encoder
     # on the pool each HOG feature has standard deviation s / (s + 1e-3), s its own
     s = hog.std(0)
     torch.testing.assert_close(f[:, :n_hog].std(0), s / (s + 1e-3), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(f[:, n_hog:], FrozenEncoder(_tensors(encoder))(x))
+    torch.testing.assert_close(f[:, n_hog:], FrozenEncoder(encoder)(x))
     # images beyond the pool are standardised with the pool's statistics, not their own
     e = features(torch.as_tensor(eval_x))[:, :n_hog]
     torch.testing.assert_close(e, (hog_features(torch.as_tensor(eval_x)) - hog.mean(0))
                                / (s + 1e-3), atol=1e-5, rtol=1e-5)
 
 
-def test_build_needs_features_exactly_for_cnn_hog_simclr(digits: Dataset, encoder) -> None:
-    features = PoolFeatures.on_pool(_tensors(encoder), public_split(digits)[0][0])
+def test_build_needs_features_exactly_for_cnn_hog_simclr(digits: Dataset,
+        encoder: dict[str, np.ndarray]) -> None:
+    features = PoolFeatures.on_pool(encoder, public_split(digits)[0][0])
     with pytest.raises(ValueError, match="needs pool features"):
         build_classifier(ModelSpec("cnn-hog-simclr", (1, 8, 8), 10))
     with pytest.raises(ValueError, match="takes no pool features"):
@@ -69,11 +67,11 @@ def test_build_needs_features_exactly_for_cnn_hog_simclr(digits: Dataset, encode
 
 
 def test_saved_student_is_rebuilt_with_its_features(tmp_path: Path, digits: Dataset,
-                                                    encoder) -> None:
+                                                    encoder: dict[str, np.ndarray]) -> None:
     (pool_x, _), (eval_x, _) = public_split(digits)
     seed_everything(0)
     spec = ModelSpec("cnn-hog-simclr", pool_x.shape[1:], 10)
-    model = build_classifier(spec, PoolFeatures.on_pool(_tensors(encoder), pool_x))
+    model = build_classifier(spec, PoolFeatures.on_pool(encoder, pool_x))
     with torch.no_grad():  # a linear expert that is not at its initial values
         model.experts[1][1].weight.normal_()
     save_model(model, spec, tmp_path)

@@ -92,9 +92,7 @@ def test_cnn_hog_smooths_the_cnn_and_fits_hog_to_the_labels(digits: Dataset, arc
     features = None
     if arch == "cnn-hog-simclr":
         pool_x = public_split(digits)[0][0]
-        encoder = train_pool_encoder(pool_x, 1, seed=0)
-        features = PoolFeatures.on_pool({k: torch.as_tensor(v) for k, v in encoder.items()},
-                                        pool_x)
+        features = PoolFeatures.on_pool(train_pool_encoder(pool_x, 1, seed=0), pool_x)
     seed_everything(0)
     spec = ModelSpec(arch, digits.train_x.shape[1:], 10)
     model = build_classifier(spec, features)
