@@ -99,6 +99,13 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
     return report, figures
 
 
+def _student_name(student: dict[str, Any]) -> str | None:
+    """The student's method and, where its metrics name it, its network: ``vat
+    (cnn-hog-simclr)``."""
+    method, arch = student.get("method"), student.get("arch")
+    return f"{method} ({arch})" if method and arch else method
+
+
 def summary_table(report: dict[str, Any], non_private: float | None) -> list[dict[str, Any]]:
     """Rows in the form of PATE 2018's Table 1."""
     rows = []
@@ -108,7 +115,7 @@ def summary_table(report: dict[str, Any], non_private: float | None) -> list[dic
         rows.append({
             "method": "PATE: " + " then ".join(MECHANISM_NAMES[m]
                                                 for m in privacy["mechanism"].split("+")),
-            "student": (report["student"] or {}).get("method"),
+            "student": _student_name(report["student"] or {}),
             "queries_answered": report["queries"]["answered"],
             "epsilon_data_independent": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],

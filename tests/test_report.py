@@ -45,7 +45,8 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
         np.savez(run_dir / "student" / "probs.npz", pool_index=pool_index[asked[100:]],
                  probs=rng.dirichlet(np.ones(10), 50))
     (run_dir / "student" / "metrics.json").write_text(json.dumps(
-        {"method": "vat", "accuracy": 0.91, "epsilon": {"data_independent": 7.5}}))
+        {"method": "vat", "arch": "cnn-hog-simclr", "accuracy": 0.91,
+         "epsilon": {"data_independent": 7.5}}))
     (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
         {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
     (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
@@ -77,6 +78,7 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert row["epsilon_smooth_sensitivity"] == \
         report["privacy"]["smooth_sensitivity"]["epsilon"]
     assert row["accuracy"] == 0.91 and dpsgd["accuracy"] == 0.88
+    assert row["student"] == "vat (cnn-hog-simclr)" and dpsgd["student"] == "dpsgd"
     assert row["epsilon_spent"] == 7.5
     assert row["queries_answered"] == int((made["labels"] >= 0).sum())
     assert report["teacher_accuracy"]["count"] == made["config"].teachers.count
