@@ -2,6 +2,6 @@
 
 import sys
 
-from pate.cli import main
+from pate.cli.main import main
 
 sys.exit(main())

@@ -186,7 +186,7 @@ def _dpsgd_stage(config: RunConfig, run_dir: Path) -> None:
 
 
 def _report_stage(config: RunConfig, run_dir: Path) -> None:
-    from pate.run_report import write_run_report
+    from pate.report.run_report import write_run_report
 
     print(f"pate run: report: {write_run_report(run_dir)}", file=sys.stderr, flush=True)
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from analysis.votes_analysis import AggregatorParams, analyze_votes
-from pate.synthetic import synthetic_votes
+from pate.data.synthetic import synthetic_votes
 
 CASES = {
     "a": dict(queries=640, teachers=250, classes=10,

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from bench_common import emit
 
-from pate.datasets import load_dataset, public_split
+from pate.data.datasets import load_dataset, public_split
 from student.dpsgd import DPSGDConfig, tempered_cnn, train_dpsgd
 
 OUT = Path("results/bench_dpsgd.jsonl")

@@ -4,7 +4,8 @@ For each number of labels N (default 100, 300, 1000) and each method (supervised
 student trains on the first N answered rows of the Fashion-MNIST public pool (the test split's
 first half) with the whole pool unlabelled, and is evaluated on the second half. Labels come from
 the teachers' votes (``--votes FILE``, e.g. a 250-teacher run's votes.npz) answered by
-Confident-GNMax in this process (``pate.aggregators``; offline: no ledger, noise from the OS), or,
+Confident-GNMax in this process (``pate.aggregation.aggregators``; offline: no ledger, noise
+from the OS), or,
 without votes, from the true labels with a fraction ``--synthetic-noise`` replaced by another
 class at random (a stand-in matched to ~0.85 label accuracy; the case says so). Prints one JSON
 object per case (accuracy, label accuracy, seconds per epoch) and appends it to
@@ -24,9 +25,9 @@ import numpy as np
 import torch
 from bench_common import emit
 
-from pate.aggregators import Aggregator, MechanismParams
-from pate.datasets import load_dataset, public_split
-from pate.votes_file import load_votes
+from pate.aggregation.aggregators import Aggregator, MechanismParams
+from pate.data.datasets import load_dataset, public_split
+from pate.data.votes_file import load_votes
 from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier
 from student.training import (
     FitConfig,

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pate.datasets import load_dataset, public_split
+from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_json_atomic
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, train_group, train_one

@@ -42,10 +42,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
-from analysis.report import figure_png, render_html
 from analysis.votes_analysis import AggregatorParams, analyze_votes
-from pate.datasets import load_dataset, public_split
+from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
+from pate.report.figures import figure_png, render_html
 from student.rounds import Received, analyze_rounds
 
 

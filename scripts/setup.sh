@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # dataset-fashion-mnist: the default data; chromium: the report's browser test; postgresql: the
-# ledger's PostgreSQL test; the fonts: the glyphs dataset (pate/glyphs.py).
+# ledger's PostgreSQL test; the fonts: the glyphs dataset (pate/data/glyphs.py).
 apt_packages=(dataset-fashion-mnist chromium postgresql fonts-dejavu-core fonts-liberation2
               fonts-freefont-ttf fonts-urw-base35 fonts-texgyre fonts-croscore)
 missing=()
@@ -29,7 +29,7 @@ pip=(.venv/bin/python -m pip install -q --no-cache-dir)
 # PyTorch's CPU index, or offline from the wheels in $PIP_FIND_LINKS; the config files are skipped
 # so that no other index offers a CUDA build. torchvision stays out there: the registry's build
 # wants the CUDA torch, and pate needs it only to download MNIST, Fashion-MNIST, SVHN or CIFAR-10
-# and to read the last two (pate/datasets.py). If no CPU build can be had, the next step takes the
+# and to read the last two (pate/data/datasets.py). If no CPU build can be had, the next step takes the
 # registry's torch.
 extras=test
 if command -v nvidia-smi >/dev/null 2>&1; then

@@ -4,7 +4,7 @@ PATE 2018 (Papernot et al., "Scalable Private Learning with PATE", ICLR 2018), Â
 round asks Confident-GNMax for labels of part of the public pool and the student trains on the
 answers; a second round asks Interactive-GNMax, sending the student's own class probabilities for
 each query, and receives a teacher label, the student's label reinforced, or nothing. Each call of
-``ask`` is one round against one aggregator (``pate.client.LabelClient`` over HTTP or
+``ask`` is one round against one aggregator (``pate.service.client.LabelClient`` over HTTP or
 ``LocalLabelClient`` in-process); the round's kind follows the aggregator's mechanism.
 
 Selection (``select_queries``): ``first`` rows of the pool, a ``random`` subset, or
@@ -29,16 +29,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from analysis.votes_analysis import AggregatorParams, QuerySegment, analyze_segments
-from pate.client import BudgetExhaustedError, LabelResult
 from pate.errors import UserError
 from pate.io import write_bytes_atomic
+from pate.service.client import BudgetExhaustedError, LabelResult
 from student.choices import SELECTIONS
 
 BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored branch code
 
 
 class LabelSource(Protocol):
-    """``pate.client.LabelClient`` or ``LocalLabelClient``."""
+    """``pate.service.client.LabelClient`` or ``LocalLabelClient``."""
 
     def labels(self, indices: NDArray[np.int64] | None = None, *,
                student_probs: NDArray[np.float64] | None = None) -> LabelResult: ...

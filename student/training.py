@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pate.augment import AUGMENTATIONS, random_augment
+from pate.data.augment import AUGMENTATIONS, random_augment
 from pate.io import write_bytes_atomic, write_json_atomic
 from student.choices import ARCHITECTURES, METHODS
 from student.models import (
@@ -81,7 +81,7 @@ class FitConfig:
     unlabelled_batch_size: int = 128   # unlabelled examples per step (one epoch = one pass)
     lr: float = 1e-3
     decay_from: float = 0.5            # linear decay to 0 over the last half of the steps
-    augment: str = "none"              # pate.augment: random shifts (and mirroring) per step
+    augment: str = "none"              # pate.data.augment: random shifts (and mirroring) per step
     balance_classes: bool = False      # oversample the labelled set's rarer labels (see below)
     seed: int = 0
     device: str = "cpu"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pate.datasets import Dataset, load_dataset, public_split
+from pate.data.datasets import Dataset, load_dataset, public_split
 from pate.errors import UserError
 from pate.io import ensure_dir
 from teachers import checkpoints

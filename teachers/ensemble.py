@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from pate.augment import AUGMENTATIONS, MAX_SHIFT, shift_flip
+from pate.data.augment import AUGMENTATIONS, MAX_SHIFT, shift_flip
 from pate.errors import UserError
 from teachers import rng
 from teachers.models import ARCHITECTURES, build_model, init_stacked

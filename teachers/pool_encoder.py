@@ -10,7 +10,7 @@ then dropped (their section 4.2). The frozen encoder folds its batch normalisati
 convolutions (in eval mode normalisation is an affine map) and standardises its output with the
 pool's mean and standard deviation, so a teacher's linear expert on it trains like the HOG one.
 
-Privacy: the encoder reads the public pool only (:func:`pate.datasets.public_split`), never the
+Privacy: the encoder reads the public pool only (:func:`pate.data.datasets.public_split`), never the
 private training split, so it costs no privacy: PATE's teachers may learn from public data
 (Papernot et al., ICLR 2018, section 4), and the student sees the same pool anyway.
 Measured on Fashion-MNIST (60 epochs on the 5 000 pool rows, 675 s on 2 cores): for 25 teachers

@@ -20,7 +20,7 @@ import torch
 from torch.func import functional_call, vmap
 from tqdm import tqdm
 
-from pate.datasets import load_dataset, public_split
+from pate.data.datasets import load_dataset, public_split
 from pate.errors import UserError
 from pate.io import write_with_atomic
 from teachers import checkpoints

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pate.datasets import Dataset, load_dataset
+from pate.data.datasets import Dataset, load_dataset
 
 
 @pytest.fixture(scope="session")

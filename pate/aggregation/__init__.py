@@ -1,0 +1,1 @@
+"""Aggregation: the noisy aggregators and the durable privacy ledger."""

@@ -1,0 +1,1 @@
+"""The ``pate`` command line: one module per sub-command."""

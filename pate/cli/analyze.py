@@ -1,0 +1,144 @@
+"""``pate analyze``: privacy analysis of a votes file (DESIGN.md contract)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from pate.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "analyze", help="privacy analysis of a votes file",
+        description="Data-independent, data-dependent and smooth-sensitivity-sanitised epsilon of "
+                    "answering every row of a votes matrix, as PATE 2018's Table 2 analysis does "
+                    "(threshold step paid on every query, GNMax weighted by the probability of "
+                    "answering).")
+    p.add_argument("--votes", required=True, metavar="FILE",
+                   help=".npy or .npz (key 'votes') int matrix [queries, classes]")
+    p.add_argument("--mechanism", required=True,
+                   choices=("lnmax", "gnmax", "confident", "interactive"))
+    p.add_argument("--delta", required=True, type=float, help="target delta, in (0, 1)")
+    p.add_argument("--scale", type=float, help="LNMax Laplace scale (each answer is 2/scale-DP)")
+    p.add_argument("--sigma", type=float, help="GNMax noise standard deviation")
+    p.add_argument("--threshold", type=float, help="Confident/Interactive threshold T")
+    p.add_argument("--sigma1", type=float, help="threshold-step noise")
+    p.add_argument("--sigma2", type=float, help="answering-step (GNMax) noise")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="interactive only: num_teachers * student_probs, same shape as votes")
+    p.add_argument("--queries", type=int, help="analyse only the first N rows")
+    p.add_argument("--asked", metavar="FILE",
+                   help="analyse only the rows a student asked about, in its order: its run's "
+                        "labels.npz (key 'pool_index') or a .npy of pool indices, found through "
+                        "the votes file's 'pool_index' (row numbers without one); every row must "
+                        "have gone to the aggregator described here")
+    p.add_argument("--order", type=float, help="fix the Rényi order (default: best of the grid)")
+    p.add_argument("--beta", type=float,
+                   help="fix the smooth-sensitivity beta (default: optimised)")
+    p.add_argument("--conversion", choices=("classic", "improved"), default="improved",
+                   help="RDP to (epsilon, delta): classic (Mironov 2017, as PATE 2018 reports) or "
+                        "improved (Canonne et al. 2020; default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not 0.0 < args.delta < 1.0:
+        raise UserError(f"--delta must be in (0, 1), got {args.delta:g}")
+    if args.order is not None and not args.order > 1.0:
+        raise UserError(f"--order must be > 1, got {args.order:g}")
+    if args.beta is not None and not args.beta >= 0.0:
+        raise UserError(f"--beta must be >= 0, got {args.beta:g}")
+    if args.queries is not None and args.queries < 1:
+        raise UserError(f"--queries must be >= 1, got {args.queries}")
+    if args.queries is not None and args.asked is not None:
+        raise UserError("give --queries or --asked, not both")
+    if args.baseline is not None and args.mechanism != "interactive":
+        raise UserError("--baseline is for --mechanism interactive only")
+    for name in ("scale", "sigma", "sigma1", "sigma2", "threshold"):
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"--{name} must be finite, got {value:g}")
+    for name in ("scale", "sigma", "sigma1", "sigma2"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UserError(f"--{name} must be > 0, got {value:g}")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    from analysis.votes_analysis import AggregatorParams, analyze_votes
+    from pate.data.votes_file import load_baseline, load_votes
+
+    try:
+        params = AggregatorParams(args.mechanism, scale=args.scale, sigma=args.sigma,
+                                  threshold=args.threshold, sigma1=args.sigma1,
+                                  sigma2=args.sigma2)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.asked is None:
+        votes, asked = load_votes(args.votes), None
+    else:
+        votes, asked = _votes_and_asked_rows(args.votes, args.asked)
+    baseline = None
+    if args.mechanism == "interactive":
+        if args.baseline is None:
+            raise UserError("interactive needs --baseline (num_teachers * student_probs)")
+        baseline = load_baseline(args.baseline, votes)
+    if args.queries is not None:
+        if args.queries > votes.shape[0]:
+            raise UserError(f"--queries {args.queries} exceeds the {votes.shape[0]} rows of "
+                            f"{args.votes}")
+        votes = votes[:args.queries]
+        baseline = None if baseline is None else baseline[:args.queries]
+    if asked is not None:
+        votes = votes[asked]
+        baseline = None if baseline is None else baseline[asked]
+    try:
+        result = analyze_votes(votes, params, args.delta, baseline=baseline, order=args.order,
+                               beta=args.beta, conversion=args.conversion)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_analysis(result))
+    return 0
+
+
+def _votes_and_asked_rows(votes_path: str, asked_path: str) -> tuple[Any, Any]:
+    """The votes, and the rows holding the pool indices of ``asked_path`` in its order (the
+    service's own lookup, so the rows are those its aggregator saw)."""
+    from pate.data.votes_file import load_pool_indices
+    from pate.service.app import RequestError, VotePool
+
+    indices = load_pool_indices(asked_path)
+    pool = VotePool.from_file(votes_path)
+    try:
+        return pool.votes, pool.rows(indices)
+    except RequestError as exc:
+        raise UserError(f"{asked_path}: {exc.detail} (the pool of {votes_path})") from None
+
+
+def format_analysis(r: dict[str, Any]) -> str:
+    """A short human-readable summary of an analysis result."""
+    lines = [
+        f"{r['mechanism']}: {r['queries']} queries, {r['teachers']} teachers, "
+        f"{r['classes']} classes, expected answered {r['expected_answered']:.1f}",
+        f"epsilon at delta={r['delta']:g} ({r['conversion']} conversion):",
+        f"  data-independent   {r['data_independent']['epsilon']:.4f} "
+        f"(order {r['data_independent']['order']:g})",
+        f"  data-dependent     {r['data_dependent']['epsilon']:.4f} "
+        f"(order {r['data_dependent']['order']:g}; not releasable as is)",
+    ]
+    ss = r.get("smooth_sensitivity")
+    if ss:
+        note = " (conditions C5/C6 fail: data-independent)" if ss.get("fallback") else ""
+        lines.append(f"  smooth-sensitivity {ss['epsilon']:.4f} (beta {ss['beta']:.4g}, "
+                     f"SS {ss['value']:.4g}, release cost {ss['rdp_cost']:.4g}){note}")
+    return "\n".join(lines) + "\n"

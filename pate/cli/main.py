@@ -1,0 +1,54 @@
+"""The ``pate`` command line: one parser, one sub-command per module of ``pate.commands``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from collections.abc import Sequence
+
+from pate import __version__
+from pate.errors import UserError
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "pate.cli.teachers",
+    "pate.cli.serve",
+    "pate.cli.analyze",
+    "pate.cli.report",
+    "pate.cli.run",
+    "pate.cli.epsilon",
+    "pate.cli.dpsgd",
+    "pate.cli.student",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pate",
+        description="Private Aggregation of Teacher Ensembles: train teachers on disjoint "
+                    "partitions, answer a student's queries with an accounted aggregator, "
+                    "train the student and report privacy and utility.")
+    parser.add_argument("--version", action="version", version=f"pate {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"pate: warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.showwarning = _warning_line
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        print(f"pate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pate: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,95 @@
+"""``pate teachers train`` and ``pate teachers votes``: partition the private training split,
+train the teachers (resumably, on Ray) and record the ensemble's votes on the public pool."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from pate.data.augment import AUGMENTATIONS
+from teachers.choices import MODELS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("teachers", help="train teachers and collect their votes",
+                                   description=__doc__)
+    sub = parser.add_subparsers(dest="teachers_command", required=True, metavar="ACTION")
+
+    train = sub.add_parser("train", help="partition the private data and train the teachers",
+                           description="Partition the training split among the teachers and "
+                           "train them on Ray; rerunning trains only missing shards.")
+    train.add_argument("--run", required=True, type=Path, help="run directory")
+    train.add_argument("--dataset", default="fashion-mnist",
+                       help="fashion-mnist, mnist, svhn, cifar10, digits or glyphs")
+    train.add_argument("--teachers", type=int, default=250, help="number of teachers")
+    train.add_argument("--seed", type=int, default=0,
+                       help="seed of the partition and of training (offline experiments only)")
+    # None: the default of teachers.ensemble.TrainConfig (cnn, 20 epochs, batch 8, lr 6e-3).
+    train.add_argument("--model", choices=MODELS, help="default: cnn")
+    train.add_argument("--epochs", type=int, help="default: 20")
+    train.add_argument("--batch-size", type=int, help="default: 8")
+    train.add_argument("--lr", type=float, help="peak learning rate (one-cycle); default: 6e-3")
+    train.add_argument("--mixup", type=float, default=None,
+                       help="mixup's Beta(alpha, alpha) within each teacher's own batch; "
+                            "default: 0 (off)")
+    train.add_argument("--augment", choices=["auto", *AUGMENTATIONS],
+                       default="auto", help="random shifts (and mirroring); auto picks what "
+                       "preserves the dataset's labels")
+    train.add_argument("--shard-size", type=int, default=25,
+                       help="teachers per Ray task (trained together, vectorised)")
+    train.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                       help="shards trained at once (default: one per CPU core)")
+    train.add_argument("--ray-address", default=None,
+                       help="join this Ray cluster instead of starting a local one")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    train.add_argument("--gpus-per-shard", type=float, default=1.0,
+                       help="GPU share of one shard on cuda (e.g. 0.25 packs four per GPU)")
+    train.add_argument("--data-dir", default=None, help="where the dataset files are")
+    train.add_argument("--pool-size", type=int, default=None,
+                       help="rows of the test split in the public pool (default: half)")
+    train.set_defaults(handler=_train)
+
+    votes = sub.add_parser("votes", help="vote on the public pool -> votes.npz",
+                           description="Batched ensemble inference over the public pool; "
+                           "writes votes.npz (private) and the teachers' accuracy on the "
+                           "evaluation half into teachers/manifest.json.")
+    votes.add_argument("--run", required=True, type=Path, help="run directory")
+    votes.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    votes.add_argument("--data-dir", default=None, help="where the dataset files are")
+    votes.add_argument("--batch-size", type=int, default=None,
+                       help="rows per inference batch (default: 32 on cpu, 1024 on cuda)")
+    votes.set_defaults(handler=_votes)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from teachers.distributed import Cluster, TrainJob, train_teachers
+    from teachers.ensemble import DEFAULT_AUGMENT, TrainConfig
+
+    augment = (DEFAULT_AUGMENT.get(args.dataset, "none") if args.augment == "auto"
+               else args.augment)
+    given = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
+             "lr": args.lr, "mixup": args.mixup}
+    cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}, augment=augment,
+                      seed=args.seed)
+    job = TrainJob(args.dataset, args.teachers, args.shard_size, cfg, args.pool_size,
+                   args.data_dir)
+    cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
+    t0 = time.time()
+    result = train_teachers(args.run, job, cluster)
+    print(f"teachers: trained {len(result['trained'])} shard(s), {len(result['skipped'])} "
+          f"already done, in {time.time() - t0:.1f} s -> {args.run / 'teachers'}",
+          file=sys.stderr)
+    return 0
+
+
+def _votes(args: argparse.Namespace) -> int:
+    from teachers.votes import collect_votes
+
+    t0 = time.time()
+    queries = collect_votes(args.run, args.device, args.data_dir, args.batch_size)
+    print(f"votes: {queries} queries in {time.time() - t0:.1f} s -> {args.run / 'votes.npz'}",
+          file=sys.stderr)
+    return 0

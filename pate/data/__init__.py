@@ -1,0 +1,1 @@
+"""Datasets: built-in benchmarks, the synthetic glyphs, augmentation, votes files."""

@@ -1,0 +1,1 @@
+"""Privacy-utility reports: figures, HTML and JSON."""

@@ -1,0 +1,142 @@
+"""Read a run directory into ``pate.report.figures.RunData`` and write its report (DESIGN.md layout:
+config.toml, votes.npz, labels.npz, teachers/manifest.json, student/metrics.json,
+dpsgd/metrics.json -> report/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.votes_analysis import AggregatorParams
+from pate.config import RunConfig, parse_config
+from pate.errors import UserError
+from pate.io import ensure_dir, write_bytes_atomic
+from pate.report.figures import (
+    RunData,
+    Segment,
+    build_report,
+    comparison,
+    run_sections,
+    table_html,
+    write_report,
+)
+from student.rounds import interactive_baseline
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_config(run_dir: Path) -> RunConfig:
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no config.toml; is this a run directory?")
+    return parse_config(path.read_text(), str(path))
+
+
+def round_params(config: RunConfig, recorded: dict[str, Any]) -> AggregatorParams:
+    """A round's aggregator: the parameters ``pate student train`` recorded for it when it ran
+    the aggregator itself, else the run's configuration for that mechanism."""
+    fields = {k: recorded.get(k) for k in ("scale", "sigma", "threshold", "sigma1", "sigma2")}
+    if not any(v is not None for v in fields.values()):
+        values = config.aggregator.round_values(recorded["mechanism"])
+        fields.update(zip(("threshold", "sigma1", "sigma2"), values, strict=True))
+    return AggregatorParams(recorded["mechanism"], **fields)
+
+
+def _pool_labels(config: RunConfig, pool_index: np.ndarray) -> np.ndarray | None:
+    try:
+        from pate.data.datasets import load_dataset, public_split
+
+        ds = load_dataset(config.data.dataset, config.data.data_dir, need_train=False)
+        (_, pool_y), _ = public_split(ds, config.data.pool_size)
+    except UserError:
+        return None
+    return pool_y[pool_index]
+
+
+def _teacher_accuracies(run_dir: Path) -> np.ndarray | None:
+    manifest = _json(run_dir / "teachers" / "manifest.json") or {}
+    values = (manifest.get("accuracy") or {}).get("per_teacher")
+    return np.asarray(values, np.float64) if values else None
+
+
+def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
+              pool_index: np.ndarray) -> list[Segment]:
+    """The student's query rounds, in the order ``labels.npz`` holds their rows: each round's
+    record in ``student/rounds.json`` (one Confident round when there is none), and for
+    Interactive rounds the baseline num_teachers * the probabilities the student sent
+    (``student/probs.npz``)."""
+    labels_path = run_dir / "labels.npz"
+    with np.load(labels_path) as f:
+        asked, labels = f["pool_index"].astype(np.int64), f["label"].astype(np.int64)
+    row_of = np.full(int(pool_index.max()) + 1, -1)
+    row_of[pool_index] = np.arange(pool_index.size)
+    if np.any(asked > pool_index.max()) or np.any(row_of[np.minimum(asked, pool_index.max())] < 0):
+        raise UserError(f"{labels_path}: asks for pool rows the votes do not cover")
+    rounds_path = run_dir / "student" / "rounds.json"
+    rounds = (json.loads(rounds_path.read_text()) if rounds_path.is_file()
+              else [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
+    if sum(r["queries"] for r in rounds) != asked.size:
+        raise UserError(f"{rounds_path}: its rounds do not add up to the rows of {labels_path}")
+    teachers = float(votes[0].sum())
+    segments, start = [], 0
+    for r in rounds:
+        sel = slice(start, start + r["queries"])
+        start += r["queries"]
+        params = round_params(config, r["mechanism"])
+        baseline = None
+        if params.mechanism == "interactive":
+            baseline = interactive_baseline(run_dir / "student" / "probs.npz", asked[sel],
+                                            teachers)
+        segments.append(Segment(row_of[asked[sel]], params, labels[sel], baseline))
+    return segments
+
+
+def load_run_data(run_dir: Path) -> RunData:
+    config = read_config(run_dir)
+    votes_path, labels_path = run_dir / "votes.npz", run_dir / "labels.npz"
+    if not votes_path.is_file():
+        raise UserError(f"{run_dir}: no votes.npz; run `pate teachers votes --run {run_dir}`")
+    with np.load(votes_path) as f:
+        votes, pool_index = f["votes"].astype(np.int64), f["pool_index"].astype(np.int64)
+    segments = _segments(run_dir, config, votes, pool_index) if labels_path.is_file() else []
+    return RunData(
+        name=run_dir.resolve().name, dataset=config.data.dataset,
+        delta=config.aggregator.delta, votes=votes,
+        pool_labels=_pool_labels(config, pool_index), segments=segments,
+        lnmax_scale=config.aggregator.lnmax_scale,
+        teacher_accuracies=_teacher_accuracies(run_dir),
+        student=_json(run_dir / "student" / "metrics.json"),
+        dpsgd=_json(run_dir / "dpsgd" / "metrics.json"),
+        non_private_baseline=config.report.non_private_baseline,
+        extra={"config": json.loads(config.model_dump_json())})
+
+
+def _private_writer(path: Path, data: bytes) -> None:
+    ensure_dir(path.parent, private=True)
+    write_bytes_atomic(path, data, private=True)
+
+
+def write_run_report(run_dir: Path) -> Path:
+    data = load_run_data(run_dir)
+    report, figures = build_report(data)
+    return write_report(report, figures, run_dir / "report",
+                        f"PATE privacy-utility report: {data.name}", run_sections(report),
+                        _private_writer)
+
+
+def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
+    reports = []
+    for run_dir in run_dirs:
+        path = run_dir / "report" / "report.json"
+        if not path.is_file():
+            write_run_report(run_dir)
+        reports.append(json.loads(path.read_text()))
+    summary, figures = comparison(reports)
+    sections = [("Runs compared", table_html(summary["table"], first_column="Run"))]
+    return write_report(summary, figures, out_dir, "PATE runs compared", sections,
+                        _private_writer)

@@ -1,0 +1,1 @@
+"""The aggregation service (HTTP) and its client."""

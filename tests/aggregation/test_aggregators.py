@@ -1,0 +1,225 @@
+"""The aggregators against their definitions (PATE 2017 §2.2; PATE 2018 §4, Algorithms 1-2) and
+their costs against ``analysis``."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from analysis.gaussian import gnmax_logq, gnmax_rdp_dependent, gnmax_rdp_independent
+from analysis.lnmax import lnmax_rdp_dependent, lnmax_rdp_independent
+from analysis.orders import default_orders
+from analysis.threshold import (
+    threshold_inputs,
+    threshold_logpr_answered,
+    threshold_rdp_dependent,
+    threshold_rdp_independent,
+)
+from pate.aggregation.aggregators import (
+    Aggregator,
+    Branch,
+    MechanismParams,
+    add_mechanism_arguments,
+)
+
+ORDERS = default_orders()
+
+
+def plurality_votes(rows: int, classes: int = 10, teachers: int = 250,
+                    seed: int = 1) -> np.ndarray:
+    """Votes with a unique plurality whose margin varies from 1 to 150 votes."""
+    rng = np.random.default_rng(seed)
+    v = rng.multinomial(teachers, np.full(classes, 1.0 / classes), size=rows)
+    top = rng.integers(0, classes, rows)
+    v[np.arange(rows), top] = v.max(axis=1) + rng.integers(1, 150, rows)
+    return v
+
+
+@pytest.mark.parametrize("params", [
+    MechanismParams("lnmax", scale=1e-6),
+    MechanismParams("gnmax", sigma=1e-6),
+    MechanismParams("confident", threshold=0.0, sigma1=1e-6, sigma2=1e-6),
+])
+def test_vanishing_noise_returns_the_plurality(params: MechanismParams) -> None:
+    v = plurality_votes(500)
+    out = Aggregator(params).answer(v)
+    np.testing.assert_array_equal(out.labels, np.argmax(v, axis=1))
+    assert np.all(out.branch == Branch.TEACHERS)
+
+
+@pytest.mark.parametrize("params", [MechanismParams("lnmax", scale=1e7),
+                                    MechanismParams("gnmax", sigma=1e7)])
+def test_huge_noise_spreads_the_labels(params: MechanismParams) -> None:
+    v = np.zeros((20000, 10), np.int64)
+    v[:, 3] = 250  # unanimous teachers
+    counts = np.bincount(Aggregator(params).answer(v).labels, minlength=10)
+    # uniform: 2000 each, std ~42
+    assert counts.min() > 1750 and counts.max() < 2250
+
+
+def test_confident_answers_at_the_predicted_rate() -> None:
+    t, s1 = 200.0, 40.0
+    n = 20000
+    v = np.zeros((3 * n, 10), np.int64)
+    v[:n, 0] = 250          # far above T: always answered
+    v[n:2 * n, 0] = 200     # at T: half
+    v[n:2 * n, 1] = 50
+    v[2 * n:, 0] = 60       # far below T: never
+    v[2 * n:, 1:] = 21
+    out = Aggregator(MechanismParams("confident", threshold=t, sigma1=s1, sigma2=1e-3)).answer(v)
+    rates = [(out.labels[k * n:(k + 1) * n] >= 0).mean() for k in range(3)]
+    predicted = np.exp(threshold_logpr_answered(t, s1, [250, 200, 60]))
+    for rate, p in zip(rates, predicted, strict=True):
+        assert abs(rate - p) < 5 * np.sqrt(p * (1 - p) / n) + 1e-3
+    # answered queries get the plurality (sigma2 tiny), the others -1 and branch none
+    answered = out.labels >= 0
+    np.testing.assert_array_equal(out.labels[answered], np.argmax(v[answered], axis=1))
+    assert np.all(out.branch[~answered] == Branch.NONE)
+    assert np.all(out.branch[answered] == Branch.TEACHERS)
+
+
+def test_confident_rate_matches_a_mid_probability() -> None:
+    t, s1, n = 200.0, 50.0, 40000
+    v = np.zeros((n, 10), np.int64)
+    v[:, 0], v[:, 1] = 150, 100
+    out = Aggregator(MechanismParams("confident", threshold=t, sigma1=s1, sigma2=1.0)).answer(v)
+    p = norm.sf((t - 150) / s1)
+    assert abs((out.labels >= 0).mean() - p) < 5 * np.sqrt(p * (1 - p) / n)
+
+
+def test_confident_costs_come_from_analysis() -> None:
+    v = plurality_votes(300, seed=7)
+    t, s1, s2 = 120.0, 30.0, 20.0
+    out = Aggregator(MechanismParams("confident", threshold=t, sigma1=s1, sigma2=s2)).answer(v)
+    passed = out.branch == Branch.TEACHERS
+    assert 0 < passed.sum() < len(v)
+    step_ind = threshold_rdp_independent(s1, ORDERS)
+    gn_ind = gnmax_rdp_independent(s2, ORDERS)
+    np.testing.assert_allclose(out.rdp_independent[~passed],
+                               np.tile(step_ind, ((~passed).sum(), 1)))
+    np.testing.assert_allclose(out.rdp_independent[passed],
+                               np.tile(step_ind + gn_ind, (passed.sum(), 1)))
+    step_dep = threshold_rdp_dependent(
+        threshold_logpr_answered(t, s1, threshold_inputs(v)), s1, ORDERS)
+    gn_dep = gnmax_rdp_dependent(gnmax_logq(v, s2), s2, ORDERS)
+    np.testing.assert_allclose(out.rdp_dependent, step_dep + passed[:, None] * gn_dep)
+    assert np.all(out.rdp_dependent <= out.rdp_independent + 1e-12)
+    np.testing.assert_allclose(out.total_independent(), out.rdp_independent.sum(axis=0))
+
+
+def test_gnmax_and_lnmax_costs_come_from_analysis() -> None:
+    v = plurality_votes(50, seed=3)
+    g = Aggregator(MechanismParams("gnmax", sigma=40.0)).answer(v)
+    np.testing.assert_allclose(g.rdp_independent, np.tile(gnmax_rdp_independent(40.0, ORDERS),
+                                                          (50, 1)))
+    np.testing.assert_allclose(g.rdp_dependent,
+                               gnmax_rdp_dependent(gnmax_logq(v, 40.0), 40.0, ORDERS))
+    ln = Aggregator(MechanismParams("lnmax", scale=20.0)).answer(v)
+    np.testing.assert_allclose(ln.rdp_independent, np.tile(lnmax_rdp_independent(20.0, ORDERS),
+                                                           (50, 1)))
+    np.testing.assert_allclose(ln.rdp_dependent, lnmax_rdp_dependent(v, 20.0, ORDERS))
+
+
+def test_interactive_branches_and_costs() -> None:
+    t, s1, s2, gamma = 100.0, 1e-3, 1e-3, 0.8
+    v = np.zeros((3, 4), np.int64)
+    v[0] = [200, 50, 0, 0]   # teachers confident, student disagrees: threshold passes
+    v[1] = [100, 100, 50, 0]  # teachers split; student sure of class 2 (> gamma)
+    v[2] = [100, 100, 50, 0]  # teachers split; student unsure (< gamma): no answer
+    probs = np.array([[0.0, 1.0, 0.0, 0.0],
+                      [0.05, 0.05, 0.9, 0.0],
+                      [0.3, 0.3, 0.4, 0.0]])
+    agg = Aggregator(MechanismParams("interactive", threshold=t, sigma1=s1, sigma2=s2,
+                                     gamma=gamma))
+    out = agg.answer(v, probs)
+    # max(n - N p): row 0: 200 - 0 = 200 >= T; row 1: 100 - 12.5 < T; row 2: 100 - 75 < T
+    np.testing.assert_array_equal(out.labels, [0, 2, -1])
+    np.testing.assert_array_equal(out.branch, [Branch.TEACHERS, Branch.STUDENT, Branch.NONE])
+    step_ind = threshold_rdp_independent(s1, ORDERS)
+    np.testing.assert_allclose(out.rdp_independent[1], step_ind)  # the student costs nothing
+    np.testing.assert_allclose(out.rdp_independent[2], step_ind)
+    np.testing.assert_allclose(out.rdp_independent[0],
+                               step_ind + gnmax_rdp_independent(s2, ORDERS))
+    baseline = v.sum(axis=1, keepdims=True) * probs
+    step_dep = threshold_rdp_dependent(
+        threshold_logpr_answered(t, s1, threshold_inputs(v, baseline)), s1, ORDERS)
+    np.testing.assert_allclose(out.rdp_dependent[1:], step_dep[1:])
+
+
+def test_interactive_needs_distributions() -> None:
+    agg = Aggregator(MechanismParams("interactive", threshold=1, sigma1=1, sigma2=1, gamma=0.5))
+    v = np.array([[3, 1]])
+    for bad in ([[0.7, 0.7]], [[np.nan, 1.0]], [[1.5, -0.5]], [[1.0, 0.0, 0.0]]):
+        with pytest.raises(ValueError):
+            agg.answer(v, bad)
+    with pytest.raises(ValueError):
+        agg.answer(v)
+
+
+def test_worst_case_bounds_every_realised_cost() -> None:
+    v = plurality_votes(400, seed=5)
+    for params in (MechanismParams("confident", threshold=100, sigma1=20, sigma2=10),
+                   MechanismParams("gnmax", sigma=10), MechanismParams("lnmax", scale=10)):
+        agg = Aggregator(params)
+        out = agg.answer(v)
+        assert np.all(out.total_independent() <= agg.worst_case_rdp(400) * (1 + 1e-12))
+
+
+def test_noise_is_fresh_unless_an_offline_seed_is_given() -> None:
+    v = np.zeros((2000, 10), np.int64)
+    params = MechanismParams("gnmax", sigma=1e6)
+    a, b = Aggregator(params).answer(v), Aggregator(params).answer(v)
+    assert not np.array_equal(a.labels, b.labels)
+    with pytest.warns(RuntimeWarning, match="offline experiments"):
+        c = Aggregator(params, offline_seed=3).answer(v)
+    with pytest.warns(RuntimeWarning):
+        d = Aggregator(params, offline_seed=3).answer(v)
+    np.testing.assert_array_equal(c.labels, d.labels)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"mechanism": "gnmax"}, "needs --sigma"),
+    ({"mechanism": "gnmax", "sigma": 0.0}, "> 0"),
+    ({"mechanism": "lnmax", "scale": float("nan")}, "finite"),
+    ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1, "gamma": 2},
+     "gamma"),
+    ({"mechanism": "median"}, "one of"),
+])
+def test_parameters_are_checked(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MechanismParams(**kwargs)
+
+
+def test_params_from_flags() -> None:
+    parser = argparse.ArgumentParser()
+    add_mechanism_arguments(parser)
+    args = parser.parse_args(["--mechanism", "confident", "--threshold", "200", "--sigma1",
+                              "150", "--sigma2", "40"])
+    params = MechanismParams.from_args(args)
+    assert params.public() == {"mechanism": "confident", "threshold": 200.0, "sigma1": 150.0,
+                               "sigma2": 40.0}
+    with pytest.raises(ValueError, match="does not take --sigma"):
+        MechanismParams.from_args(parser.parse_args(["--mechanism", "lnmax", "--scale", "1",
+                                                     "--sigma", "2"]))
+
+
+@pytest.mark.parametrize("params", [
+    MechanismParams("lnmax", scale=20.0),
+    MechanismParams("gnmax", sigma=30.0),
+    MechanismParams("confident", threshold=-1e9, sigma1=1.0, sigma2=30.0),
+])
+def test_a_tabulated_pool_costs_the_same(params: MechanismParams) -> None:
+    pool = plurality_votes(300, seed=11)
+    rows = np.array([5, 17, 250, 3])
+    plain = Aggregator(params).answer(pool[rows])
+    tabled = Aggregator(params)
+    assert tabled.tabulate(pool)
+    out = tabled.answer(pool[rows], pool_rows=rows)
+    np.testing.assert_allclose(out.rdp_dependent, plain.rdp_dependent)
+    np.testing.assert_allclose(out.total_dependent(), plain.total_dependent())
+    np.testing.assert_allclose(out.total_independent(), plain.total_independent())
+    with pytest.raises(ValueError, match="tabulated"):
+        tabled.answer(pool[rows], pool_rows=rows + 1)

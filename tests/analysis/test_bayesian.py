@@ -1,0 +1,148 @@
+"""The Bayesian accountant: the authors' estimator computed naively, the classical bound it must
+reproduce, its numerical stability and its error handling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+from scipy.stats import binom
+from scipy.stats import t as student_t
+
+from analysis.bayesian import BayesianAccountant
+from analysis.sampled_gaussian import dpsgd_epsilon
+from pate.cli.main import main
+
+
+def naive_step_cost(d: np.ndarray, sigma: float, q: float, moments: np.ndarray, total: int,
+                    gamma: float) -> np.ndarray:
+    """Seed 001, eq. 10-12 in linear space, straight from the definitions (moderate values only):
+    exp(l_i) = (E_{k ~ Bin(lam+1, q)} exp((k^2 - k) d_i^2 / (2 sigma^2)))^T, then
+    c = log(mean + t_{1-gamma, m-1} std / sqrt(m - 1)) / T."""
+    out = []
+    for lam in moments:
+        k = np.arange(lam + 2)
+        inner = np.array([np.sum(binom.pmf(k, lam + 1, q)
+                                 * np.exp((k * k - k) * di**2 / (2 * sigma**2))) for di in d])
+        e = inner**total
+        m = len(d)
+        out.append(np.log(e.mean() + student_t.ppf(1 - gamma, m - 1) * e.std() / np.sqrt(m - 1))
+                   / total)
+    return np.array(out)
+
+
+def test_step_cost_matches_the_naive_estimator() -> None:
+    rng = np.random.default_rng(1)
+    d = rng.uniform(0.0, 1.0, 50)
+    acc = BayesianAccountant((1, 2, 4, 8), total_steps=20, failure_probability=1e-3)
+    expected = naive_step_cost(d, 1.5, 0.05, np.array([1, 2, 4, 8]), 20, 1e-3)
+    np.testing.assert_allclose(acc.step_cost(d, 1.5, 0.05), expected, rtol=1e-10)
+
+
+def test_one_pair_at_the_clipping_bound_is_the_classical_bound() -> None:
+    """Every pair at distance C, noise sigma * C: zero variance, c_t = log A_{lam+1}, and the
+    accountant's epsilon is the RDP accountant's with the classic conversion at orders lam + 1."""
+    q, sigma, clip, steps, delta = 0.03, 1.3, 0.1, 400, 1e-5
+    moments = (2, 4, 8, 16, 32)
+    acc = BayesianAccountant(moments, total_steps=steps)
+    for _ in range(steps):
+        acc.accumulate(np.full(3, clip), sigma * clip, q)
+    eps, moment = acc.epsilon_and_moment(delta)
+    classic, order = dpsgd_epsilon(q, sigma, steps, delta - acc.failure_probability, "classic",
+                                   orders=np.array(moments) + 1.0)
+    assert eps == pytest.approx(classic, rel=1e-12)
+    assert moment == order - 1
+    # the same cost in one call for all steps
+    once = BayesianAccountant(moments, total_steps=steps)
+    once.accumulate(np.full(3, clip), sigma * clip, q, steps=steps)
+    np.testing.assert_allclose(once.cost, acc.cost, rtol=1e-12)
+
+
+def test_smaller_distances_give_a_smaller_epsilon() -> None:
+    q, sigma, clip, steps = 2048 / 60_000, 2.0, 0.1, 50
+    rng = np.random.default_rng(0)
+    bayes = BayesianAccountant(total_steps=steps)
+    for _ in range(steps):
+        bayes.accumulate(rng.uniform(0.2, 0.6, 64) * clip, sigma * clip, q)
+    classical = BayesianAccountant(total_steps=steps)
+    classical.accumulate(np.full(3, clip), sigma * clip, q, steps=steps)
+    assert bayes.get_epsilon(1e-5) < 0.8 * classical.get_epsilon(1e-5)
+
+
+def test_log_space_is_stable_where_the_naive_estimator_overflows() -> None:
+    """exp(l_i) overflows float64 here (l_i in the thousands); the estimate must stay finite and
+    between log(mean) >= max l - log m and max l + log(1 + t / sqrt(m - 1)), over T."""
+    d, sigma, q, total, gamma = np.array([0.1, 0.5, 2.0, 3.0, 3.0]), 1.0, 0.5, 1000, 1e-6
+    acc = BayesianAccountant((4, 16), total_steps=total, failure_probability=gamma)
+    cost = acc.step_cost(d, sigma, q) * total
+    ell = np.array([[total * logsumexp(binom.logpmf(np.arange(lam + 2), lam + 1, q)
+                                       + (np.arange(lam + 2) ** 2 - np.arange(lam + 2))
+                                       * di**2 / (2 * sigma**2)) for lam in (4, 16)]
+                    for di in d])
+    assert ell.max() > 1000 and np.all(np.isfinite(cost))
+    t = student_t.isf(gamma, len(d) - 1)
+    assert np.all(cost >= ell.max(axis=0) - np.log(len(d)))
+    assert np.all(cost <= ell.max(axis=0) + np.log1p(t / np.sqrt(len(d) - 1)))
+
+
+def test_delta_and_epsilon_are_inverse_and_include_the_failure_probability() -> None:
+    acc = BayesianAccountant(total_steps=100, failure_probability=1e-8)
+    for _ in range(100):
+        acc.accumulate(np.linspace(0.01, 0.1, 64), 0.2, 0.05)
+    assert acc.failure_probability == pytest.approx(1 - (1 - 1e-8) ** 100, rel=1e-9)
+    eps = acc.get_epsilon(1e-5)
+    assert acc.get_delta(eps) == pytest.approx(1e-5, rel=1e-9)
+    # at a huge epsilon only the estimator's failure probability is left in delta
+    assert acc.get_delta(1e6) == pytest.approx(acc.failure_probability, rel=1e-9)
+    with pytest.raises(ValueError, match="failure probability"):
+        acc.get_epsilon(0.5 * acc.failure_probability)
+
+
+def test_default_confidence_is_one_minus_2_to_the_minus_53() -> None:
+    acc = BayesianAccountant()
+    assert acc.gamma == 2.0**-53  # 1 - 1e-16 rounds to 1 - 2^-53 in float64
+    assert BayesianAccountant(failure_probability=1e-16).gamma == 1e-16
+
+
+def test_errors() -> None:
+    acc = BayesianAccountant(total_steps=2)
+    with pytest.raises(ValueError, match="at least 3"):
+        acc.accumulate([0.1, 0.2], 1.0, 0.1)
+    acc.accumulate([0.1, 0.2, 0.3], 1.0, 0.1, steps=2)
+    with pytest.raises(ValueError, match="total_steps"):
+        acc.accumulate([0.1, 0.2, 0.3], 1.0, 0.1)
+    for bad in ({"moments": (2.5,)}, {"moments": ()}, {"total_steps": 0}, {"confidence": 1.0}):
+        with pytest.raises(ValueError):
+            BayesianAccountant(**bad)
+    with pytest.raises(ValueError):
+        acc.step_cost([0.1, -0.2, 0.3], 1.0, 0.1)
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(3)
+    d = rng.uniform(0.0, 0.1, (30, 16))
+    np.save(tmp_path / "d.npy", d)
+    code = main(["epsilon", "bayesian", "--distances", str(tmp_path / "d.npy"),
+                 "--noise-std", "0.15", "--sampling-rate", "0.04", "--delta", "1e-5",
+                 "--moments", "2,4,8", "--confidence", "0.99999999", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"epsilon", "moment"}
+    acc = BayesianAccountant((2, 4, 8), total_steps=30, confidence=0.99999999)
+    for row in d:
+        acc.accumulate(row, 0.15, 0.04)
+    assert out["epsilon"] == pytest.approx(acc.get_epsilon(1e-5))
+    assert out["moment"] == acc.epsilon_and_moment(1e-5)[1]
+
+
+def test_cli_rejects_a_delta_below_the_failure_probability(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "d.npy", np.full((10, 4), 0.05))
+    code = main(["epsilon", "bayesian", "--distances", str(tmp_path / "d.npy"),
+                 "--noise-std", "0.1", "--sampling-rate", "0.04", "--delta", "1e-6",
+                 "--confidence", "0.99"])
+    err = capsys.readouterr().err
+    assert code == 2 and "failure probability" in err and err.count("\n") == 1

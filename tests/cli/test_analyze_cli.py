@@ -1,0 +1,181 @@
+"""``pate analyze``: the DESIGN.md contract, agreement between paths, and one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.votes_analysis import AggregatorParams, analyze_votes
+from pate.cli.main import main
+from pate.data.synthetic import synthetic_votes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "pate" / "examples" / "votes-synthetic-640x250.npy"
+CONFIDENT = ["--mechanism", "confident", "--threshold", "200", "--sigma1", "150",
+             "--sigma2", "40"]
+
+
+def analyze(capsys: pytest.CaptureFixture, *args: str) -> dict:
+    assert main(["analyze", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract(capsys: pytest.CaptureFixture) -> None:
+    r = analyze(capsys, "--votes", str(EXAMPLE), "--delta", "1e-5", *CONFIDENT)
+    assert set(r) == {"mechanism", "queries", "teachers", "classes", "delta", "conversion",
+                      "expected_answered", "data_independent", "data_dependent",
+                      "smooth_sensitivity"}
+    assert (r["mechanism"], r["queries"], r["teachers"], r["classes"]) == ("confident", 640,
+                                                                           250, 10)
+    assert r["conversion"] == "improved"
+    assert set(r["data_dependent"]) == {"epsilon", "order", "rdp"}
+    assert {"order", "beta", "value", "sigma", "rdp_cost", "epsilon"} <= set(
+        r["smooth_sensitivity"])
+    ss = r["smooth_sensitivity"]
+    assert ss["order"] == r["data_dependent"]["order"]
+    assert r["data_dependent"]["epsilon"] < ss["epsilon"] < r["data_independent"]["epsilon"]
+    assert 0 < r["expected_answered"] < 640
+
+
+def test_fixed_order_beta_classic_and_queries(capsys: pytest.CaptureFixture,
+                                              tmp_path: Path) -> None:
+    votes = np.load(EXAMPLE)
+    np.savez(tmp_path / "v.npz", votes=votes[:100], pool_index=np.arange(100))
+    fixed = ["--order", "17", "--beta", "0.02", "--conversion", "classic", "--delta", "1e-5"]
+    a = analyze(capsys, "--votes", str(EXAMPLE), "--queries", "100", *CONFIDENT, *fixed)
+    b = analyze(capsys, "--votes", str(tmp_path / "v.npz"), *CONFIDENT, *fixed)
+    assert a == b
+    assert a["smooth_sensitivity"]["beta"] == 0.02 and a["data_dependent"]["order"] == 17
+    rdp = a["data_dependent"]["rdp"]
+    assert a["data_dependent"]["epsilon"] == pytest.approx(rdp + np.log(1e5) / 16, rel=1e-12)
+
+
+def test_asked_rows_are_found_through_the_pool_index(capsys: pytest.CaptureFixture,
+                                                      tmp_path: Path) -> None:
+    votes = np.load(EXAMPLE)
+    pool_index = np.random.default_rng(1).permutation(np.arange(1000, 1000 + len(votes)))
+    np.savez(tmp_path / "votes.npz", votes=votes, pool_index=pool_index)
+    rows = np.array([7, 300, 2, 511, 64, 99, 123])
+    np.savez(tmp_path / "labels.npz", pool_index=pool_index[rows], label=np.zeros(7, np.int64))
+    np.save(tmp_path / "v.npy", votes[rows])
+    fixed = ["--delta", "1e-5", *CONFIDENT, "--order", "9"]
+    expected = analyze(capsys, "--votes", str(tmp_path / "v.npy"), *fixed)
+    got = analyze(capsys, "--votes", str(tmp_path / "votes.npz"),
+                  "--asked", str(tmp_path / "labels.npz"), *fixed)
+    assert got == expected and got["queries"] == 7
+    np.save(tmp_path / "asked.npy", rows)  # without a pool_index, indices are row numbers
+    assert analyze(capsys, "--votes", str(EXAMPLE), "--asked", str(tmp_path / "asked.npy"),
+                   *fixed) == expected
+
+
+def test_rdp_composes_over_queries() -> None:
+    votes = synthetic_votes(300, 250, 10, seed=4)
+    params = AggregatorParams("confident", threshold=200, sigma1=150, sigma2=40)
+
+    def rdp(v: np.ndarray) -> float:
+        return analyze_votes(v, params, 1e-5, order=20.0)["data_dependent"]["rdp"]
+
+    assert rdp(votes) == pytest.approx(rdp(votes[:120]) + rdp(votes[120:]), rel=1e-12)
+
+
+def test_data_independent_confident_is_selection_plus_expected_answers() -> None:
+    votes = synthetic_votes(200, 250, 10, seed=5)
+    r = analyze_votes(votes, AggregatorParams("confident", threshold=200, sigma1=150,
+                                              sigma2=40), 1e-5, order=10.0,
+                      conversion="classic")
+    rdp = 200 * 10 / (2 * 150**2) + r["expected_answered"] * 10 / 40**2
+    assert r["data_independent"]["epsilon"] == pytest.approx(rdp + np.log(1e5) / 9, rel=1e-12)
+
+
+@pytest.mark.parametrize("mechanism,flags", [
+    ("lnmax", ["--scale", "20"]), ("gnmax", ["--sigma", "40"]),
+    ("confident", CONFIDENT[2:])])
+def test_improved_never_above_classic(capsys: pytest.CaptureFixture, mechanism: str,
+                                      flags: list[str]) -> None:
+    common = ["--votes", str(EXAMPLE), "--delta", "1e-6", "--mechanism", mechanism, *flags]
+    improved = analyze(capsys, *common)
+    classic = analyze(capsys, *common, "--conversion", "classic")
+    for key in ("data_independent", "data_dependent"):
+        assert improved[key]["epsilon"] <= classic[key]["epsilon"]
+    assert improved["data_dependent"]["epsilon"] <= improved["data_independent"]["epsilon"]
+    if mechanism == "lnmax":
+        assert improved["smooth_sensitivity"] is None
+
+
+def test_interactive_uses_the_baseline(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    votes = np.load(EXAMPLE)
+    probs = np.random.default_rng(0).dirichlet(np.ones(10), size=votes.shape[0])
+    np.save(tmp_path / "b.npy", 250 * probs)
+    r = analyze(capsys, "--votes", str(EXAMPLE), "--delta", "1e-5", "--mechanism", "interactive",
+                "--threshold", "200", "--sigma1", "150", "--sigma2", "40",
+                "--baseline", str(tmp_path / "b.npy"))
+    c = analyze(capsys, "--votes", str(EXAMPLE), "--delta", "1e-5", *CONFIDENT)
+    assert r["expected_answered"] < c["expected_answered"]  # votes minus baseline is smaller
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pate", "analyze", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def bad_files(tmp: Path) -> dict[str, Path]:
+    files = {"shape": np.zeros(5), "negative": np.array([[3, -1], [1, 1]]),
+             "fraction": np.array([[1.5, 0.5], [1, 1]]), "sums": np.array([[2, 0], [1, 0]]),
+             "nan": np.array([[np.nan, 1.0], [1.0, 1.0]]),
+             "asked_unknown": np.array([3, 640]), "asked_repeated": np.array([3, 5, 3])}
+    out = {}
+    for name, arr in files.items():
+        out[name] = tmp / f"{name}.npy"
+        np.save(out[name], arr)
+    (tmp / "junk.npy").write_bytes(b"not numpy")
+    out["junk"] = tmp / "junk.npy"
+    return out
+
+
+def test_bad_input_is_one_line_on_stderr(tmp_path: Path) -> None:
+    files = bad_files(tmp_path)
+    good = str(EXAMPLE)
+    cases = [
+        (["--votes", str(tmp_path / "missing.npy"), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "no such file"),
+        (["--votes", str(files["shape"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "2-d"),
+        (["--votes", str(files["negative"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "non-negative"),
+        (["--votes", str(files["fraction"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "integer"),
+        (["--votes", str(files["sums"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "same number of teachers"),
+        (["--votes", str(files["nan"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "NaN"),
+        (["--votes", str(files["junk"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "not a readable"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "0", "--delta", "1e-5"],
+         "--sigma must be > 0"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1"],
+         "--delta must be in (0, 1)"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--order", "1"], "--order must be > 1"),
+        (["--votes", good, "--mechanism", "confident", "--sigma1", "4", "--sigma2", "4",
+          "--delta", "1e-5"], "needs --threshold"),
+        (["--votes", good, "--mechanism", "interactive", "--threshold", "1", "--sigma1", "4",
+          "--sigma2", "4", "--delta", "1e-5"], "--baseline"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--queries", "100000"], "exceeds"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--queries", "10", "--asked", str(files["asked_unknown"])], "not both"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["asked_unknown"])], "not in the registered pool: [640]"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["asked_repeated"])], "must not repeat"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["fraction"])], "pool indices must be a non-empty 1-d array"),
+    ]
+    for args, message in cases:
+        proc = run_cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stdout == ""

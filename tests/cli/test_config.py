@@ -1,0 +1,103 @@
+"""Run configuration: presets load, TOML round-trips, and bad configs give one clear line."""
+
+from pathlib import Path
+
+import pytest
+
+from pate.cli.main import main
+from pate.config import dump_config, load_config, parse_config, preset_names
+from pate.errors import UserError
+
+
+def test_presets_load_and_round_trip() -> None:
+    assert {"digits-tiny", "fashion-mnist-small", "fashion-mnist"} <= set(preset_names())
+    for name in preset_names():
+        config = load_config(name)
+        assert config.name == name
+        assert parse_config(dump_config(config), "again") == config
+
+
+@pytest.mark.parametrize("text,message", [
+    ("name = 'x'\n", "aggregator: Field required"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 0\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n", "aggregator.sigma1: Input should be greater than 0"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 2\n", "aggregator.delta"),
+    ("name = 'x'\n[teachers]\ncount = 5\nbogus = 1\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
+    ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n", "threshold must lie in"),
+    ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 4\nsigma1 = 1\nsigma2 = 1\n"
+     "interactive_threshold = 6\nbudget_epsilon = 1\ndelta = 1e-5\n",
+     "interactive_threshold must lie in"),
+    ("name = \n", "invalid TOML"),
+])
+def test_bad_configs(text: str, message: str) -> None:
+    with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
+        parse_config(text, "bad.toml")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["run", "no-such-preset", "--run", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown preset 'no-such-preset'" in err[0]
+    assert main(["run", str(tmp_path / "missing.toml")]) == 2
+    assert "no such config file" in capsys.readouterr().err
+
+
+def test_the_interactive_round_takes_its_own_parameters() -> None:
+    from pate.pipeline import _aggregator_args
+    from pate.report.run_report import round_params
+
+    text = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
+            "interactive_threshold = 250\ninteractive_sigma1 = 40\nbudget_epsilon = 9\n"
+            "delta = 1e-5\n")
+    config = parse_config(text, "x.toml")
+    assert parse_config(dump_config(config), "again") == config
+    assert config.aggregator.round_values("confident") == (200, 150, 40)
+    assert config.aggregator.round_values("interactive") == (250, 40, 40)  # sigma2 inherited
+    args = _aggregator_args(config, "interactive")
+    assert args[args.index("--threshold") + 1] == "250.0" and "--gamma" in args
+    assert args[args.index("--sigma1") + 1] == "40.0"
+    assert _aggregator_args(config, "confident")[1:7] == [
+        "confident", "--threshold", "200.0", "--sigma1", "150.0", "--sigma2"]
+    p = round_params(config, {"mechanism": "interactive"})
+    assert (p.threshold, p.sigma1, p.sigma2) == (250, 40, 40)
+
+
+def test_the_teacher_architectures_are_named_alike_everywhere() -> None:
+    from typing import get_args
+
+    from pate.config import TeachersConfig
+    from teachers.choices import MODELS
+    from teachers.models import ARCHITECTURES
+
+    assert set(MODELS) == set(ARCHITECTURES) == set(get_args(
+        TeachersConfig.model_fields["model"].annotation))
+
+
+def test_the_student_architectures_are_named_alike_everywhere() -> None:
+    from typing import get_args
+
+    from pate.config import StudentConfig
+    from student.choices import ARCHITECTURES
+
+    names, none = get_args(StudentConfig.model_fields["arch"].annotation)  # Literal | None
+    assert set(ARCHITECTURES) == set(get_args(names)) and none is type(None)
+
+
+def test_the_student_section_reaches_pate_student_train() -> None:
+    from pate.cli.main import build_parser
+    from pate.pipeline import _student_args
+
+    head = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
+            "budget_epsilon = 9\ndelta = 1e-5\n[student]\nepochs = 7\n")
+    parser = build_parser()
+    for extra, arch in (("", None), ("arch = 'cnn-hog'\n", "cnn-hog")):
+        config = parse_config(head + extra, "x.toml")
+        args = parser.parse_args(["student", "train", "--run", "r", "--mechanism", "confident",
+                                  *_student_args(config)])
+        assert (args.arch, args.epochs, args.method) == (arch, 7, "vat")
+    with pytest.raises(UserError, match=r"student\.arch"):
+        parse_config(head + "arch = 'resnet'\n", "x.toml")

@@ -1,0 +1,144 @@
+"""The privacy-utility report: numbers equal ``pate analyze`` and the metrics files; files are
+private and self-contained; the HTML opens in a real browser."""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pate.config import dump_config, load_config
+from pate.data.datasets import load_dataset, public_split
+from pate.data.synthetic import synthetic_votes
+
+
+def make_run(run_dir: Path, rounds: bool) -> dict:
+    """A run directory as the pipeline leaves it, on the digits pool, with synthetic votes."""
+    config = load_config("digits-tiny")
+    (run_dir / "student").mkdir(parents=True)
+    (run_dir / "dpsgd").mkdir()
+    (run_dir / "teachers").mkdir()
+    (run_dir / "config.toml").write_text(dump_config(config))
+    ds = load_dataset("digits", need_train=False)
+    (_, pool_y), _ = public_split(ds)
+    n, teachers = pool_y.size, config.teachers.count
+    votes = synthetic_votes(n, teachers, 10, seed=3)
+    rng = np.random.default_rng(0)
+    pool_index = rng.permutation(n)  # vote row i is about pool item pool_index[i]
+    truth = pool_y[pool_index]
+    top = votes.argmax(axis=1)
+    rows = np.arange(n)
+    votes[rows, top], votes[rows, truth] = votes[rows, truth], votes[rows, top].copy()
+    np.savez(run_dir / "votes.npz", votes=votes, pool_index=pool_index)
+    asked = rng.choice(n, 150, replace=False)  # vote rows
+    labels = np.where(rng.random(150) < 0.6, votes[asked].argmax(axis=1), -1)
+    np.savez(run_dir / "labels.npz", pool_index=pool_index[asked], label=labels)
+    if rounds:  # as pate student train records a Confident then an Interactive round
+        (run_dir / "student" / "rounds.json").write_text(json.dumps(
+            [{"mechanism": {"mechanism": "confident"}, "queries": 100},
+             {"mechanism": {"mechanism": "interactive"}, "queries": 50}]))
+        np.savez(run_dir / "student" / "probs.npz", pool_index=pool_index[asked[100:]],
+                 probs=rng.dirichlet(np.ones(10), 50))
+    (run_dir / "student" / "metrics.json").write_text(json.dumps(
+        {"method": "vat", "arch": "cnn-hog-simclr", "accuracy": 0.91,
+         "epsilon": {"data_independent": 7.5}}))
+    (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
+        {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
+    (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
+        {"accuracy": {"per_teacher": rng.uniform(0.6, 0.8, teachers).tolist()}}))
+    return {"votes": votes, "asked": asked, "labels": labels, "truth": truth,
+            "config": config}
+
+
+def pate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pate", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    made = make_run(run, rounds=False)
+    proc = pate("report", "--run", str(run))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((run / "report" / "report.json").read_text())
+    a = made["config"].aggregator
+    np.save(tmp_path / "asked.npy", made["votes"][made["asked"]])
+    analysed = pate("analyze", "--votes", str(tmp_path / "asked.npy"), "--mechanism",
+                    "confident", "--threshold", repr(a.threshold), "--sigma1", repr(a.sigma1),
+                    "--sigma2", repr(a.sigma2), "--delta", repr(a.delta), "--json")
+    assert analysed.returncode == 0, analysed.stderr
+    assert report["privacy"] == json.loads(analysed.stdout)
+    row, dpsgd = report["table"]
+    assert row["epsilon_data_independent"] == report["privacy"]["data_independent"]["epsilon"]
+    assert row["epsilon_smooth_sensitivity"] == \
+        report["privacy"]["smooth_sensitivity"]["epsilon"]
+    assert row["accuracy"] == 0.91 and dpsgd["accuracy"] == 0.88
+    assert row["student"] == "vat (cnn-hog-simclr)" and dpsgd["student"] == "dpsgd"
+    assert row["epsilon_spent"] == 7.5
+    assert row["queries_answered"] == int((made["labels"] >= 0).sum())
+    assert report["teacher_accuracy"]["count"] == made["config"].teachers.count
+    answered = made["labels"] >= 0
+    assert report["queries"]["label_accuracy"] == pytest.approx(
+        np.mean(made["labels"][answered] == made["truth"][made["asked"][answered]]))
+    for name in ("epsilon_vs_answered", "plurality_histogram", "epsilon_split", "accuracy"):
+        png = run / "report" / "figures" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert stat.S_IMODE(png.stat().st_mode) == 0o600
+    assert stat.S_IMODE((run / "report").stat().st_mode) == 0o700
+    page = (run / "report" / "report.html").read_text()
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert page.count("data:image/png;base64,") == 4
+
+
+def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        make_run(tmp_path / name, rounds=(name == "b"))
+    proc = pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
+                "--out", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stderr
+    b = json.loads((tmp_path / "b" / "report" / "report.json").read_text())
+    assert b["privacy"]["mechanism"] == "confident+interactive"
+    assert [r["mechanism"] for r in b["queries"]["per_round"]] == ["confident", "interactive"]
+    cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
+
+
+def test_report_of_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None:
+    proc = pate("report", "--run", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no config.toml" in proc.stderr
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    make_run(run, rounds=True)
+    assert pate("report", "--run", str(run)).returncode == 0
+    page = (run / "report" / "report.html").as_uri()
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+             "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True,
+                         timeout=120)
+    assert 'id="summary"' in dom.stdout and "Confident-GNMax then Interactive-GNMax" in dom.stdout
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    shot = tmp_path / "shot.png"
+    subprocess.run([*flags, "--window-size=1200,900", f"--screenshot={shot}", page],
+                   capture_output=True, timeout=120, check=True)
+    from matplotlib.image import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (900, 1200)
+    top = pixels[:450, :, :3]  # the title and the summary table
+    assert top.std() > 0.05 and (top < 0.5).mean() > 0.005  # text was drawn, not a blank page
+    os.remove(shot)

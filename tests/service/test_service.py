@@ -1,0 +1,380 @@
+"""The aggregation service over HTTP: a real ``pate serve`` (uvicorn) on loopback per mechanism;
+mechanisms against their definitions, authentication, validation of every input, budget
+exhaustion, idempotent retries, and inputs mode with a stand-in ensemble."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+
+from analysis.threshold import threshold_logpr_answered
+from pate.aggregation.aggregators import Aggregator, MechanismParams
+from pate.aggregation.ledger import Ledger
+from pate.service.app import LabelService, Limits, TokenStore, VotePool, create_app
+from pate.service.client import (
+    AuthError,
+    BudgetExhaustedError,
+    LabelClient,
+    ServiceError,
+    encode_inputs,
+)
+
+POOL_OFFSET = 1000  # pool indices are not row numbers
+ROWS = 1200
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("service")
+    votes = synthetic_votes(ROWS)
+    # rows 0-399 far above T=200, 400-799 exactly at T, 800-1199 far below
+    votes[:400] = 0
+    votes[:400, 0] = 250
+    votes[400:800] = 0
+    votes[400:800, 1], votes[400:800, 2] = 200, 50
+    votes[800:] = 25
+    votes[800:, 3] = 25 + 0  # keep 10 classes summing to 250: all 25
+    np.savez(d / "votes.npz", votes=votes, pool_index=np.arange(ROWS) + POOL_OFFSET)
+    np.save(d / "plurality.npy", synthetic_votes(ROWS, seed=4))
+    write_tokens(d / "tokens.txt")
+    return d
+
+
+def base_args(d: Path, *mech: str, budget: str = "1e15", votes: str = "votes.npz",
+              extra: tuple[str, ...] = ()) -> list[str]:
+    return ["--votes", str(d / votes), *mech, "--budget-epsilon", budget, "--delta", "1e-5",
+            "--token-file", str(d / "tokens.txt"), "--ledger",
+            f"sqlite:///{d / ('ledger-' + '-'.join(mech).replace('--', '')) }.db", *extra]
+
+
+@pytest.fixture(scope="module")
+def confident(workdir: Path) -> Iterator[Server]:
+    with serving(base_args(workdir, "--mechanism", "confident", "--threshold", "200",
+                           "--sigma1", "20", "--sigma2", "1e-3",
+                           extra=("--max-batch", "500", "--max-body-bytes", "65536")),
+                 workdir) as server:
+        yield server
+
+
+def post(server: Server, body: object, token: str = TOKENS[0], **kw: object) -> httpx.Response:
+    return httpx.post(server.url + "/v1/labels", json=body, headers=auth(token), timeout=30,
+                      **kw)
+
+
+def ask(server: Server, indices: list[int], rid: str, token: str = TOKENS[0]) -> dict:
+    r = post(server, {"request_id": rid, "indices": indices}, token)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_banner_says_where_and_the_basis(confident: Server) -> None:
+    assert "listening on http://127.0.0.1:" in confident.banner
+    assert "basis: data-independent RDP" in confident.banner
+    assert httpx.get(confident.url + "/docs").status_code == 200
+    spec = httpx.get(confident.url + "/openapi.json").json()
+    assert {"/v1/labels", "/v1/budget", "/healthz"} <= set(spec["paths"])
+
+
+def test_confident_answers_at_the_predicted_rates(confident: Server) -> None:
+    labels = np.concatenate([
+        ask(confident, list(range(POOL_OFFSET + k, POOL_OFFSET + k + 400)), f"rate-{k}")["labels"]
+        for k in (0, 400, 800)])
+    predicted = np.exp(threshold_logpr_answered(200.0, 20.0, [250, 200, 25]))
+    for k, p in enumerate(predicted):
+        rate = (labels[400 * k:400 * (k + 1)] >= 0).mean()
+        assert abs(rate - p) <= 5 * np.sqrt(p * (1 - p) / 400) + 1e-3, (k, rate, p)
+    answered = labels[:800][labels[:800] >= 0]
+    assert set(answered.tolist()) <= {0, 1}  # sigma2 -> 0: the plurality of each block
+
+
+@pytest.mark.parametrize(("mech", "spread"), [
+    (("--mechanism", "gnmax", "--sigma", "1e-3"), False),
+    (("--mechanism", "lnmax", "--scale", "0.02"), False),
+    (("--mechanism", "gnmax", "--sigma", "1e7"), True),
+])
+def test_noise_limits(workdir: Path, mech: tuple[str, ...], spread: bool) -> None:
+    votes = np.load(workdir / "plurality.npy")
+    with serving(base_args(workdir, *mech, votes="plurality.npy"), workdir) as server:
+        labels = np.array(ask(server, list(range(ROWS)), "all")["labels"])
+    if spread:
+        counts = np.bincount(labels, minlength=10)
+        assert counts.min() > 60 and counts.max() < 190  # ~120 each of 1200
+    else:
+        np.testing.assert_array_equal(labels, np.argmax(votes, axis=1))
+
+
+def test_interactive_branches(workdir: Path) -> None:
+    mech = ("--mechanism", "interactive", "--threshold", "150", "--sigma1", "1e-3",
+            "--sigma2", "1e-3", "--gamma", "0.8")
+    with serving(base_args(workdir, *mech), workdir) as server:
+        probs = np.zeros((3, 10))
+        probs[0, 5] = 1.0                  # row 1000: 250 for class 0 -> teachers (250 >= T)
+        probs[1, 1], probs[1, 7] = 0.5, 0.5  # row 1400: 200 - 125 < T; student unsure -> none
+        probs[2, 9] = 1.0                  # row 1800: 25 - 0 < T; student sure -> student
+        r = post(server, {"request_id": "i1", "indices": [1000, 1400, 1800],
+                          "student_probs": probs.tolist()})
+        assert r.status_code == 200, r.text
+        assert r.json()["labels"] == [0, -1, 9]
+        assert r.json()["branch"] == ["teachers", "none", "student"]
+        assert post(server, {"request_id": "i2", "indices": [1000]}).status_code == 422
+        for bad in ([[0.5] * 10], [[float("nan")] + [0.1] * 9], [[1.0] * 10],
+                    [[-0.5, 1.5] + [0.0] * 8], [[0.1] * 9]):
+            body = json.dumps({"request_id": "i3", "indices": [1001], "student_probs": bad})
+            r = httpx.post(server.url + "/v1/labels", content=body,  # NaN: not strict JSON
+                           headers={**auth(), "Content-Type": "application/json"})
+            assert r.status_code == 422, (bad, r.text)
+        assert post(server, {"request_id": "i4", "indices": [1001],
+                             "student_probs": [[0.1] * 10]}).status_code == 200
+
+
+def test_authentication_and_revocation(workdir: Path) -> None:
+    tokens = workdir / "revocable.txt"
+    write_tokens(tokens)
+    args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "10")
+    args[args.index("--token-file") + 1] = str(tokens)
+    with serving(args, workdir) as server:
+        url = server.url + "/v1/budget"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers=auth("wrong")).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Basic " + TOKENS[0]}).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer"}).status_code == 401
+        r = post(server, {"request_id": "x", "indices": [1000]}, token="wrong")
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert httpx.get(url, headers=auth(TOKENS[1])).status_code == 200
+        tokens.write_text(TOKENS[0] + "\n")  # revoke the second token
+        assert httpx.get(url, headers=auth(TOKENS[1])).status_code == 401
+        assert httpx.get(url, headers=auth(TOKENS[0])).status_code == 200
+        assert httpx.get(server.url + "/healthz").status_code == 200
+        with LabelClient(server.url, TOKENS[1]) as client, pytest.raises(AuthError):
+            client.budget()
+
+
+BAD_BODIES: list[tuple[str, object, int]] = [
+    ("not json", b"{\"request_id\": ", 400),
+    ("not an object", [1, 2], 422),
+    ("no request_id", {"indices": [1000]}, 422),
+    ("bad request_id", {"request_id": "a b", "indices": [1000]}, 422),
+    ("long request_id", {"request_id": "a" * 200, "indices": [1000]}, 422),
+    ("neither source", {"request_id": "b1"}, 422),
+    ("both sources", {"request_id": "b1", "indices": [1000],
+                      "inputs": {"dtype": "float32", "shape": [1, 1], "data": ""}}, 422),
+    ("empty batch", {"request_id": "b1", "indices": []}, 422),
+    ("unknown index", {"request_id": "b1", "indices": [5]}, 422),
+    ("past the pool", {"request_id": "b1", "indices": [POOL_OFFSET + ROWS]}, 422),
+    ("negative index", {"request_id": "b1", "indices": [-1]}, 422),
+    ("huge index", {"request_id": "b1", "indices": [10**30]}, 422),
+    ("duplicates", {"request_id": "b1", "indices": [1000, 1001, 1000]}, 422),
+    ("string index", {"request_id": "b1", "indices": ["1000"]}, 422),
+    ("float index", {"request_id": "b1", "indices": [1000.5]}, 422),
+    ("extra field", {"request_id": "b1", "indices": [1000], "sigma": 0}, 422),
+    ("probs for confident", {"request_id": "b1", "indices": [1000],
+                             "student_probs": [[1.0] + [0.0] * 9]}, 422),
+    ("inputs without ensemble", {"request_id": "b1", "inputs": {
+        "dtype": "float32", "shape": [1, 1, 1, 1], "data": "AAAAAA=="}}, 422),
+    ("batch too large", {"request_id": "b1", "indices": list(range(1000, 1501))}, 413),
+    ("body too large", {"request_id": "b1", "indices": [1000], "pad": "x" * 70000}, 413),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "status"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_input_gets_its_4xx_and_the_server_keeps_serving(
+        confident: Server, name: str, body: object, status: int) -> None:
+    if isinstance(body, bytes):
+        r = httpx.post(confident.url + "/v1/labels", content=body,
+                       headers={**auth(), "Content-Type": "application/json"})
+    else:
+        r = post(confident, body)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert set(err) == {"error", "detail"}
+    assert ask(confident, [1000], f"after-{name.replace(' ', '-')}")["answered"] in (0, 1)
+
+
+def test_a_chunked_body_over_the_limit_is_refused(confident: Server) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"request_id": "chunked", "indices": [1000], "pad": "'
+        for _ in range(20):
+            yield b"x" * 8192
+        yield b'"}'
+    r = httpx.post(confident.url + "/v1/labels", content=chunks(),
+                   headers={**auth(), "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+
+
+def test_unknown_routes_answer_json(confident: Server) -> None:
+    r = httpx.get(confident.url + "/v1/nothing", headers=auth())
+    assert r.status_code == 404 and set(r.json()) == {"error", "detail"}
+    r = httpx.get(confident.url + "/v1/labels", headers=auth())
+    assert r.status_code == 405 and set(r.json()) == {"error", "detail"}
+
+
+def test_retries_are_idempotent(confident: Server) -> None:
+    first = ask(confident, list(range(1400, 1420)), "retry-1")
+    again = ask(confident, list(range(1400, 1420)), "retry-1")
+    assert again["labels"] == first["labels"]
+    assert again["budget"]["queries"] == first["budget"]["queries"]
+    r = post(confident, {"request_id": "retry-1", "indices": list(range(1400, 1421))})
+    assert r.status_code == 409 and r.json()["error"] == "request_id_conflict"
+
+
+def test_budget_exhaustion_refuses_and_spends_nothing(workdir: Path) -> None:
+    args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "20", budget="1.0")
+    with serving(args, workdir) as server, LabelClient(server.url, TOKENS[0]) as client:
+        answers = {}
+        with pytest.raises(BudgetExhaustedError):  # loop until refused
+            for i in range(1000):
+                answers[f"b{i}"] = client.labels([1000 + i], request_id=f"b{i}")
+        before = client.budget()
+        assert 0 < before["epsilon_spent"] <= before["epsilon_budget"] == 1.0
+        assert before["queries"] == len(answers)
+        for i in range(3):
+            with pytest.raises(BudgetExhaustedError) as info:
+                client.labels([1000], request_id=f"late{i}")
+            assert info.value.status == 403
+        assert client.budget() == before
+        replay = client.labels([1000], request_id="b0")  # stored answers stay available
+        assert replay.labels.tolist() == answers["b0"].labels.tolist()
+        assert client.budget() == before
+        with pytest.raises(ServiceError) as conflict:
+            client.labels([1001], request_id="b0")
+        assert conflict.value.status == 409
+
+
+# -- inputs mode, with a stand-in for teachers.votes' ensemble --------------------------------
+
+
+class PlainEnsemble:
+    """Votes of 5 teachers: all vote for the class given by the image's first pixel."""
+
+    in_shape = (1, 2, 2)
+
+    def vote(self, x: np.ndarray) -> np.ndarray:
+        assert x.dtype == np.float32 and x.shape[1:] == self.in_shape
+        votes = np.zeros((len(x), 3), np.int32)
+        votes[np.arange(len(x)), x[:, 0, 0, 0].astype(int) % 3] = 5
+        return votes
+
+
+@pytest.fixture(scope="module")
+def inputs_server(workdir: Path) -> Iterator[str]:
+    aggregator = Aggregator(MechanismParams("gnmax", sigma=1e-3))
+    ledger = Ledger(f"sqlite:///{workdir / 'inputs-ledger.db'}", aggregator.orders, 1e-5, 1e15)
+    service = LabelService(aggregator, ledger, None, PlainEnsemble(), Limits(64, 65536))
+    app = create_app(service, TokenStore(workdir / "tokens.txt"))
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    while not server.started:
+        thread.join(0.05)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_inputs_mode_votes_on_new_images(inputs_server: str) -> None:
+    x = np.zeros((6, 1, 2, 2), np.float32)
+    x[:, 0, 0, 0] = [0, 1, 2, 3, 4, 5]
+    with LabelClient(inputs_server, TOKENS[0]) as client:
+        assert client.labels(inputs=x).labels.tolist() == [0, 1, 2, 0, 1, 2]
+        with pytest.raises(ServiceError) as info:
+            client.labels(indices=[0])
+        assert info.value.status == 422
+
+
+INPUTS_BAD: list[tuple[str, dict, int]] = [
+    ("not base64", {"dtype": "float32", "shape": [1, 1, 2, 2], "data": "@@@@"}, 400),
+    ("wrong dtype", {"dtype": "float64", "shape": [1, 1, 2, 2], "data": ""}, 422),
+    ("wrong rank", {"dtype": "float32", "shape": [1, 4], "data": ""}, 422),
+    ("wrong image shape", {**encode_inputs(np.zeros((1, 1, 3, 3)))}, 422),
+    ("short data", {"dtype": "float32", "shape": [2, 1, 2, 2],
+                    "data": base64.b64encode(b"\0" * 16).decode()}, 422),
+    ("nan", encode_inputs(np.full((1, 1, 2, 2), np.nan)), 422),
+    ("inf", encode_inputs(np.full((1, 1, 2, 2), np.inf)), 422),
+    ("zero batch", {"dtype": "float32", "shape": [0, 1, 2, 2], "data": ""}, 422),
+    ("batch too large", encode_inputs(np.zeros((65, 1, 2, 2))), 413),
+]
+
+
+@pytest.mark.parametrize(("name", "inputs", "status"), INPUTS_BAD, ids=[b[0] for b in INPUTS_BAD])
+def test_bad_inputs_get_their_4xx(inputs_server: str, name: str, inputs: dict,
+                                  status: int) -> None:
+    r = httpx.post(inputs_server + "/v1/labels", headers=auth(),
+                   json={"request_id": "bad", "inputs": inputs})
+    assert r.status_code == status, r.text
+    ok = httpx.post(inputs_server + "/v1/labels", headers=auth(),
+                    json={"request_id": f"ok-{name.replace(' ', '-')}",
+                          "inputs": encode_inputs(np.ones((1, 1, 2, 2)))})
+    assert ok.status_code == 200 and ok.json()["labels"] == [1]
+
+
+def test_votes_pool_rejects_a_repeated_pool_index() -> None:
+    from pate.errors import UserError
+    with pytest.raises(UserError, match="repeated"):
+        VotePool(np.ones((2, 3)), np.array([4, 4]))
+
+
+def test_in_process_client_shares_the_rules(workdir: Path) -> None:
+    from pate.service.app import open_label_service
+    from pate.service.client import LocalLabelClient
+
+    service = open_label_service(MechanismParams("gnmax", sigma=1e-3), epsilon_budget=1e15,
+                                 delta=1e-5, votes_path=workdir / "plurality.npy",
+                                 ledger_url=f"sqlite:///{workdir / 'local.db'}")
+    with LocalLabelClient(service) as client:
+        first = client.labels([0, 1, 2], request_id="local-1")
+        votes = np.load(workdir / "plurality.npy")
+        assert first.labels.tolist() == np.argmax(votes[:3], axis=1).tolist()
+        assert client.labels([0, 1, 2], request_id="local-1").labels.tolist() == \
+            first.labels.tolist()
+        assert client.budget()["queries"] == 3
+        with pytest.raises(ServiceError) as info:
+            client.labels([0, 1], request_id="local-1")
+        assert info.value.status == 409
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"--sigma": None}, "needs --sigma"),
+    ({"--token-file": "missing.txt"}, "cannot read the token file"),
+    ({"--votes": "missing.npy"}, "no such file"),
+    ({"--delta": "2"}, "delta must be in (0, 1)"),
+])
+def test_serve_reports_user_errors_in_one_line(workdir: Path, change: dict,
+                                               message: str) -> None:
+    import subprocess
+    import sys
+
+    args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "10", votes="plurality.npy")
+    for flag, value in change.items():
+        i = args.index(flag)
+        if value is None:
+            del args[i:i + 2]
+        else:
+            args[i + 1] = str(workdir / value) if value.endswith((".txt", ".npy")) else value
+    r = subprocess.run([sys.executable, "-m", "pate", "serve", *args, "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_inputs_retries_replay_and_conflict(inputs_server: str) -> None:
+    x = np.full((2, 1, 2, 2), 2.0, np.float32)
+    with LabelClient(inputs_server, TOKENS[0]) as client:
+        first = client.labels(inputs=x, request_id="inputs-retry")
+        assert client.labels(inputs=x, request_id="inputs-retry").labels.tolist() == \
+            first.labels.tolist()
+        with pytest.raises(ServiceError) as info:
+            client.labels(inputs=x[:1], request_id="inputs-retry")
+        assert info.value.status == 409

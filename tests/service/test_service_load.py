@@ -1,0 +1,225 @@
+"""The service under load: 16 concurrent clients never exceed the budget nor charge twice; a
+``kill -9`` under load leaves a consistent ledger whose costs cover every answer returned, and
+retries get identical answers; the same against a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+
+from analysis.orders import default_orders
+from pate.aggregation.aggregators import Aggregator, MechanismParams
+from pate.aggregation.ledger import Ledger
+
+SIGMA = "40"
+BUDGET = 3.0  # data-independent epsilon: about 1,500 single-label queries at sigma 40
+DELTA = 1e-5
+MISMATCH = -1
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("load")
+    np.save(d / "votes.npy", synthetic_votes(4000))
+    write_tokens(d / "tokens.txt")
+    return d
+
+
+def args_for(d: Path, ledger: str, budget: float = BUDGET) -> list[str]:
+    return ["--votes", str(d / "votes.npy"), "--mechanism", "gnmax", "--sigma", SIGMA,
+            "--budget-epsilon", str(budget), "--delta", str(DELTA),
+            "--token-file", str(d / "tokens.txt"), "--ledger", ledger]
+
+
+def client_loop(url: str, k: int, n: int, results: dict[str, tuple[int, list[int]]],
+                lock: threading.Lock, stop: threading.Event | None = None) -> None:
+    """One client: n requests of one label each; every 5th request_id is sent again.
+    ``results``: request_id -> (status, [label, index]); MISMATCH if a retry's answer differed."""
+    rng = np.random.default_rng(k)
+    with httpx.Client(base_url=url, headers=auth(TOKENS[k % 2]), timeout=30) as http:
+        for i in range(n):
+            if stop is not None and stop.is_set():
+                return
+            retry = i % 5 == 4
+            rid = f"c{k}-{i - 1 if retry else i}"
+            if retry:  # the previous request again, same body, if it was answered
+                status, answer = results.get(rid, (0, []))
+                if status != 200:
+                    continue
+                body = {"request_id": rid, "indices": answer[1:]}
+            else:
+                body = {"request_id": rid, "indices": [int(rng.integers(4000))]}
+            try:
+                r = http.post("/v1/labels", json=body)
+            except httpx.HTTPError:
+                continue  # the server is gone (kill -9 test)
+            with lock:
+                if r.status_code == 200:
+                    labels = r.json()["labels"]
+                    if rid in results and results[rid][1][0] != labels[0]:
+                        results[rid] = (MISMATCH, [])  # a retry got another answer
+                    else:
+                        results[rid] = (200, [labels[0], *body["indices"]])
+                else:
+                    results.setdefault(rid, (r.status_code, []))
+
+
+def check_ledger(ledger_url: str, results: dict[str, tuple[int, list[int]]],
+                 budget: float = BUDGET) -> Ledger:
+    """Every answer returned is in the ledger, identical; totals match; epsilon <= budget."""
+    ledger = Ledger(ledger_url, default_orders(), DELTA, budget)  # verifies consistency
+    stored = {s.request_id: s for s in ledger.history()}
+    answered = {rid: v for rid, v in results.items() if v[0] == 200}
+    for rid, (_, (label, *_)) in answered.items():
+        assert stored[rid].labels.tolist() == [label]
+    state = ledger.budget()
+    assert state.epsilon_spent <= budget
+    assert state.queries == len(stored)  # one label per request: none charged twice
+    per_query = Aggregator(MechanismParams("gnmax", sigma=float(SIGMA))).worst_case_rdp(1)
+    ind, _ = ledger.private_totals()
+    np.testing.assert_allclose(ind, len(stored) * per_query, rtol=1e-9)
+    return ledger
+
+
+def test_16_clients_x_200_requests_share_one_budget(workdir: Path) -> None:
+    url = f"sqlite:///{workdir / 'concurrent.db'}"
+    results: dict[str, tuple[int, list[int]]] = {}
+    lock = threading.Lock()
+    with serving(args_for(workdir, url), workdir) as server:
+        threads = [threading.Thread(target=client_loop,
+                                    args=(server.url, k, 200, results, lock))
+                   for k in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        final = httpx.get(server.url + "/v1/budget", headers=auth()).json()
+    statuses = {s for s, _ in results.values()}
+    assert statuses <= {200, 403} and 403 in statuses and 200 in statuses
+    assert final["epsilon_spent"] <= BUDGET
+    answered = sum(1 for s, _ in results.values() if s == 200)
+    assert final["queries"] == answered
+    check_ledger(url, results).close()
+
+
+def test_kill_9_under_load_then_restart(workdir: Path) -> None:
+    url = f"sqlite:///{workdir / 'crash.db'}"
+    results: dict[str, tuple[int, list[int]]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    server = Server(args_for(workdir, url, budget=50.0), workdir).start()
+    threads = [threading.Thread(target=client_loop,
+                                args=(server.url, k, 10_000, results, lock, stop))
+               for k in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while sum(1 for s, _ in results.values() if s == 200) < 300:
+        assert time.monotonic() < deadline, "the server answered too little"
+        time.sleep(0.05)
+    server.kill9()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert sum(1 for s, _ in results.values() if s == 200) >= 300
+    assert MISMATCH not in {s for s, _ in results.values()}
+
+    check_ledger(url, results, budget=50.0).close()
+    with serving(args_for(workdir, url, budget=50.0), workdir) as again, \
+            httpx.Client(base_url=again.url, headers=auth()) as http:
+        for rid, (status, answer) in list(results.items())[:400]:
+            if status != 200:
+                continue
+            r = http.post("/v1/labels", json={"request_id": rid, "indices": answer[1:]})
+            assert r.status_code == 200 and r.json()["labels"] == answer[:1]
+        queries = http.get("/v1/budget").json()["queries"]
+    ledger = check_ledger(url, results, budget=50.0)
+    assert ledger.budget().queries == queries  # the retries cost nothing
+    ledger.close()
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return found[-1].parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A throw-away PostgreSQL server from the Debian package (``postgresql``), as the
+    ``postgres`` user when run as root (initdb refuses root)."""
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver psycopg is not installed")
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (Debian package 'postgresql')")
+    # the postgres user cannot enter pytest's private temporary directories: a top-level one
+    home = Path(tempfile.mkdtemp(prefix="pate-test-pg-"))
+    data = home / "data"
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser to drop to the postgres user")
+        run_as = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(home, "postgres")
+    port = _free_port()
+    env = {**os.environ, "LC_ALL": "C"}
+    try:
+        subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-A", "trust",
+                        "-U", "postgres", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, env=env)
+        subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l",
+                        str(home / "log"), "-o",
+                        f"-p {port} -k {home} -c listen_addresses=127.0.0.1",
+                        "start"], check=True, capture_output=True, env=env, timeout=60)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        shutil.rmtree(home, ignore_errors=True)
+        pytest.skip(f"cannot start PostgreSQL: {exc}")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
+                            "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_postgresql_ledger_shared_by_two_servers(workdir: Path, postgres: str) -> None:
+    """Two server processes on one PostgreSQL ledger: one budget, no double charge, and the
+    ledger stays consistent."""
+    results: dict[str, tuple[int, list[int]]] = {}
+    lock = threading.Lock()
+    budget = 1.5
+    with serving(args_for(workdir, postgres, budget), workdir) as one, \
+            serving(args_for(workdir, postgres, budget), workdir) as two:
+        threads = [threading.Thread(target=client_loop,
+                                    args=((one, two)[k % 2].url, k, 80, results, lock))
+                   for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert "ledger postgresql+psycopg://postgres@127.0.0.1" in one.banner
+    statuses = {s for s, _ in results.values()}
+    assert statuses <= {200, 403} and 403 in statuses and 200 in statuses
+    check_ledger(postgres, results, budget).close()

@@ -1,0 +1,160 @@
+"""Query rounds: selection, labels.npz, and ``pate student train`` against the in-process
+aggregator and against a real ``pate serve`` (Confident-GNMax, then Interactive-GNMax)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from service_harness import auth, serving, write_tokens
+from student_support import one_thread, votes_for
+
+from analysis.rdp import epsilon_from_rdp
+from pate.aggregation.aggregators import Aggregator, MechanismParams
+from pate.cli.main import main
+from pate.data.datasets import Dataset, public_split
+from pate.errors import UserError
+from student.rounds import Received, interactive_baseline, select_queries
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+
+CONFIDENT = ["--mechanism", "confident", "--threshold", "150", "--sigma1", "40",
+             "--sigma2", "20"]
+INTERACTIVE = ["--mechanism", "interactive", "--threshold", "100", "--sigma1", "40",
+               "--sigma2", "20", "--gamma", "0.5"]
+TRAIN = ["--method", "supervised", "--arch", "mlp", "--dataset", "digits", "--epochs", "2"]
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path, digits: Dataset) -> Path:
+    """A run directory whose votes.npz covers digits' public pool (250 rows), synthetic."""
+    (_, pool_y), _ = public_split(digits)
+    np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
+             pool_index=np.arange(len(pool_y), dtype=np.int64))
+    return tmp_path
+
+
+def _pool_labels(digits: Dataset) -> np.ndarray:
+    return public_split(digits)[0][1]
+
+
+def test_selection() -> None:
+    cand = np.array([9, 3, 5, 7, 1])
+    np.testing.assert_array_equal(select_queries(cand, 3, "first"), [1, 3, 5])
+    picked = select_queries(cand, 3, "random", np.random.default_rng(0))
+    assert len(set(picked.tolist())) == 3 and set(picked.tolist()) <= set(cand.tolist())
+    probs = np.array([[0.9, 0.1], [0.5, 0.5], [0.6, 0.4], [0.5, 0.5], [1.0, 0.0]])
+    np.testing.assert_array_equal(select_queries(cand, 3, "uncertainty", probs=probs),
+                                  [3, 7, 5])
+    assert select_queries(cand, 10, "first").size == 5
+
+
+def test_received_round_trip(tmp_path: Path) -> None:
+    a = Received(np.array([4, 2]), np.array([1, -1]), np.array([1, 0], np.int8))
+    b = Received(np.array([7]), np.array([3]), np.array([2], np.int8))
+    (a + b).save(tmp_path / "labels.npz")
+    back = Received.load(tmp_path / "labels.npz")
+    np.testing.assert_array_equal(back.pool_index, [4, 2, 7])
+    np.testing.assert_array_equal(back.label, [1, -1, 3])
+    assert back.counts() == {"queries": 3, "answered": 2, "answered_by_teachers": 1,
+                             "answered_by_student": 1}
+    with pytest.raises(ValueError, match="twice"):
+        _ = a + a
+
+
+def _metrics(run: Path) -> dict:
+    return json.loads((run / "student" / "metrics.json").read_text())
+
+
+def test_two_rounds_with_the_local_aggregator(run_dir: Path, digits: Dataset) -> None:
+    local = ["--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN]
+    assert main(["student", "train", *local, *CONFIDENT, "--queries", "120",
+                 "--balance-classes"]) == 0
+    first = Received.load(run_dir / "labels.npz")
+    np.testing.assert_array_equal(first.pool_index, np.arange(120))
+    m = _metrics(run_dir)
+    assert m["queries"] == 120 and 0 < m["answered"] <= 120
+    assert m["labels_used"] == m["answered"] == m["answered_by_teachers"]
+    truth = _pool_labels(digits)[first.pool_index]
+    ok = first.label >= 0
+    assert m["label_accuracy"] == pytest.approx(np.mean(first.label[ok] == truth[ok]))
+    assert m["label_accuracy"] > 0.9
+    assert m["training"]["balance_classes"] and "vat_eps" not in m["training"]  # supervised
+    assert m["epsilon"]["data_independent"] > 0
+    assert 0 < m["epsilon"]["data_dependent_sanitised"] < m["epsilon"]["data_independent"]
+    assert (run_dir / "student" / "model.safetensors").is_file()
+
+    assert main(["student", "train", *local, *INTERACTIVE, "--queries", "80",
+                 "--select", "uncertainty"]) == 0
+    both = Received.load(run_dir / "labels.npz")
+    assert len(both) == 200 and np.unique(both.pool_index).size == 200
+    np.testing.assert_array_equal(both.pool_index[:120], first.pool_index)
+    m2 = _metrics(run_dir)
+    assert m2["continued_from_previous"] and len(m2["rounds"]) == 2
+    assert not m2["training"]["balance_classes"]
+    assert m2["rounds"][1]["mechanism"]["mechanism"] == "interactive"
+    assert m2["epsilon"]["data_independent"] > m["epsilon"]["data_independent"]
+    assert m2["epsilon"]["data_dependent_sanitised"] > m["epsilon"]["data_dependent_sanitised"]
+
+
+def test_interactive_needs_a_previous_student(run_dir: Path, capsys: pytest.CaptureFixture
+                                              ) -> None:
+    rc = main(["student", "train", "--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN,
+               *INTERACTIVE, "--queries", "10"])
+    assert rc == 2
+    assert "previous round" in capsys.readouterr().err
+
+
+def test_a_round_stops_at_the_budget(run_dir: Path) -> None:
+    agg = Aggregator(MechanismParams("confident", threshold=150, sigma1=40, sigma2=20))
+    # The worst case of one request of 40 queries fits; after it, no second one can.
+    budget = epsilon_from_rdp(agg.worst_case_rdp(40), agg.orders, 1e-5)[0] + 1e-9
+    assert main(["student", "train", "--run", str(run_dir), "--budget-epsilon", str(budget),
+                 *TRAIN, *CONFIDENT, "--queries", "200", "--request-size", "40"]) == 0
+    np.testing.assert_array_equal(Received.load(run_dir / "labels.npz").pool_index,
+                                  np.arange(40))
+    assert _metrics(run_dir)["epsilon"]["data_independent"] <= budget
+
+
+def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset) -> None:
+    tokens = write_tokens(run_dir / "tokens")
+    serve = ["--votes", str(run_dir / "votes.npz"), "--delta", "1e-5", "--token-file",
+             str(tokens), "--budget-epsilon", "1e6"]
+    client = ["--run", str(run_dir), "--token-file", str(tokens), *TRAIN]
+    with serving([*serve, *CONFIDENT], run_dir) as server:
+        assert main(["student", "train", *client, "--server", server.url,
+                     "--mechanism", "confident", "--queries", "100"]) == 0
+        spent = httpx.get(server.url + "/v1/budget", headers=auth()).json()["epsilon_spent"]
+    got = Received.load(run_dir / "labels.npz")
+    np.testing.assert_array_equal(got.pool_index, np.arange(100))
+    ok = got.label >= 0
+    assert np.mean(got.label[ok] == _pool_labels(digits)[got.pool_index][ok]) > 0.9
+    m = _metrics(run_dir)
+    assert m["epsilon"]["data_independent"] == pytest.approx(spent)
+    assert m["epsilon"]["data_dependent_sanitised"] is None  # the votes are the server's
+
+    # Round 2, Interactive-GNMax on the same ledger: the student sends its probabilities.
+    with serving([*serve, *INTERACTIVE], run_dir) as server:
+        assert main(["student", "train", *client, "--server", server.url,
+                     "--mechanism", "interactive", "--queries", "60"]) == 0
+        after = httpx.get(server.url + "/v1/budget", headers=auth()).json()
+    both = Received.load(run_dir / "labels.npz")
+    assert len(both) == 160 and after["queries"] == 160
+    assert after["epsilon_spent"] > spent
+    assert _metrics(run_dir)["answered"] == after["answered"]
+
+
+def test_interactive_baseline_looks_up_each_row_by_pool_index(tmp_path: Path) -> None:
+    sent_index = np.array([7, 2, 9, 4])
+    probs = np.random.default_rng(0).dirichlet(np.ones(3), size=4)
+    path = tmp_path / "probs.npz"
+    np.savez(path, pool_index=sent_index, probs=probs)
+    got = interactive_baseline(path, np.array([9, 2, 4]), 50.0)
+    np.testing.assert_allclose(got, 50.0 * probs[[2, 1, 3]])
+    with pytest.raises(UserError, match="no student probabilities for 2 interactive"):
+        interactive_baseline(path, np.array([2, 3, 11]), 50.0)
+    with pytest.raises(UserError, match="no student probabilities for 1 interactive"):
+        interactive_baseline(tmp_path / "absent.npz", np.array([2]), 50.0)
