@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from analysis.costs import expected_costs
+from analysis.mechanisms import Mechanism
 from analysis.orders import as_orders
 from analysis.rdp import Conversion, epsilon_curve
-from analysis.votes_analysis import AggregatorParams, query_costs
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,13 @@ def _best_over_orders(rdp_prefixes: NDArray[np.float64], orders: NDArray[np.floa
     return eps[np.arange(eps.shape[0]), best], best
 
 
-def cumulative_cost(votes: NDArray[np.int64], params: AggregatorParams, delta: float,
+def cumulative_cost(votes: NDArray[np.int64], mechanism: Mechanism, delta: float,
                     baseline: NDArray[np.float64] | None = None,
                     conversion: Conversion = "improved") -> CumulativeCost:
     """Epsilon after every prefix of the queries, vectorised: cumulative sums of the per-query
     RDP curves, converted and minimised over the default grid of orders at each prefix."""
     orders = as_orders(None)
-    costs = query_costs(np.asarray(votes, np.int64), params, orders, baseline)
+    costs = expected_costs(np.asarray(votes, np.int64), mechanism, orders, baseline)
     dependent = np.cumsum(costs.expected(dependent=True), axis=0)
     independent = np.cumsum(costs.expected(dependent=False), axis=0)
     eps_dep, best = _best_over_orders(dependent, orders, delta, conversion)

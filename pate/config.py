@@ -13,6 +13,7 @@ from typing import Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
 from pate.errors import UserError
 from teachers.choices import MODELS
 
@@ -61,14 +62,18 @@ class AggregatorConfig(_Section):
     delta: float = Field(gt=0, lt=1)
     lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
 
-    def round_values(self, mechanism: str) -> tuple[float, float, float]:
-        """(T, sigma1, sigma2) of the round answered by ``mechanism``."""
-        if mechanism != "interactive":
-            return self.threshold, self.sigma1, self.sigma2
-        return (self.threshold if self.interactive_threshold is None
-                else self.interactive_threshold,
-                self.sigma1 if self.interactive_sigma1 is None else self.interactive_sigma1,
-                self.sigma2 if self.interactive_sigma2 is None else self.interactive_sigma2)
+    def round_mechanism(self, mechanism: str) -> ConfidentGNMax | InteractiveGNMax:
+        """The mechanism of the round answered by ``mechanism`` (``confident`` or
+        ``interactive``), with this section's parameters."""
+        if mechanism not in (ConfidentGNMax.name, InteractiveGNMax.name):
+            raise UserError(f"a run's rounds are confident or interactive, not {mechanism!r}")
+        if mechanism == ConfidentGNMax.name:
+            return ConfidentGNMax(self.threshold, self.sigma1, self.sigma2)
+        return InteractiveGNMax(
+            self.threshold if self.interactive_threshold is None else self.interactive_threshold,
+            self.sigma1 if self.interactive_sigma1 is None else self.interactive_sigma1,
+            self.sigma2 if self.interactive_sigma2 is None else self.interactive_sigma2,
+            self.gamma)
 
 
 class StudentConfig(_Section):

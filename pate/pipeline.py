@@ -25,6 +25,7 @@ from typing import IO
 
 import httpx
 
+from analysis.mechanisms import mechanism_to_dict
 from pate.config import RunConfig, dump_config, parse_config
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
@@ -152,10 +153,9 @@ def _data_args(config: RunConfig) -> list[str]:
 
 def _aggregator_args(config: RunConfig, mechanism: str) -> list[str]:
     a = config.aggregator
-    threshold, sigma1, sigma2 = a.round_values(mechanism)
-    gamma = ["--gamma", repr(a.gamma)] if mechanism == "interactive" else []
-    return ["--mechanism", mechanism, "--threshold", repr(threshold), "--sigma1",
-            repr(sigma1), "--sigma2", repr(sigma2), *gamma,
+    record = mechanism_to_dict(a.round_mechanism(mechanism))
+    return ["--mechanism", record.pop("mechanism"),
+            *(arg for name, value in record.items() for arg in (f"--{name}", repr(value))),
             "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta)]
 
 

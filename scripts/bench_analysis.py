@@ -18,14 +18,15 @@ import platform
 import time
 from pathlib import Path
 
-from analysis.votes_analysis import AggregatorParams, analyze_votes
+from analysis.mechanisms import ConfidentGNMax
+from analysis.votes_analysis import analyze_votes
 from pate.data.synthetic import synthetic_votes
 
 CASES = {
     "a": dict(queries=640, teachers=250, classes=10,
-              params=AggregatorParams("confident", threshold=200, sigma1=150, sigma2=40)),
+              params=ConfidentGNMax(threshold=200, sigma1=150, sigma2=40)),
     "b": dict(queries=12_000, teachers=5_000, classes=150,
-              params=AggregatorParams("confident", threshold=3500, sigma1=1500, sigma2=100)),
+              params=ConfidentGNMax(threshold=3500, sigma1=1500, sigma2=100)),
 }
 
 
@@ -41,12 +42,12 @@ def run_case(name: str, repeat: int) -> dict:
     return {
         "bench": "analysis", "case": name, "queries": case["queries"],
         "teachers": case["teachers"], "classes": case["classes"],
-        "mechanism": case["params"].mechanism, "seconds": min(times), "seconds_all": times,
-        "epsilon": {"data_independent": result["data_independent"]["epsilon"],
-                    "data_dependent": result["data_dependent"]["epsilon"],
-                    "smooth_sensitivity": result["smooth_sensitivity"]["epsilon"]},
-        "order": result["data_dependent"]["order"],
-        "expected_answered": result["expected_answered"],
+        "mechanism": case["params"].name, "seconds": min(times), "seconds_all": times,
+        "epsilon": {"data_independent": result.data_independent.epsilon,
+                    "data_dependent": result.data_dependent.epsilon,
+                    "smooth_sensitivity": result.smooth_sensitivity.epsilon},
+        "order": result.data_dependent.order,
+        "expected_answered": result.expected_answered,
         "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
     }
 

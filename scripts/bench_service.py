@@ -3,9 +3,13 @@ for batches of 1, 100 and 1 000 pool indices with 1 and 8 concurrent clients.
 
 Confident-GNMax (PATE 2018, Algorithm 1; MNIST parameters T=200, sigma1=150, sigma2=40) over 250
 teachers' synthetic votes, SQLite ledger (WAL, synchronous=FULL), a real ``pate serve`` process on
-loopback. Prints one JSON object per case and writes them all to results/bench_service.json.
+loopback. Pool indices are never repeated (a case ends when the pool runs out): an index asked
+again would be a free replay of its first answer and flatter the figures; each case has its own
+server and ledger. The pool (150 000 rows) keeps the service's table of answer costs within its
+memory limit, as a real pool of that size would. Prints one JSON object per case and writes them
+all to results/bench_service.json.
 
-    python scripts/bench_service.py [--seconds 5] [--pool 20000] [--batches 1 100 1000]
+    python scripts/bench_service.py [--seconds 5] [--pool 150000] [--batches 1 100 1000]
                                     [--clients 1 8]
 """
 
@@ -41,12 +45,12 @@ def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10,
                            ).astype(np.int32)
 
 
-def start_server(workdir: Path, pool: int) -> tuple[subprocess.Popen[str], str]:
-    np.save(workdir / "votes.npy", synthetic_votes(pool))
-    (workdir / "tokens.txt").write_text(TOKEN + "\n")
+def start_server(workdir: Path, case: str) -> tuple[subprocess.Popen[str], str]:
+    """A ``pate serve`` on the pool of ``workdir`` with a new ledger of its own."""
     cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / "votes.npy"),
            *MECHANISM, "--budget-epsilon", "1e9", "--delta", "1e-5",
-           "--token-file", str(workdir / "tokens.txt"), "--port", "0"]
+           "--token-file", str(workdir / "tokens.txt"), "--port", "0",
+           "--ledger", f"sqlite:///{workdir / case}.db"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -66,21 +70,23 @@ def start_server(workdir: Path, pool: int) -> tuple[subprocess.Popen[str], str]:
     raise SystemExit("pate serve does not answer")
 
 
-async def client(url: str, batch: int, pool: int, until: float, warm_until: float,
-                 latencies: list[float], seed: int) -> tuple[int, int]:
-    """One client sending requests back to back; returns (requests sent, errors)."""
-    rng = np.random.default_rng(seed)
+async def client(url: str, batch: int, unasked: list[int], until: float, warm_until: float,
+                 latencies: list[float]) -> tuple[int, int]:
+    """One client sending requests back to back, each of ``batch`` indices taken from the shared
+    ``unasked`` (never asked before) until it runs out or time is up; returns (requests sent,
+    errors: a refusal or a replayed label)."""
     sent = errors = 0
     async with httpx.AsyncClient(base_url=url, timeout=60,
                                  headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        while (now := time.perf_counter()) < until:
-            indices = rng.choice(pool, size=batch, replace=False).tolist()
+        while (now := time.perf_counter()) < until and len(unasked) >= batch:
+            indices = unasked[-batch:]
+            del unasked[-batch:]
             t0 = time.perf_counter()
             r = await http.post("/v1/labels", json={"request_id": uuid.uuid4().hex,
                                                     "indices": indices})
             t1 = time.perf_counter()
             sent += 1
-            if r.status_code != 200:
+            if r.status_code != 200 or any(r.json()["replayed"]):
                 errors += 1
             elif now >= warm_until:
                 latencies.append(t1 - t0)
@@ -99,13 +105,14 @@ def cpu_seconds(pid: int) -> float:
 async def run_case(url: str, pid: int, batch: int, clients: int, pool: int,
                    seconds: float) -> dict:
     latencies: list[float] = []
+    unasked = np.random.default_rng(batch * 100 + clients).permutation(pool).tolist()
     cpu0 = cpu_seconds(pid)
     start = time.perf_counter()
-    warm_until = start + min(1.0, seconds / 5)
+    warm_until = start + min(0.2, seconds / 5)
     until = warm_until + seconds
-    counts = await asyncio.gather(*(client(url, batch, pool, until, warm_until, latencies, k)
-                                    for k in range(clients)))
-    measured = time.perf_counter() - warm_until
+    counts = await asyncio.gather(*(client(url, batch, unasked, until, warm_until, latencies)
+                                    for _ in range(clients)))
+    measured = min(time.perf_counter(), until) - warm_until
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1e3 / max(sum(c[0] for c in counts), 1)
     lat = np.array(latencies) * 1e3
     return {"bench": "service", "mechanism": "confident", "teachers": 250, "classes": 10,
@@ -122,25 +129,30 @@ async def run_case(url: str, pid: int, batch: int, clients: int, pool: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per case")
-    parser.add_argument("--pool", type=int, default=20000, help="rows of the synthetic pool")
+    parser.add_argument("--pool", type=int, default=150_000,
+                        help="rows of the synthetic pool (each index asked once per case)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 100, 1000])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(Path(tmp), args.pool)
-        try:
-            for batch in args.batches:
-                for clients in args.clients:
+        workdir = Path(tmp)
+        np.save(workdir / "votes.npy", synthetic_votes(args.pool))
+        (workdir / "tokens.txt").write_text(TOKEN + "\n")
+        (workdir / "tokens.txt").chmod(0o600)
+        for batch in args.batches:
+            for clients in args.clients:
+                proc, url = start_server(workdir, f"ledger-{batch}-{clients}")
+                try:
                     case = asyncio.run(run_case(url, proc.pid, batch, clients, args.pool,
                                                 args.seconds))
-                    case.update(cpus=os.cpu_count(), machine=platform.machine(),
-                                load_average_1min=round(os.getloadavg()[0], 2))
-                    print(json.dumps(case), flush=True)
-                    cases.append(case)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                case.update(cpus=os.cpu_count(), machine=platform.machine(),
+                            load_average_1min=round(os.getloadavg()[0], 2))
+                print(json.dumps(case), flush=True)
+                cases.append(case)
     out = ROOT / "results" / "bench_service.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(cases, indent=2) + "\n")

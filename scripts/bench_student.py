@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from bench_common import emit
 
-from pate.aggregation.aggregators import Aggregator, MechanismParams
+from analysis.mechanisms import ConfidentGNMax
+from pate.aggregation.aggregators import Aggregator
 from pate.data.datasets import load_dataset, public_split
 from pate.data.votes_file import load_votes
 from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier
@@ -55,7 +56,7 @@ def teacher_labels(args: argparse.Namespace, pool_size: int) -> tuple[np.ndarray
     keep = index < pool_size
     order = np.argsort(index[keep])
     votes, index = votes[keep][order], index[keep][order]
-    params = MechanismParams("confident", threshold=args.threshold, sigma1=args.sigma1,
+    params = ConfidentGNMax(threshold=args.threshold, sigma1=args.sigma1,
                              sigma2=args.sigma2)
     labels = Aggregator(params).answer(votes).labels
     return index[labels >= 0], labels[labels >= 0]

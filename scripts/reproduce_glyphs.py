@@ -42,7 +42,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
-from analysis.votes_analysis import AggregatorParams, analyze_votes
+from analysis.mechanisms import ConfidentGNMax, GNMax, LNMax
+from analysis.votes_analysis import analyze_votes
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 from pate.report.figures import figure_png, render_html
@@ -79,13 +80,12 @@ def noisy_argmax_accuracy(votes: NDArray[np.int64], truth: NDArray[np.int64], no
 
 
 def confident_accuracy(votes: NDArray[np.int64], truth: NDArray[np.int64],
-                       params: AggregatorParams, rng: np.random.Generator,
+                       params: ConfidentGNMax, rng: np.random.Generator,
                        trials: int = 8) -> tuple[float, float]:
     """(expected answered, accuracy of the answered labels) of Confident-GNMax (Algorithm 1)."""
-    assert params.threshold is not None and params.sigma1 is not None
     top = votes.max(axis=1)
     passed = top[None] + rng.normal(0, params.sigma1, (trials, top.size)) >= params.threshold
-    labels = (votes[None] + rng.normal(0, params.gnmax_sigma, (trials, *votes.shape))).argmax(2)
+    labels = (votes[None] + rng.normal(0, params.sigma2, (trials, *votes.shape))).argmax(2)
     return float(passed.sum() / trials), float(np.mean(labels[passed] == np.broadcast_to(
         truth, labels.shape)[passed]))
 
@@ -95,11 +95,11 @@ def trade_off(votes: NDArray[np.int64], truth: NDArray[np.int64], mechanism: str
               ) -> list[dict[str, float]]:
     points = []
     for s in scales:
-        params = (AggregatorParams("lnmax", scale=float(s)) if mechanism == "lnmax"
-                  else AggregatorParams("gnmax", sigma=float(s)))
+        params = (LNMax(scale=float(s)) if mechanism == "lnmax"
+                  else GNMax(sigma=float(s)))
         r = analyze_votes(votes, params, delta)
-        points.append({"scale": float(s), "epsilon": r["data_dependent"]["epsilon"],
-                       "epsilon_data_independent": r["data_independent"]["epsilon"],
+        points.append({"scale": float(s), "epsilon": r.data_dependent.epsilon,
+                       "epsilon_data_independent": r.data_independent.epsilon,
                        "label_accuracy": noisy_argmax_accuracy(
                            votes, truth, "laplace" if mechanism == "lnmax" else "gauss",
                            float(s), rng)})
@@ -156,9 +156,10 @@ def student_row(name: str, run: Path, votes_path: Path, rounds: list[list[str]],
     return {"row": name, "rounds": metrics["rounds"], "queries": metrics["queries"],
             "answered": metrics["answered"], "label_accuracy": metrics["label_accuracy"],
             "student_accuracy": metrics["accuracy"],
-            "epsilon_data_independent": analysis["data_independent"]["epsilon"],
-            "epsilon_data_dependent": analysis["data_dependent"]["epsilon"],
-            "epsilon_smooth_sensitivity": (analysis["smooth_sensitivity"] or {}).get("epsilon"),
+            "epsilon_data_independent": analysis.data_independent.epsilon,
+            "epsilon_data_dependent": analysis.data_dependent.epsilon,
+            "epsilon_smooth_sensitivity": (None if analysis.smooth_sensitivity is None
+                                           else analysis.smooth_sensitivity.epsilon),
             "seconds_per_epoch": metrics["seconds_per_epoch"]}
 
 
@@ -261,7 +262,7 @@ def main() -> None:
                           rng)
         lnmax = trade_off(votes, truth, "lnmax", scale * np.geomspace(1, 100, 9), args.delta,
                           rng)
-        confident = AggregatorParams("confident", threshold=args.confident[1] * n,
+        confident = ConfidentGNMax(threshold=args.confident[1] * n,
                                      sigma1=args.confident[2] * n, sigma2=args.confident[3] * n)
         analysis = analyze_votes(votes, confident, args.delta)
         answered, label_acc = confident_accuracy(votes, truth, confident, rng)
@@ -277,11 +278,10 @@ def main() -> None:
                                         "sigma1": confident.sigma1, "sigma2": confident.sigma2},
                              "queries": len(votes), "answered": answered,
                              "label_accuracy": label_acc,
-                             "epsilon_data_independent":
-                                 analysis["data_independent"]["epsilon"],
-                             "epsilon_data_dependent": analysis["data_dependent"]["epsilon"],
+                             "epsilon_data_independent": analysis.data_independent.epsilon,
+                             "epsilon_data_dependent": analysis.data_dependent.epsilon,
                              "epsilon_smooth_sensitivity":
-                                 analysis["smooth_sensitivity"]["epsilon"]}}
+                                 analysis.smooth_sensitivity.epsilon}}
         print(json.dumps({k: v for k, v in row.items() if k not in ("gnmax", "lnmax")}),
               flush=True)
         results.append(row)

@@ -4,8 +4,9 @@ PATE 2018 (Papernot et al., "Scalable Private Learning with PATE", ICLR 2018), Â
 round asks Confident-GNMax for labels of part of the public pool and the student trains on the
 answers; a second round asks Interactive-GNMax, sending the student's own class probabilities for
 each query, and receives a teacher label, the student's label reinforced, or nothing. Each call of
-``ask`` is one round against one aggregator (``pate.service.client.LabelClient`` over HTTP or
-``LocalLabelClient`` in-process); the round's kind follows the aggregator's mechanism.
+``ask`` is one round against one aggregator (a ``pate.aggregation.label_requests.LabelSource``:
+the HTTP client of ``pate serve`` or the in-process service); the round's kind follows the
+aggregator's mechanism.
 
 Selection (``select_queries``): ``first`` rows of the pool, a ``random`` subset, or
 ``uncertainty``: the rows where the current student is least confident (lowest top probability;
@@ -23,25 +24,19 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from analysis.votes_analysis import AggregatorParams, QuerySegment, analyze_segments
-from pate.errors import UserError
+from analysis.costs import steps
+from analysis.mechanisms import mechanism_from_dict
+from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segments
+from pate.aggregation.label_requests import LabelSource
+from pate.errors import BudgetExhausted, UserError
 from pate.io import write_bytes_atomic
-from pate.service.client import BudgetExhaustedError, LabelResult
 from student.choices import SELECTIONS
 
 BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored branch code
-
-
-class LabelSource(Protocol):
-    """``pate.service.client.LabelClient`` or ``LocalLabelClient``."""
-
-    def labels(self, indices: NDArray[np.int64] | None = None, *,
-               student_probs: NDArray[np.float64] | None = None) -> LabelResult: ...
 
 
 @dataclass(frozen=True)
@@ -131,7 +126,7 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
         probs = None if student_probs is None else student_probs[start:start + request_size]
         try:
             result = source.labels(part, student_probs=probs)
-        except BudgetExhaustedError:
+        except BudgetExhausted:
             return got, True
         branch = np.array([BRANCHES.index(b) for b in result.branch], np.int8)
         got = got + Received(part, np.asarray(result.labels, np.int64), branch)
@@ -178,19 +173,17 @@ def round_segments(rounds: list[dict], received: Received,
         index = received.pool_index[start:start + r["queries"]]
         start += r["queries"]
         votes = votes_of(index)
-        m = r["mechanism"]
+        mechanism = mechanism_from_dict(r["mechanism"])
         baseline = (interactive_baseline(probs_path, index, float(votes[0].sum()))
-                    if m["mechanism"] == "interactive" else None)
-        params = AggregatorParams(m["mechanism"], m.get("scale"), m.get("sigma"),
-                                  m.get("threshold"), m.get("sigma1"), m.get("sigma2"))
-        segments.append(QuerySegment(votes, params, baseline))
+                    if steps(mechanism).student_gamma is not None else None)
+        segments.append(QuerySegment(votes, mechanism, baseline))
     return segments
 
 
 def analyze_rounds(rounds: list[dict], received: Received,
                    votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
                    probs_path: Path, delta: float, conversion: str = "improved"
-                   ) -> dict | None:
+                   ) -> PrivacyAnalysis | None:
     """``analysis.votes_analysis.analyze_segments`` (PATE 2018's Table 2 analysis, rounds
     composed) of the rounds' ``round_segments``; None where those are unknown. The full result
     holds the raw data-dependent epsilon: callers release only the data-independent and

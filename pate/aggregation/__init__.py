@@ -1,1 +1,2 @@
-"""Aggregation: the noisy aggregators and the durable privacy ledger."""
+"""Aggregation: the noisy aggregators, the durable privacy ledger, and the label service that
+answers a student's requests with them (independent of any transport)."""

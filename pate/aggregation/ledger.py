@@ -1,15 +1,25 @@
 """The privacy ledger: every request and every cost, committed durably before an answer leaves.
 
-DESIGN.md privacy rules 4-7. One ledger belongs to one body of private data: a single budget row
-holds the running totals for all clients; each request row holds its request_id, the digest of its
-body, its answers and its realised cost (data-independent and data-dependent RDP on the orders
-grid, the batch's sum: RDP composes by addition, Mironov 2017, Prop. 1).
+docs/design.md, privacy rules 4-7. One ledger belongs to one body of private data: a single
+budget row holds the running totals for all clients; each request row holds its request_id, the
+digest of its body, its answers and its realised cost (data-independent and data-dependent RDP on
+the orders grid, the batch's sum: RDP composes by addition, Mironov 2017, Prop. 1).
 
 - Write-ahead: the request row and the new totals are committed in one transaction, and the caller
   releases the answer only after the commit returns. SQLite runs in WAL mode with
   ``synchronous=FULL``, so a commit is on disk (WAL fsynced) when it returns: it survives a crash
   of the process and of the machine. PostgreSQL commits with its default ``synchronous_commit``.
-- Idempotent: a request_id seen before returns its stored answer (same body digest) or a conflict.
+- Idempotent: a request_id seen before from the same client returns its stored answer (same body
+  digest) or a conflict. Request ids are scoped to the client that made them (stored as
+  ``client/request_id``): another client's id is neither replayed nor reported as taken.
+- A release is a release (replay, docs/design.md, "The aggregation service"): a pool index
+  already answered under the same mechanism parameters gets its first stored outcome (label or
+  refusal) again, to any client of the budget, without new noise and without a charge: repeating
+  a released answer is post-processing (Dwork & Roth 2014, Prop. 2.1). Only requests marked
+  ``replayable`` (pool indices, not Interactive-GNMax, no ``fresh`` opt-in) store or get
+  replays. The decision is taken inside the write transaction, under the lock, against every
+  outcome committed so far by any process: two replicas racing on one index store one outcome
+  and charge it once.
 - One budget without races: every transaction first takes the write lock (SQLite:
   ``BEGIN IMMEDIATE``; PostgreSQL: ``SELECT ... FOR UPDATE`` on the budget row), then checks the
   request_id and the budget, so concurrent writers, in this process or another, serialise.
@@ -32,16 +42,17 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from analysis.rdp import CONVERSIONS, Conversion, epsilon_curve
+from pate.errors import BudgetExhausted, LedgerError, RequestConflict, UserError
 from pate.io import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: request_id unique over all clients, no replays
 _GROUP_LIMIT = 256  # charges per group commit
 
 metadata = sa.MetaData()
@@ -67,7 +78,7 @@ requests_table = sa.Table(
     "ledger_requests", metadata,
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
               autoincrement=True),
-    sa.Column("request_id", sa.String(128), nullable=False, unique=True),
+    sa.Column("request_id", sa.String(200), nullable=False, unique=True),  # client/request_id
     sa.Column("body_digest", sa.String(64), nullable=False),
     sa.Column("client", sa.String(64), nullable=False),
     sa.Column("created", sa.Float, nullable=False),
@@ -79,6 +90,11 @@ requests_table = sa.Table(
     sa.Column("rdp_independent", sa.LargeBinary, nullable=False),  # float64 [orders]
     sa.Column("rdp_dependent", sa.LargeBinary, nullable=False),    # float64 [orders]
     sa.Column("epsilon_after", sa.Float, nullable=False),
+    # schema 2: the pool indices asked (int64 [queries]; NULL for inputs), which queries were
+    # answered afresh and charged (int8 [queries]; NULL: all), and whether they may be replayed
+    sa.Column("indices", sa.LargeBinary, nullable=True),
+    sa.Column("fresh", sa.LargeBinary, nullable=True),
+    sa.Column("replayable", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 _SELECT_BUDGET = sa.select(budget_table).where(budget_table.c.id == 1).with_for_update()
@@ -86,7 +102,12 @@ _UPDATE_BUDGET = budget_table.update().where(budget_table.c.id == 1)
 _SELECT_STATE = sa.select(budget_table.c.epsilon_spent, budget_table.c.queries,
                           budget_table.c.answered).where(budget_table.c.id == 1)
 _ANSWER_COLUMNS = (requests_table.c.request_id, requests_table.c.body_digest,
-                   requests_table.c.labels, requests_table.c.branch)
+                   requests_table.c.labels, requests_table.c.branch, requests_table.c.fresh)
+_SELECT_RELEASES = sa.select(
+    requests_table.c.seq, requests_table.c.mechanism, requests_table.c.indices,
+    requests_table.c.labels, requests_table.c.branch, requests_table.c.fresh,
+).where(requests_table.c.seq > sa.bindparam("after"), requests_table.c.replayable
+        ).order_by(requests_table.c.seq)
 _SELECT_ID = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id == sa.bindparam("rid"))
 _SELECT_IDS = sa.select(*_ANSWER_COLUMNS).where(
@@ -94,10 +115,8 @@ _SELECT_IDS = sa.select(*_ANSWER_COLUMNS).where(
 
 _F64 = np.dtype("<f8")
 _I32 = np.dtype("<i4")
-
-
-class LedgerError(Exception):
-    """The ledger cannot be opened or is inconsistent; nothing may be released."""
+_I64 = np.dtype("<i8")
+_I8 = np.dtype(np.int8)
 
 
 @dataclass(frozen=True)
@@ -117,43 +136,75 @@ class Budget:
                 "queries": self.queries, "answered": self.answered}
 
 
+class QueryCosts(Protocol):
+    """Each query's RDP on the orders grid (``pate.aggregation.aggregators.QueryCosts``)."""
+
+    def total(self) -> NDArray[np.float64]:
+        """The sum over the queries, ``[orders]``."""
+        ...
+
+    def per_query(self) -> NDArray[np.float64]:
+        """``[queries, orders]``."""
+        ...
+
+
+@dataclass(frozen=True)
+class PerQueryCosts:
+    """``QueryCosts`` of an array ``[queries, orders]``."""
+
+    rdp: NDArray[np.float64]
+
+    def total(self) -> NDArray[np.float64]:
+        return np.asarray(self.rdp, np.float64).sum(axis=0)
+
+    def per_query(self) -> NDArray[np.float64]:
+        return np.asarray(self.rdp, np.float64)
+
+
 @dataclass(frozen=True)
 class Charge:
     """What a request asks the ledger to record: its answers and their realised costs, and the
     data-independent worst case of its batch on which the budget decision is taken."""
 
-    request_id: str
+    request_id: str                   # the client's own id
     body_digest: str
     client: str
     mechanism: str                    # the mechanism's public parameters, JSON
     labels: NDArray[np.int64]
     branch: NDArray[np.int8]
-    rdp_independent: NDArray[np.float64]
-    rdp_dependent: NDArray[np.float64]
-    worst_case_rdp: NDArray[np.float64]
+    rdp_independent: QueryCosts
+    rdp_dependent: QueryCosts              # private
+    worst_case_rdp: NDArray[np.float64]    # one query's data-independent worst case [orders]
+    indices: NDArray[np.int64] | None = None   # the pool indices asked (None: new inputs)
+    replayable: bool = False          # may get and store replays of earlier releases
+
+    @property
+    def key(self) -> str:
+        """The ledger's key of the request: its id, scoped to its client."""
+        return f"{self.client}/{self.request_id}"
 
 
 @dataclass(frozen=True)
 class Stored:
-    """A request's answer as recorded in the ledger; ``replayed`` when it was recorded before."""
+    """A request's answer as recorded in the ledger: ``fresh`` marks the queries answered (and
+    charged) by this request, the others replay an earlier release; ``retried`` when the whole
+    request was recorded before (same client and request_id)."""
 
     request_id: str
     body_digest: str
     labels: NDArray[np.int64]
     branch: NDArray[np.int8]
-    replayed: bool = False
+    fresh: NDArray[np.bool_]
+    retried: bool = False
 
     @property
     def answered(self) -> int:
         return int(np.count_nonzero(self.labels >= 0))
 
 
-class BudgetExhausted(Exception):
-    """The batch's worst-case cost does not fit in what is left of the budget; nothing spent."""
-
-
-class RequestConflict(Exception):
-    """A request_id was reused with a different body."""
+def _outcomes(labels: NDArray[np.integer], branch: NDArray[np.integer]) -> list[int]:
+    """Outcomes packed for the replay map: ``label << 8 | branch`` (label -1 = none)."""
+    return ((labels.astype(np.int64) << 8) | branch.astype(np.int64)).tolist()
 
 
 def _blob(a: NDArray, dtype: np.dtype) -> bytes:
@@ -166,12 +217,14 @@ def _array(b: bytes, dtype: np.dtype) -> NDArray:
 
 def _private_sqlite_file(url: sa.URL) -> None:
     """Create the SQLite file 0600 (its -wal and -shm files inherit the mode) in a directory
-    created 0700 if missing (DESIGN.md: the ledger is private)."""
+    created 0700 if missing (docs/design.md: the ledger is private)."""
     if not url.database or url.database == ":memory:":
         return
     path = Path(url.database)
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=PRIVATE_DIR_MODE)
+    missing = [p for p in path.absolute().parents if not p.exists()]
+    for folder in reversed(missing):  # each new parent private, not only the last
+        folder.mkdir(mode=PRIVATE_DIR_MODE)
+        folder.chmod(PRIVATE_DIR_MODE)
     fd = os.open(path, os.O_CREAT | os.O_RDWR, PRIVATE_FILE_MODE)
     os.close(fd)
     path.chmod(PRIVATE_FILE_MODE)
@@ -210,34 +263,60 @@ def _engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
     return eng, eng
 
 
+def _migrate_from_1(conn: sa.Connection) -> None:
+    """Schema 1 to 2 inside the open transaction: request ids become ``client/request_id`` (they
+    were global), and the columns of replays are added (NULL for the old rows: they were all
+    charged, and their pool indices were not kept, so they are never replayed)."""
+    blob = sa.LargeBinary().compile(dialect=conn.dialect)
+    for column in ("indices", "fresh"):
+        conn.exec_driver_sql(f"ALTER TABLE ledger_requests ADD COLUMN {column} {blob}")
+    conn.exec_driver_sql("ALTER TABLE ledger_requests ADD COLUMN replayable BOOLEAN NOT NULL "
+                         "DEFAULT FALSE")
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE ledger_requests ALTER COLUMN request_id "
+                             "TYPE VARCHAR(200)")
+    conn.execute(requests_table.update().values(
+        request_id=requests_table.c.client + "/" + requests_table.c.request_id))
+    conn.execute(meta_table.update().where(meta_table.c.key == "schema_version")
+                 .values(value=str(SCHEMA_VERSION)))
+
+
 class Ledger:
     """The durable privacy ledger of one body of private data.
 
     ``record`` blocks until its charge is committed (or refused); call ``close`` to stop the
     writer thread. Delta, budget and conversion are fixed when the ledger is created; reopening
     it with others is refused. The orders grid too: a reopened ledger keeps its own (``orders``),
-    on which every later cost must be computed."""
+    on which every later cost must be computed. Raises ``UserError`` for settings out of
+    range and ``LedgerError`` for a ledger that cannot be opened or reopened."""
 
     def __init__(self, url: str, orders: NDArray[np.float64], delta: float,
                  epsilon_budget: float, conversion: Conversion = "improved") -> None:
         if conversion not in CONVERSIONS:
-            raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
+            raise UserError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
         if not 0.0 < delta < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+            raise UserError(f"delta must be in (0, 1), got {delta!r}")
         if not epsilon_budget > 0.0:
-            raise ValueError(f"the epsilon budget must be > 0, got {epsilon_budget!r}")
+            raise UserError(f"the epsilon budget must be > 0, got {epsilon_budget!r}")
         self.orders = np.asarray(orders, np.float64)
         self.delta = float(delta)
         self.epsilon_budget = float(epsilon_budget)
         self.conversion: Conversion = conversion
         self.basis = (f"data-independent RDP, {conversion} conversion at delta={self.delta:g}; "
                       "a batch is refused unless its worst case fits")
+        # outcomes released so far, by mechanism then pool index (``_outcomes``); replicas
+        # learn each other's from the request rows after ``_synced_seq``
+        self._releases: dict[str, dict[int, int]] = {}
+        self._synced_seq = 0
         try:
             self._writer, self._reader = _engines(url)
             self.url = self._writer.url.render_as_string(hide_password=True)
             metadata.create_all(self._writer)
             self._init_or_check_meta()
             self.verify()
+            with self._reader.connect() as conn:  # the releases so far, for replays
+                self._sync_releases(conn)
+                conn.rollback()
         except sa.exc.SQLAlchemyError as exc:
             raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}") from exc
         self._queue: queue.Queue[tuple[Charge, Future[tuple[Stored, Budget]]] | None] = (
@@ -255,7 +334,12 @@ class Ledger:
                   "epsilon_budget": repr(self.epsilon_budget),
                   "conversion": self.conversion}
         with self._writer.begin() as conn:
+            if conn.dialect.name == "postgresql":  # replicas opening one ledger: one at a time
+                conn.exec_driver_sql("LOCK TABLE ledger_meta IN SHARE ROW EXCLUSIVE MODE")
             found = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+            if found.get("schema_version") == "1":
+                _migrate_from_1(conn)
+                found["schema_version"] = str(SCHEMA_VERSION)
             if not found:
                 conn.execute(meta_table.insert(), [{"key": k, "value": v}
                                                    for k, v in wanted.items()])
@@ -273,6 +357,21 @@ class Ledger:
                 raise LedgerError(f"the ledger was created with {key} {found.get(key)}; reopen "
                                   f"it with the same settings or start a new ledger")
 
+    def _sync_releases(self, conn: sa.Connection) -> None:
+        """Add to ``_releases`` the replayable outcomes committed since the last sync (by this
+        process or another); called inside the write transaction, under the lock."""
+        for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
+            self._synced_seq = row.seq
+            if row.indices is None:
+                continue
+            fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
+                     else _array(row.fresh, _I8).astype(bool))
+            releases = self._releases.setdefault(row.mechanism, {})
+            indices = _array(row.indices, _I64)[fresh].tolist()
+            outcomes = _outcomes(_array(row.labels, _I32)[fresh], _array(row.branch, _I8)[fresh])
+            for index, outcome in zip(indices, outcomes, strict=True):
+                releases.setdefault(index, outcome)
+
     def verify(self) -> None:
         """Check that the budget row equals the sum of the request rows (in commit order, as
         they were added): every answer ever recorded is covered by the totals."""
@@ -282,17 +381,21 @@ class Ledger:
         with self._reader.connect() as conn:
             rows = conn.execution_options(yield_per=1000).execute(
                 sa.select(requests_table.c.queries, requests_table.c.answered,
-                          requests_table.c.labels, requests_table.c.rdp_independent,
+                          requests_table.c.labels, requests_table.c.fresh,
+                          requests_table.c.rdp_independent,
                           requests_table.c.rdp_dependent).order_by(requests_table.c.seq))
             for row in rows:
                 labels = _array(row.labels, _I32)
-                if labels.size != row.queries or np.count_nonzero(labels >= 0) != row.answered:
+                fresh = (np.ones(labels.size, bool) if row.fresh is None
+                         else _array(row.fresh, _I8).astype(bool))
+                if (labels.size != row.queries or fresh.size != labels.size
+                        or np.count_nonzero(labels[fresh] >= 0) != row.answered):
                     raise LedgerError("the ledger is inconsistent: a request's answers do not "
                                       "match its counts")
                 ind = ind + _array(row.rdp_independent, _F64)
                 dep = dep + _array(row.rdp_dependent, _F64)
                 requests += 1
-                queries += row.queries
+                queries += int(fresh.sum())
                 answered += row.answered
             total = conn.execute(sa.select(budget_table).where(budget_table.c.id == 1)).one()
         same = (total.requests == requests and total.queries == queries
@@ -322,16 +425,17 @@ class Ledger:
     def _budget(self, spent: float, queries: int, answered: int) -> Budget:
         return Budget(self.epsilon_budget, self.delta, spent, self.basis, queries, answered)
 
-    def lookup(self, request_id: str) -> Stored | None:
-        """The stored answer of ``request_id``, if it was recorded."""
+    def lookup(self, client: str, request_id: str) -> Stored | None:
+        """The stored answer of ``client``'s ``request_id``, if it was recorded."""
         with self._reader.connect() as conn:
-            row = conn.execute(_SELECT_ID, {"rid": request_id}).first()
+            row = conn.execute(_SELECT_ID, {"rid": f"{client}/{request_id}"}).first()
             conn.rollback()
-        return None if row is None else self._stored(row, replayed=True)
+        return None if row is None else self._stored(row, retried=True)
 
     def private_totals(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(data-independent, data-dependent) total RDP. PRIVATE: the data-dependent curve must
-        not be released without smooth-sensitivity sanitisation (DESIGN.md rule 6)."""
+        not be released without smooth-sensitivity sanitisation (docs/design.md, privacy
+        rule 6)."""
         with self._reader.connect() as conn:
             row = conn.execute(sa.select(budget_table.c.rdp_independent,
                                          budget_table.c.rdp_dependent)
@@ -345,13 +449,15 @@ class Ledger:
             rows = conn.execution_options(yield_per=1000).execute(
                 sa.select(*_ANSWER_COLUMNS).order_by(requests_table.c.seq))
             for row in rows:
-                yield self._stored(row, replayed=True)
+                yield self._stored(row, retried=True)
 
     @staticmethod
-    def _stored(row: Any, replayed: bool) -> Stored:
-        return Stored(row.request_id, row.body_digest,
-                      _array(row.labels, _I32).astype(np.int64),
-                      _array(row.branch, np.dtype(np.int8)).copy(), replayed)
+    def _stored(row: Any, retried: bool) -> Stored:
+        labels = _array(row.labels, _I32).astype(np.int64)
+        fresh = (np.ones(labels.size, bool) if row.fresh is None
+                 else _array(row.fresh, _I8).astype(bool))
+        return Stored(row.request_id.partition("/")[2], row.body_digest, labels,
+                      _array(row.branch, _I8).copy(), fresh, retried)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -402,6 +508,7 @@ class Ledger:
         """One transaction for the queued charges: lock the budget row, look their request_ids
         up together, decide each in order, insert the new ones, update the totals, commit."""
         results: list[tuple[Future, Any]] = []
+        added: list[tuple[str, list[int]]] = []  # releases of this group, until it commits
         try:
             with self._writer.begin() as conn:
                 total = conn.execute(_SELECT_BUDGET).one()
@@ -409,67 +516,103 @@ class Ledger:
                 dep = _array(total.rdp_dependent, _F64).copy()
                 counts = [total.requests, total.queries, total.answered]
                 spent = total.epsilon_spent
-                known = {row.request_id: self._stored(row, replayed=True) for row in conn.execute(
-                    _SELECT_IDS, {"ids": sorted({c.request_id for c, _ in group})})}
+                known = {f"{c}/{s.request_id}": s for s, c in (
+                    (self._stored(row, retried=True), row.request_id.partition("/")[0])
+                    for row in conn.execute(_SELECT_IDS,
+                                            {"ids": sorted({c.key for c, _ in group})}))}
+                self._sync_releases(conn)
                 rows = []
                 for charge, fut in group:
-                    outcome, spent, row = self._apply(charge, known, ind, dep, counts, spent)
+                    outcome, spent, row = self._apply(charge, known, added, ind, dep, counts,
+                                                      spent)
                     results.append((fut, outcome))
                     if row is not None:
                         rows.append(row)
                 if rows:
                     conn.execute(requests_table.insert(), rows)
+                    # under the lock, the rows just inserted are the last ones: the next sync
+                    # need not read them back
+                    synced = conn.execute(sa.select(sa.func.max(requests_table.c.seq))).scalar()
                     conn.execute(_UPDATE_BUDGET, {
                         "requests": counts[0], "queries": counts[1], "answered": counts[2],
                         "epsilon_spent": spent, "rdp_independent": _blob(ind, _F64),
                         "rdp_dependent": _blob(dep, _F64)})
         except Exception as exc:  # fail closed: nothing of the group is released
+            for mechanism, indices in added:  # nor kept for replay: they were new
+                releases = self._releases[mechanism]
+                for index in indices:
+                    releases.pop(index, None)
             err = LedgerError(f"the ledger could not record the request "
                               f"({exc.__class__.__name__}); no label released")
             for _charge, fut in group:
                 fut.set_exception(err)
             return
+        if rows:
+            self._synced_seq = synced
         for fut, outcome in results:
             if isinstance(outcome, Exception):
                 fut.set_exception(outcome)
             else:
                 fut.set_result(outcome)
 
-    def _apply(self, charge: Charge, known: dict[str, Stored], ind: NDArray[np.float64],
+    def _apply(self, charge: Charge, known: dict[str, Stored],
+               added: list[tuple[str, list[int]]], ind: NDArray[np.float64],
                dep: NDArray[np.float64], counts: list[int], spent: float
                ) -> tuple[tuple[Stored, Budget] | Exception, float, dict[str, Any] | None]:
-        """Decide one charge inside the open transaction: replay, conflict, refusal or a new row
-        (returned for insertion); updates ``known`` and the running totals in place.
+        """Decide one charge inside the open transaction: a retry, a conflict, a refusal or a new
+        row (returned for insertion) whose queries already released are replayed and the others
+        charged; updates ``known``, the releases (listed in ``added``) and the running totals
+        in place.
         Returns (outcome, epsilon spent after, row or None)."""
-        stored = known.get(charge.request_id)
+        stored = known.get(charge.key)
         if stored is not None:
             if stored.body_digest != charge.body_digest:
-                return RequestConflict(charge.request_id), spent, None
-            replay = Stored(stored.request_id, stored.body_digest, stored.labels, stored.branch,
-                            replayed=True)
-            return (replay, self._budget(spent, counts[1], counts[2])), spent, None
-        if self.epsilon(ind + charge.worst_case_rdp) > self.epsilon_budget:
+                return RequestConflict(), spent, None
+            return (stored, self._budget(spent, counts[1], counts[2])), spent, None
+        labels = np.array(charge.labels, np.int64)
+        branch = np.array(charge.branch, np.int8)
+        fresh = np.ones(labels.size, bool)
+        replayable = charge.replayable and charge.indices is not None
+        if replayable:
+            released = self._releases.setdefault(charge.mechanism, {})
+            asked = charge.indices.tolist()
+            if not released.keys().isdisjoint(asked):
+                for q, index in enumerate(asked):
+                    if (outcome := released.get(index)) is not None:
+                        labels[q], branch[q] = outcome >> 8, outcome & 0xFF
+                        fresh[q] = False
+        n_fresh = int(fresh.sum())
+        if n_fresh and self.epsilon(ind + n_fresh * charge.worst_case_rdp) > self.epsilon_budget:
             return BudgetExhausted(), spent, None
-        cost_ind = np.asarray(charge.rdp_independent, np.float64)
-        cost_dep = np.asarray(charge.rdp_dependent, np.float64)
+        if n_fresh == labels.size:
+            cost_ind, cost_dep = charge.rdp_independent.total(), charge.rdp_dependent.total()
+        else:
+            cost_ind = charge.rdp_independent.per_query()[fresh].sum(axis=0)
+            cost_dep = charge.rdp_dependent.per_query()[fresh].sum(axis=0)
         if not (np.all(np.isfinite(cost_ind)) and np.all(np.isfinite(cost_dep))
-                and np.all(cost_ind <= charge.worst_case_rdp * (1 + 1e-12))):
+                and np.all(cost_ind <= n_fresh * charge.worst_case_rdp * (1 + 1e-12))):
             raise ValueError("a cost is not finite or exceeds its worst case")
         ind += cost_ind
         dep += cost_dep
-        labels = np.asarray(charge.labels, np.int64)
-        answered = int(np.count_nonzero(labels >= 0))
+        answered = int(np.count_nonzero(labels[fresh] >= 0))
         counts[0] += 1
-        counts[1] += labels.size
+        counts[1] += n_fresh
         counts[2] += answered
-        spent = self.epsilon(ind)
-        row = {"request_id": charge.request_id, "body_digest": charge.body_digest,
+        if n_fresh:
+            spent = self.epsilon(ind)
+        row = {"request_id": charge.key, "body_digest": charge.body_digest,
                "client": charge.client, "created": time.time(), "mechanism": charge.mechanism,
                "queries": labels.size, "answered": answered, "labels": _blob(labels, _I32),
-               "branch": _blob(charge.branch, np.int8), "rdp_independent": _blob(cost_ind, _F64),
-               "rdp_dependent": _blob(cost_dep, _F64), "epsilon_after": spent}
-        stored = Stored(charge.request_id, charge.body_digest, labels,
-                        np.asarray(charge.branch, np.int8))
-        known[charge.request_id] = stored
+               "branch": _blob(branch, _I8), "rdp_independent": _blob(cost_ind, _F64),
+               "rdp_dependent": _blob(cost_dep, _F64), "epsilon_after": spent,
+               "indices": None if charge.indices is None else _blob(charge.indices, _I64),
+               "fresh": _blob(fresh, _I8), "replayable": replayable}
+        if replayable:
+            new = asked if n_fresh == labels.size else charge.indices[fresh].tolist()
+            released.update(zip(new, _outcomes(labels[fresh], branch[fresh]), strict=True))
+            added.append((charge.mechanism, new))
+        stored = Stored(charge.request_id, charge.body_digest, labels, branch, fresh)
+        known[charge.key] = Stored(charge.request_id, charge.body_digest, labels, branch, fresh,
+                                   retried=True)
         return (stored, self._budget(spent, counts[1], counts[2])), spent, row
 

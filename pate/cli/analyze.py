@@ -1,14 +1,17 @@
-"""``pate analyze``: privacy analysis of a votes file (DESIGN.md contract)."""
+"""``pate analyze``: privacy analysis of a votes file (docs/cli.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 from pate.errors import UserError
+
+if TYPE_CHECKING:
+    from analysis.votes_analysis import PrivacyAnalysis
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,14 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "answering).")
     p.add_argument("--votes", required=True, metavar="FILE",
                    help=".npy or .npz (key 'votes') int matrix [queries, classes]")
-    p.add_argument("--mechanism", required=True,
-                   choices=("lnmax", "gnmax", "confident", "interactive"))
     p.add_argument("--delta", required=True, type=float, help="target delta, in (0, 1)")
-    p.add_argument("--scale", type=float, help="LNMax Laplace scale (each answer is 2/scale-DP)")
-    p.add_argument("--sigma", type=float, help="GNMax noise standard deviation")
-    p.add_argument("--threshold", type=float, help="Confident/Interactive threshold T")
-    p.add_argument("--sigma1", type=float, help="threshold-step noise")
-    p.add_argument("--sigma2", type=float, help="answering-step (GNMax) noise")
+    add_mechanism_flags(p, costed_only=True)
     p.add_argument("--baseline", metavar="FILE",
                    help="interactive only: num_teachers * student_probs, same shape as votes")
     p.add_argument("--queries", type=int, help="analyse only the first N rows")
@@ -57,35 +54,25 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--queries must be >= 1, got {args.queries}")
     if args.queries is not None and args.asked is not None:
         raise UserError("give --queries or --asked, not both")
-    if args.baseline is not None and args.mechanism != "interactive":
-        raise UserError("--baseline is for --mechanism interactive only")
-    for name in ("scale", "sigma", "sigma1", "sigma2", "threshold"):
-        value = getattr(args, name)
-        if value is not None and not math.isfinite(value):
-            raise UserError(f"--{name} must be finite, got {value:g}")
-    for name in ("scale", "sigma", "sigma1", "sigma2"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UserError(f"--{name} must be > 0, got {value:g}")
 
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
-    from analysis.votes_analysis import AggregatorParams, analyze_votes
+    from analysis.costs import steps
+    from analysis.votes_analysis import analyze_votes
     from pate.data.votes_file import load_baseline, load_votes
 
-    try:
-        params = AggregatorParams(args.mechanism, scale=args.scale, sigma=args.sigma,
-                                  threshold=args.threshold, sigma1=args.sigma1,
-                                  sigma2=args.sigma2)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    # Interactive-GNMax's gamma does not enter the cost: the analysis takes no --gamma.
+    mechanism = mechanism_from_flags(args, costed_only=True)
+    interactive = steps(mechanism).student_gamma is not None
+    if args.baseline is not None and not interactive:
+        raise UserError("--baseline is for --mechanism interactive only")
     if args.asked is None:
         votes, asked = load_votes(args.votes), None
     else:
-        votes, asked = _votes_and_asked_rows(args.votes, args.asked)
+        votes, asked = _votes_and_asked_rows(args.votes, args.asked, distinct=not interactive)
     baseline = None
-    if args.mechanism == "interactive":
+    if interactive:
         if args.baseline is None:
             raise UserError("interactive needs --baseline (num_teachers * student_probs)")
         baseline = load_baseline(args.baseline, votes)
@@ -99,46 +86,53 @@ def run(args: argparse.Namespace) -> int:
         votes = votes[asked]
         baseline = None if baseline is None else baseline[asked]
     try:
-        result = analyze_votes(votes, params, args.delta, baseline=baseline, order=args.order,
+        result = analyze_votes(votes, mechanism, args.delta, baseline=baseline, order=args.order,
                                beta=args.beta, conversion=args.conversion)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if args.json:
-        json.dump(result, sys.stdout)
+        json.dump(result.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_analysis(result))
     return 0
 
 
-def _votes_and_asked_rows(votes_path: str, asked_path: str) -> tuple[Any, Any]:
+def _votes_and_asked_rows(votes_path: str, asked_path: str,
+                          distinct: bool) -> tuple[Any, Any]:
     """The votes, and the rows holding the pool indices of ``asked_path`` in its order (the
-    service's own lookup, so the rows are those its aggregator saw)."""
+    service's own lookup, so the rows are those its aggregator saw). With ``distinct``, an
+    index asked again counts once: the service replays its first answer, free (every mechanism
+    but Interactive-GNMax, docs/design.md, "The aggregation service")."""
+    import numpy as np
+
+    from pate.aggregation.vote_pool import VotePool
     from pate.data.votes_file import load_pool_indices
-    from pate.service.app import RequestError, VotePool
 
     indices = load_pool_indices(asked_path)
+    if distinct:
+        indices = indices[np.sort(np.unique(indices, return_index=True)[1])]
     pool = VotePool.from_file(votes_path)
     try:
         return pool.votes, pool.rows(indices)
-    except RequestError as exc:
+    except UserError as exc:
         raise UserError(f"{asked_path}: {exc.detail} (the pool of {votes_path})") from None
 
 
-def format_analysis(r: dict[str, Any]) -> str:
+def format_analysis(r: PrivacyAnalysis) -> str:
     """A short human-readable summary of an analysis result."""
     lines = [
-        f"{r['mechanism']}: {r['queries']} queries, {r['teachers']} teachers, "
-        f"{r['classes']} classes, expected answered {r['expected_answered']:.1f}",
-        f"epsilon at delta={r['delta']:g} ({r['conversion']} conversion):",
-        f"  data-independent   {r['data_independent']['epsilon']:.4f} "
-        f"(order {r['data_independent']['order']:g})",
-        f"  data-dependent     {r['data_dependent']['epsilon']:.4f} "
-        f"(order {r['data_dependent']['order']:g}; not releasable as is)",
+        f"{r.mechanism}: {r.queries} queries, {r.teachers} teachers, "
+        f"{r.classes} classes, expected answered {r.expected_answered:.1f}",
+        f"epsilon at delta={r.delta:g} ({r.conversion} conversion):",
+        f"  data-independent   {r.data_independent.epsilon:.4f} "
+        f"(order {r.data_independent.order:g})",
+        f"  data-dependent     {r.data_dependent.epsilon:.4f} "
+        f"(order {r.data_dependent.order:g}; not releasable as is)",
     ]
-    ss = r.get("smooth_sensitivity")
+    ss = r.smooth_sensitivity
     if ss:
-        note = " (conditions C5/C6 fail: data-independent)" if ss.get("fallback") else ""
-        lines.append(f"  smooth-sensitivity {ss['epsilon']:.4f} (beta {ss['beta']:.4g}, "
-                     f"SS {ss['value']:.4g}, release cost {ss['rdp_cost']:.4g}){note}")
+        note = " (conditions C5/C6 fail: data-independent)" if ss.fallback else ""
+        lines.append(f"  smooth-sensitivity {ss.epsilon:.4f} (beta {ss.beta:.4g}, "
+                     f"SS {ss.value:.4g}, release cost {ss.rdp_cost:.4g}){note}")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""The ``pate`` command line: one parser, one sub-command per module of ``pate.commands``."""
+"""The ``pate`` command line: one parser, one sub-command per module of ``pate.cli``; any
+``pate.errors.PateError`` is printed as one line, ``pate: error: <message>``, exit status 2."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import warnings
 from collections.abc import Sequence
 
 from pate import __version__
-from pate.errors import UserError
+from pate.errors import PateError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.teachers",
@@ -20,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.epsilon",
     "pate.cli.dpsgd",
     "pate.cli.student",
+    "pate.cli.audit",
 )
 
 
@@ -46,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _warning_line
     try:
         return int(args.handler(args) or 0)
-    except UserError as exc:
+    except PateError as exc:
         print(f"pate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,12 +1,12 @@
-"""``pate serve``: the aggregation service over HTTP (DESIGN.md, "The aggregation service")."""
+"""``pate serve``: the aggregation service over HTTP (docs/design.md, "The aggregation
+service")."""
 
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
-from pate.aggregation.aggregators import add_mechanism_arguments
+from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "its trained teachers answer 'inputs' requests")
     source.add_argument("--votes", metavar="FILE", help="votes .npy, or .npz with 'votes' and "
                         "optional 'pool_index'")
-    add_mechanism_arguments(p)
+    add_mechanism_flags(p)
     p.add_argument("--budget-epsilon", type=float, required=True,
                    help="epsilon budget of the private data, all clients together")
     p.add_argument("--delta", type=float, required=True,
@@ -36,52 +36,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8470, help="0 picks a free port (printed)")
     p.add_argument("--device", default="cpu", help="device of the teacher ensemble (inputs mode)")
     p.add_argument("--max-batch", type=int, default=4096, help="queries per request")
-    p.add_argument("--max-body-bytes", type=int, default=16 * 2**20,
-                   help="largest request body (default 16 MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=None,
+                   help="largest request body (default: what --max-batch queries need)")
+    p.add_argument("--body-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a request's body may take to arrive (default 10)")
+    p.add_argument("--requests-per-s", type=float, default=2000.0, metavar="R",
+                   help="requests per second per client, per replica (default 2000)")
+    p.add_argument("--labels-per-min", type=float, default=60e6, metavar="L",
+                   help="labels per minute per client, per replica (default 60 million)")
     p.add_argument("--access-log", action="store_true", help="log every request's line")
+    p.add_argument("--docs", action="store_true",
+                   help="serve the interactive /docs page (loads its scripts from a CDN; "
+                        "the schema is always at /openapi.json)")
+    p.add_argument("--allow-shared-token-file", action="store_true",
+                   help="accept a token file that other users may read")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from analysis.mechanisms import mechanism_to_dict
+    from pate.aggregation.label_requests import Limits
+    from pate.service.server import open_server
 
-    from pate.aggregation.aggregators import MechanismParams
-    from pate.errors import UserError
-    from pate.service.app import Limits, TokenStore, create_app, open_label_service
-
-    try:
-        params = MechanismParams.from_args(args)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if args.max_batch < 1 or args.max_body_bytes < 1024:
-        raise UserError("--max-batch must be >= 1 and --max-body-bytes >= 1024")
-    tokens = TokenStore(args.token_file)
-    try:
-        sock = socket.create_server((args.host, args.port))
-        # Accepted connections inherit TCP_NODELAY (Linux): without it, a response written in
-        # several pieces waits for the client's delayed ACK (~40 ms) after the first.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError as exc:
-        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
-    service = open_label_service(
-        params, epsilon_budget=args.budget_epsilon, delta=args.delta, run_dir=args.run,
-        votes_path=args.votes, ledger_url=args.ledger, conversion=args.conversion,
-        device=args.device, limits=Limits(args.max_batch, args.max_body_bytes))
-    host, port = sock.getsockname()[:2]
+    mechanism = mechanism_from_flags(args)
+    server = open_server(
+        mechanism, token_file=args.token_file, epsilon_budget=args.budget_epsilon,
+        delta=args.delta, run_dir=args.run, votes_path=args.votes, ledger_url=args.ledger,
+        conversion=args.conversion, host=args.host, port=args.port, device=args.device,
+        limits=Limits(args.max_batch, args.max_body_bytes, args.body_timeout,
+                      args.requests_per_s, args.labels_per_min),
+        access_log=args.access_log, docs=args.docs,
+        world_readable_tokens=args.allow_shared_token_file)
+    service = server.service
     budget = service.ledger.budget()
     modes = [m for m, on in (("indices", service.pool is not None),
                              ("inputs", service.ensemble is not None)) if on]
-    shown = ", ".join(f"{k}={v}" for k, v in params.public().items() if k != "mechanism")
-    print(f"pate serve: listening on http://{host}:{port} (docs at /docs)\n"
-          f"pate serve: {params.mechanism} ({shown}); requests by {' and '.join(modes)}\n"
+    shown = ", ".join(f"{k}={v}" for k, v in mechanism_to_dict(mechanism).items()
+                      if k != "mechanism")
+    print(f"pate serve: listening on {server.url} (OpenAPI schema at /openapi.json)\n"
+          f"pate serve: {mechanism.name} ({shown}); requests by {' and '.join(modes)}\n"
           f"pate serve: budget epsilon {budget.epsilon_budget:g} at delta {budget.delta:g}, "
           f"{budget.epsilon_spent:.4g} spent; basis: {budget.basis}\n"
           f"pate serve: ledger {service.ledger.url}", flush=True)
-    config = uvicorn.Config(create_app(service, tokens), log_level="warning",
-                            access_log=args.access_log, timeout_graceful_shutdown=10)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run()
     finally:
-        service.close()
+        server.close()
         print("pate serve: stopped", file=sys.stderr)
     return 0

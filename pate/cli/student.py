@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pate.aggregation.aggregators import add_mechanism_arguments
+from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
 
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="aggregate in this process over a votes file (default: "
                              "DIR/votes.npz)")
     p.add_argument("--token-file", type=Path, metavar="F", help="with --server: bearer token")
-    add_mechanism_arguments(p)
+    add_mechanism_flags(p)
     local = p.add_argument_group("local aggregator (with --votes)")
     local.add_argument("--budget-epsilon", type=float, help="epsilon budget of the private data")
     local.add_argument("--delta", type=float, default=1e-5)
@@ -102,12 +102,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _open_source(args: argparse.Namespace) -> tuple[Any, Any]:
     """(label source, votes pool or None): the HTTP client, or the in-process service."""
-    from pate.aggregation.aggregators import PARAMETERS, MechanismParams
-    from pate.service.client import LabelClient, LocalLabelClient
+    from pate.aggregation.label_service import InProcessLabels
+    from pate.service.client import LabelClient
 
     if args.server:
-        given = [f"--{n}" for n in PARAMETERS[args.mechanism]
-                 if getattr(args, n, None) is not None]
+        given = given_parameters(args)
         if given or args.budget_epsilon is not None or args.ledger:
             raise UserError("with --server the mechanism's parameters, budget and ledger are the "
                             "server's: give only --mechanism")
@@ -117,21 +116,18 @@ def _open_source(args: argparse.Namespace) -> tuple[Any, Any]:
             return LabelClient.from_token_file(args.server, args.token_file), None
         except (OSError, ValueError) as exc:
             raise UserError(f"{args.token_file}: {exc}") from None
-    from pate.service.app import open_label_service
+    from pate.aggregation.label_service import open_label_service
 
     votes = args.votes or args.run / "votes.npz"
     if not votes.is_file():
         raise UserError(f"{votes}: no votes file (give --votes FILE or --server URL)")
     if args.budget_epsilon is None:
         raise UserError("the local aggregator needs --budget-epsilon")
-    try:
-        params = MechanismParams.from_args(args)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    service = open_label_service(params, epsilon_budget=args.budget_epsilon, delta=args.delta,
+    service = open_label_service(mechanism_from_flags(args),
+                                 epsilon_budget=args.budget_epsilon, delta=args.delta,
                                  votes_path=votes, ledger_url=args.ledger,
                                  conversion=args.conversion)
-    return LocalLabelClient(service), service
+    return InProcessLabels(service), service
 
 
 def _votes_pool_index(path: Path) -> Any:
@@ -156,6 +152,7 @@ def _record_round(out: Path, args: argparse.Namespace, service: Any, got: Any,
 
     import numpy as np
 
+    from analysis.mechanisms import mechanism_to_dict
     from pate.io import write_bytes_atomic, write_json_atomic
 
     rounds_path, probs_path = out / "rounds.json", out / "probs.npz"
@@ -172,7 +169,7 @@ def _record_round(out: Path, args: argparse.Namespace, service: Any, got: Any,
         np.savez(buf, pool_index=index, probs=sent)
         write_bytes_atomic(probs_path, buf.getvalue())
     mechanism = ({"mechanism": args.mechanism} if service is None
-                 else service.aggregator.params.public())
+                 else mechanism_to_dict(service.aggregator.mechanism))
     rounds.append({"mechanism": mechanism, "select": args.select, **got.counts()})
     write_json_atomic(rounds_path, rounds)
     return rounds
@@ -186,15 +183,15 @@ def _sanitised_epsilon(service: Any, received: Any, rounds: list[dict[str, Any]]
     None without local votes, with LNMax, or when a round's parameters or rows are unknown."""
     from student.rounds import analyze_rounds
 
-    if service is None or any(r["mechanism"].get("mechanism") == "lnmax" for r in rounds):
+    if service is None:
         return None
     result = analyze_rounds(rounds, received,
                             lambda index: service.pool.votes[service.pool.rows(index)],
                             out / "probs.npz", delta, conversion)
-    if result is None:
+    if result is None or result.smooth_sensitivity is None:  # LNMax has no sanitised bound
         return None
-    ss = result["smooth_sensitivity"]
-    return {"data_independent": result["data_independent"]["epsilon"],
+    ss = result.smooth_sensitivity.to_json()
+    return {"data_independent": result.data_independent.epsilon,
             "smooth_sensitivity": {k: ss.get(k) for k in ("epsilon", "order", "beta", "sigma",
                                                             "fallback")}}
 
@@ -249,8 +246,8 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from pate.data.datasets import load_dataset, public_split
+    from pate.errors import PateError
     from pate.io import ensure_dir, write_json_atomic
-    from pate.service.client import ServiceError
     from student.models import POOL_FEATURE_ARCHS, build_classifier, same_tensors
     from student.rounds import Received, ask, select_queries
     from student.training import (
@@ -328,7 +325,7 @@ def run_train(args: argparse.Namespace) -> int:
         try:
             got, exhausted = ask(source, chosen, probs, args.request_size,
                                  on_request=lambda r: (before + r).save(labels_path))
-        except ServiceError as exc:
+        except PateError as exc:
             raise UserError(f"the aggregator refused: {exc}") from None
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach {args.server}: {exc.__class__.__name__}") from None

@@ -23,10 +23,15 @@ from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
 from analysis.cumulative import cumulative_cost
-from analysis.votes_analysis import AggregatorParams, QuerySegment, analyze_segments
-
-MECHANISM_NAMES = {"lnmax": "LNMax", "gnmax": "GNMax", "confident": "Confident-GNMax",
-                   "interactive": "Interactive-GNMax"}
+from analysis.mechanisms import (
+    MECHANISMS,
+    ConfidentGNMax,
+    GNMax,
+    InteractiveGNMax,
+    LNMax,
+    Mechanism,
+)
+from analysis.votes_analysis import QuerySegment, analyze_segments
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class Segment:
     """Queries answered by one aggregator: rows of the votes matrix, and what came back."""
 
     rows: NDArray[np.int64]
-    params: AggregatorParams
+    mechanism: Mechanism
     labels: NDArray[np.int64]                 # -1 = no answer
     baseline: NDArray[np.float64] | None = None
 
@@ -62,7 +67,8 @@ def _stats(values: NDArray[np.float64]) -> dict[str, float]:
 
 def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
     """report.json's content and the figures, named as their files under ``figures/``."""
-    segments = [QuerySegment(data.votes[s.rows], s.params, s.baseline) for s in data.segments]
+    segments = [QuerySegment(data.votes[s.rows], s.mechanism, s.baseline)
+                for s in data.segments]
     privacy = analyze_segments(segments, data.delta) if segments else None
     labels = np.concatenate([s.labels for s in data.segments]) if data.segments else np.zeros(0)
     rows = np.concatenate([s.rows for s in data.segments]) if data.segments else np.zeros(0, int)
@@ -80,10 +86,10 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
         "pool_size": int(data.votes.shape[0]),
         "queries": {"asked": int(labels.size), "answered": int(answered.sum()),
                     "label_accuracy": label_accuracy,
-                    "per_round": [{"mechanism": s.params.mechanism, "asked": int(s.labels.size),
+                    "per_round": [{"mechanism": s.mechanism.name, "asked": int(s.labels.size),
                                    "answered": int((s.labels >= 0).sum())}
                                   for s in data.segments]},
-        "privacy": privacy,
+        "privacy": None if privacy is None else privacy.to_json(),
         "ensemble": {"plurality_accuracy": ensemble_accuracy},
         "teacher_accuracy": (_stats(data.teacher_accuracies)
                              if data.teacher_accuracies is not None else None),
@@ -113,7 +119,7 @@ def summary_table(report: dict[str, Any], non_private: float | None) -> list[dic
     if privacy is not None:
         ss = privacy["smooth_sensitivity"]
         rows.append({
-            "method": "PATE: " + " then ".join(MECHANISM_NAMES[m]
+            "method": "PATE: " + " then ".join(MECHANISMS[m].title
                                                 for m in privacy["mechanism"].split("+")),
             "student": _student_name(report["student"] or {}),
             "queries_answered": report["queries"]["answered"],
@@ -145,18 +151,20 @@ def summary_table(report: dict[str, Any], non_private: float | None) -> list[dic
 def figure_epsilon_vs_answered(data: RunData) -> Figure:
     """Privacy cost against queries answered over the whole pool, for LNMax, GNMax and the run's
     Confident-GNMax (PATE 2018, Figure 4 / Figure 1 middle)."""
-    first = next((s.params for s in data.segments if s.params.thresholded), None)
+    first = next((s.mechanism for s in data.segments
+                  if isinstance(s.mechanism, ConfidentGNMax | InteractiveGNMax)), None)
     sigma = first.sigma2 if first is not None else 40.0
-    curves = [("LNMax", AggregatorParams("lnmax", scale=data.lnmax_scale), "tab:red", "--"),
-              ("GNMax", AggregatorParams("gnmax", sigma=sigma), "tab:orange", "-.")]
+    curves: list[tuple[str, Mechanism, str, str]] = [
+        ("LNMax", LNMax(data.lnmax_scale), "tab:red", "--"),
+        ("GNMax", GNMax(sigma), "tab:orange", "-.")]
     if first is not None:
-        curves.append(("Confident-GNMax", AggregatorParams(
-            "confident", threshold=first.threshold, sigma1=first.sigma1, sigma2=first.sigma2),
-            "tab:green", "-"))
+        curves.append(("Confident-GNMax",
+                       ConfidentGNMax(first.threshold, first.sigma1, first.sigma2),
+                       "tab:green", "-"))
     fig = Figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
-    for label, params, colour, style in curves:
-        cost = cumulative_cost(data.votes, params, data.delta)
+    for label, mechanism, colour, style in curves:
+        cost = cumulative_cost(data.votes, mechanism, data.delta)
         ax.plot(cost.answered, cost.epsilon_dependent, color=colour, ls=style, lw=2,
                 label=f"{label} (data-dependent)")
         if label == "Confident-GNMax":
@@ -199,9 +207,9 @@ def figure_epsilon_split(data: RunData) -> Figure:
     ax = fig.subplots()
     names, parts = [], []
     for i, s in enumerate(data.segments):
-        cost = cumulative_cost(data.votes[s.rows], s.params, data.delta, s.baseline)
+        cost = cumulative_cost(data.votes[s.rows], s.mechanism, data.delta, s.baseline)
         eps = float(cost.epsilon_dependent[-1])
-        names.append(f"round {i + 1}\n{MECHANISM_NAMES[s.params.mechanism]}")
+        names.append(f"round {i + 1}\n{s.mechanism.title}")
         parts.append([eps * cost.split_selection, eps * cost.split_answering,
                       eps * cost.split_delta])
     values = np.array(parts).reshape(-1, 3)

@@ -1,6 +1,6 @@
-"""Read a run directory into ``pate.report.figures.RunData`` and write its report (DESIGN.md layout:
-config.toml, votes.npz, labels.npz, teachers/manifest.json, student/metrics.json,
-dpsgd/metrics.json -> report/)."""
+"""Read a run directory into ``pate.report.figures.RunData`` and write its report (the run
+directory of docs/design.md: config.toml, votes.npz, labels.npz, teachers/manifest.json,
+student/rounds.json, student/metrics.json, dpsgd/metrics.json -> report/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.votes_analysis import AggregatorParams
+from analysis.costs import steps
+from analysis.mechanisms import Mechanism, mechanism_from_dict
 from pate.config import RunConfig, parse_config
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
@@ -37,14 +38,16 @@ def read_config(run_dir: Path) -> RunConfig:
     return parse_config(path.read_text(), str(path))
 
 
-def round_params(config: RunConfig, recorded: dict[str, Any]) -> AggregatorParams:
-    """A round's aggregator: the parameters ``pate student train`` recorded for it when it ran
-    the aggregator itself, else the run's configuration for that mechanism."""
-    fields = {k: recorded.get(k) for k in ("scale", "sigma", "threshold", "sigma1", "sigma2")}
-    if not any(v is not None for v in fields.values()):
-        values = config.aggregator.round_values(recorded["mechanism"])
-        fields.update(zip(("threshold", "sigma1", "sigma2"), values, strict=True))
-    return AggregatorParams(recorded["mechanism"], **fields)
+def round_mechanism(config: RunConfig, recorded: dict[str, Any]) -> Mechanism:
+    """A round's mechanism: the record ``pate student train`` wrote for it when it ran the
+    aggregator itself, else (only the name recorded: a remote service) the run's configuration
+    for that mechanism."""
+    try:
+        if set(recorded) == {"mechanism"}:
+            return config.aggregator.round_mechanism(recorded["mechanism"])
+        return mechanism_from_dict(recorded)
+    except ValueError as exc:
+        raise UserError(f"student/rounds.json: {exc}") from None
 
 
 def _pool_labels(config: RunConfig, pool_index: np.ndarray) -> np.ndarray | None:
@@ -87,12 +90,12 @@ def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
     for r in rounds:
         sel = slice(start, start + r["queries"])
         start += r["queries"]
-        params = round_params(config, r["mechanism"])
+        mechanism = round_mechanism(config, r["mechanism"])
         baseline = None
-        if params.mechanism == "interactive":
+        if steps(mechanism).student_gamma is not None:
             baseline = interactive_baseline(run_dir / "student" / "probs.npz", asked[sel],
                                             teachers)
-        segments.append(Segment(row_of[asked[sel]], params, labels[sel], baseline))
+        segments.append(Segment(row_of[asked[sel]], mechanism, labels[sel], baseline))
     return segments
 
 

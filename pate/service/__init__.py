@@ -1,1 +1,2 @@
-"""The aggregation service (HTTP) and its client."""
+"""The aggregation service over HTTP: the FastAPI app, its tokens, the server process and the
+student's HTTP client."""

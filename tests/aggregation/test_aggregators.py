@@ -3,14 +3,22 @@ their costs against ``analysis``."""
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 from scipy.stats import norm
 
+from analysis.costs import steps
 from analysis.gaussian import gnmax_logq, gnmax_rdp_dependent, gnmax_rdp_independent
 from analysis.lnmax import lnmax_rdp_dependent, lnmax_rdp_independent
+from analysis.mechanisms import (
+    MECHANISMS,
+    ConfidentGNMax,
+    GNMax,
+    InteractiveGNMax,
+    LNMax,
+    Mechanism,
+    parameters,
+)
 from analysis.orders import default_orders
 from analysis.threshold import (
     threshold_inputs,
@@ -18,12 +26,7 @@ from analysis.threshold import (
     threshold_rdp_dependent,
     threshold_rdp_independent,
 )
-from pate.aggregation.aggregators import (
-    Aggregator,
-    Branch,
-    MechanismParams,
-    add_mechanism_arguments,
-)
+from pate.aggregation.aggregators import NOISE, Aggregator, Branch
 
 ORDERS = default_orders()
 
@@ -39,20 +42,20 @@ def plurality_votes(rows: int, classes: int = 10, teachers: int = 250,
 
 
 @pytest.mark.parametrize("params", [
-    MechanismParams("lnmax", scale=1e-6),
-    MechanismParams("gnmax", sigma=1e-6),
-    MechanismParams("confident", threshold=0.0, sigma1=1e-6, sigma2=1e-6),
+    LNMax(scale=1e-6),
+    GNMax(sigma=1e-6),
+    ConfidentGNMax(threshold=0.0, sigma1=1e-6, sigma2=1e-6),
 ])
-def test_vanishing_noise_returns_the_plurality(params: MechanismParams) -> None:
+def test_vanishing_noise_returns_the_plurality(params: Mechanism) -> None:
     v = plurality_votes(500)
     out = Aggregator(params).answer(v)
     np.testing.assert_array_equal(out.labels, np.argmax(v, axis=1))
     assert np.all(out.branch == Branch.TEACHERS)
 
 
-@pytest.mark.parametrize("params", [MechanismParams("lnmax", scale=1e7),
-                                    MechanismParams("gnmax", sigma=1e7)])
-def test_huge_noise_spreads_the_labels(params: MechanismParams) -> None:
+@pytest.mark.parametrize("params", [LNMax(scale=1e7),
+                                    GNMax(sigma=1e7)])
+def test_huge_noise_spreads_the_labels(params: Mechanism) -> None:
     v = np.zeros((20000, 10), np.int64)
     v[:, 3] = 250  # unanimous teachers
     counts = np.bincount(Aggregator(params).answer(v).labels, minlength=10)
@@ -69,7 +72,7 @@ def test_confident_answers_at_the_predicted_rate() -> None:
     v[n:2 * n, 1] = 50
     v[2 * n:, 0] = 60       # far below T: never
     v[2 * n:, 1:] = 21
-    out = Aggregator(MechanismParams("confident", threshold=t, sigma1=s1, sigma2=1e-3)).answer(v)
+    out = Aggregator(ConfidentGNMax(threshold=t, sigma1=s1, sigma2=1e-3)).answer(v)
     rates = [(out.labels[k * n:(k + 1) * n] >= 0).mean() for k in range(3)]
     predicted = np.exp(threshold_logpr_answered(t, s1, [250, 200, 60]))
     for rate, p in zip(rates, predicted, strict=True):
@@ -85,7 +88,7 @@ def test_confident_rate_matches_a_mid_probability() -> None:
     t, s1, n = 200.0, 50.0, 40000
     v = np.zeros((n, 10), np.int64)
     v[:, 0], v[:, 1] = 150, 100
-    out = Aggregator(MechanismParams("confident", threshold=t, sigma1=s1, sigma2=1.0)).answer(v)
+    out = Aggregator(ConfidentGNMax(threshold=t, sigma1=s1, sigma2=1.0)).answer(v)
     p = norm.sf((t - 150) / s1)
     assert abs((out.labels >= 0).mean() - p) < 5 * np.sqrt(p * (1 - p) / n)
 
@@ -93,7 +96,7 @@ def test_confident_rate_matches_a_mid_probability() -> None:
 def test_confident_costs_come_from_analysis() -> None:
     v = plurality_votes(300, seed=7)
     t, s1, s2 = 120.0, 30.0, 20.0
-    out = Aggregator(MechanismParams("confident", threshold=t, sigma1=s1, sigma2=s2)).answer(v)
+    out = Aggregator(ConfidentGNMax(threshold=t, sigma1=s1, sigma2=s2)).answer(v)
     passed = out.branch == Branch.TEACHERS
     assert 0 < passed.sum() < len(v)
     step_ind = threshold_rdp_independent(s1, ORDERS)
@@ -112,12 +115,12 @@ def test_confident_costs_come_from_analysis() -> None:
 
 def test_gnmax_and_lnmax_costs_come_from_analysis() -> None:
     v = plurality_votes(50, seed=3)
-    g = Aggregator(MechanismParams("gnmax", sigma=40.0)).answer(v)
+    g = Aggregator(GNMax(sigma=40.0)).answer(v)
     np.testing.assert_allclose(g.rdp_independent, np.tile(gnmax_rdp_independent(40.0, ORDERS),
                                                           (50, 1)))
     np.testing.assert_allclose(g.rdp_dependent,
                                gnmax_rdp_dependent(gnmax_logq(v, 40.0), 40.0, ORDERS))
-    ln = Aggregator(MechanismParams("lnmax", scale=20.0)).answer(v)
+    ln = Aggregator(LNMax(scale=20.0)).answer(v)
     np.testing.assert_allclose(ln.rdp_independent, np.tile(lnmax_rdp_independent(20.0, ORDERS),
                                                            (50, 1)))
     np.testing.assert_allclose(ln.rdp_dependent, lnmax_rdp_dependent(v, 20.0, ORDERS))
@@ -132,7 +135,7 @@ def test_interactive_branches_and_costs() -> None:
     probs = np.array([[0.0, 1.0, 0.0, 0.0],
                       [0.05, 0.05, 0.9, 0.0],
                       [0.3, 0.3, 0.4, 0.0]])
-    agg = Aggregator(MechanismParams("interactive", threshold=t, sigma1=s1, sigma2=s2,
+    agg = Aggregator(InteractiveGNMax(threshold=t, sigma1=s1, sigma2=s2,
                                      gamma=gamma))
     out = agg.answer(v, probs)
     # max(n - N p): row 0: 200 - 0 = 200 >= T; row 1: 100 - 12.5 < T; row 2: 100 - 75 < T
@@ -150,7 +153,7 @@ def test_interactive_branches_and_costs() -> None:
 
 
 def test_interactive_needs_distributions() -> None:
-    agg = Aggregator(MechanismParams("interactive", threshold=1, sigma1=1, sigma2=1, gamma=0.5))
+    agg = Aggregator(InteractiveGNMax(threshold=1, sigma1=1, sigma2=1, gamma=0.5))
     v = np.array([[3, 1]])
     for bad in ([[0.7, 0.7]], [[np.nan, 1.0]], [[1.5, -0.5]], [[1.0, 0.0, 0.0]]):
         with pytest.raises(ValueError):
@@ -161,8 +164,8 @@ def test_interactive_needs_distributions() -> None:
 
 def test_worst_case_bounds_every_realised_cost() -> None:
     v = plurality_votes(400, seed=5)
-    for params in (MechanismParams("confident", threshold=100, sigma1=20, sigma2=10),
-                   MechanismParams("gnmax", sigma=10), MechanismParams("lnmax", scale=10)):
+    for params in (ConfidentGNMax(threshold=100, sigma1=20, sigma2=10),
+                   GNMax(sigma=10), LNMax(scale=10)):
         agg = Aggregator(params)
         out = agg.answer(v)
         assert np.all(out.total_independent() <= agg.worst_case_rdp(400) * (1 + 1e-12))
@@ -170,7 +173,7 @@ def test_worst_case_bounds_every_realised_cost() -> None:
 
 def test_noise_is_fresh_unless_an_offline_seed_is_given() -> None:
     v = np.zeros((2000, 10), np.int64)
-    params = MechanismParams("gnmax", sigma=1e6)
+    params = GNMax(sigma=1e6)
     a, b = Aggregator(params).answer(v), Aggregator(params).answer(v)
     assert not np.array_equal(a.labels, b.labels)
     with pytest.warns(RuntimeWarning, match="offline experiments"):
@@ -180,38 +183,12 @@ def test_noise_is_fresh_unless_an_offline_seed_is_given() -> None:
     np.testing.assert_array_equal(c.labels, d.labels)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"mechanism": "gnmax"}, "needs --sigma"),
-    ({"mechanism": "gnmax", "sigma": 0.0}, "> 0"),
-    ({"mechanism": "lnmax", "scale": float("nan")}, "finite"),
-    ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1, "gamma": 2},
-     "gamma"),
-    ({"mechanism": "median"}, "one of"),
-])
-def test_parameters_are_checked(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        MechanismParams(**kwargs)
-
-
-def test_params_from_flags() -> None:
-    parser = argparse.ArgumentParser()
-    add_mechanism_arguments(parser)
-    args = parser.parse_args(["--mechanism", "confident", "--threshold", "200", "--sigma1",
-                              "150", "--sigma2", "40"])
-    params = MechanismParams.from_args(args)
-    assert params.public() == {"mechanism": "confident", "threshold": 200.0, "sigma1": 150.0,
-                               "sigma2": 40.0}
-    with pytest.raises(ValueError, match="does not take --sigma"):
-        MechanismParams.from_args(parser.parse_args(["--mechanism", "lnmax", "--scale", "1",
-                                                     "--sigma", "2"]))
-
-
 @pytest.mark.parametrize("params", [
-    MechanismParams("lnmax", scale=20.0),
-    MechanismParams("gnmax", sigma=30.0),
-    MechanismParams("confident", threshold=-1e9, sigma1=1.0, sigma2=30.0),
+    LNMax(scale=20.0),
+    GNMax(sigma=30.0),
+    ConfidentGNMax(threshold=-1e9, sigma1=1.0, sigma2=30.0),
 ])
-def test_a_tabulated_pool_costs_the_same(params: MechanismParams) -> None:
+def test_a_tabulated_pool_costs_the_same(params: Mechanism) -> None:
     pool = plurality_votes(300, seed=11)
     rows = np.array([5, 17, 250, 3])
     plain = Aggregator(params).answer(pool[rows])
@@ -223,3 +200,21 @@ def test_a_tabulated_pool_costs_the_same(params: MechanismParams) -> None:
     np.testing.assert_allclose(out.total_independent(), plain.total_independent())
     with pytest.raises(ValueError, match="tabulated"):
         tabled.answer(pool[rows], pool_rows=rows + 1)
+
+
+def test_every_step_of_every_mechanism_has_a_sampler() -> None:
+    """A registered mechanism runs as soon as its steps have samplers: ``NOISE`` holds one per
+    step kind, and the aggregator needs nothing else of it."""
+    v = plurality_votes(20, seed=13)
+    probs = np.full(v.shape, 1.0 / v.shape[1])
+    for cls in MECHANISMS.values():
+        mechanism = cls(**{f.name: 0.5 for f in parameters(cls)})
+        agg = Aggregator(mechanism)
+        plan = steps(mechanism)
+        assert {type(plan.answer), type(plan.select)} - {type(None)} <= set(NOISE)
+        out = agg.answer(v, probs if agg.takes_student_probs else None)
+        assert out.labels.shape == (20,)
+        np.testing.assert_allclose(agg.worst_case_rdp(1),
+                                   plan.answer.rdp_independent(ORDERS)
+                                   + (0 if plan.select is None
+                                      else plan.select.rdp_independent(ORDERS)))

@@ -1,8 +1,9 @@
 """The privacy ledger: write-ahead records, idempotency, one race-free budget, consistency checks
-and fail-closed behaviour (DESIGN.md privacy rules 4-7)."""
+and fail-closed behaviour (docs/design.md, privacy rules 4-7)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import stat
 import threading
@@ -11,25 +12,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
-from pate.aggregation.aggregators import Aggregator, MechanismParams
-from pate.aggregation.ledger import BudgetExhausted, Charge, Ledger, LedgerError, RequestConflict
+from pate.aggregation.aggregators import Aggregator
+from pate.aggregation.ledger import SCHEMA_VERSION, Charge, Ledger, PerQueryCosts
+from pate.errors import BudgetExhausted, LedgerError, RequestConflict
 
 ORDERS = default_orders()
 VOTES = np.tile([200, 40, 10], (4, 1))
 
 
-def charge(agg: Aggregator, request_id: str, digest: str = "d", rows: int = 4) -> Charge:
-    out = agg.answer(VOTES[:rows])
-    return Charge(request_id, digest, "client", '{"mechanism": "gnmax"}', out.labels,
-                  out.branch, out.total_independent(), out.total_dependent(),
-                  agg.worst_case_rdp(rows))
+def charge(agg: Aggregator, request_id: str, digest: str = "d", rows: int = 4,
+           client: str = "client", indices: list[int] | None = None) -> Charge:
+    """A charge of ``rows`` queries; with ``indices`` (pool indices), a replayable one."""
+    votes = VOTES[:rows] if indices is None else np.tile([200, 40, 10], (len(indices), 1))
+    out = agg.answer(votes)
+    return Charge(request_id, digest, client, '{"mechanism": "gnmax"}', out.labels,
+                  out.branch, out.independent, out.dependent, agg.worst_case_rdp(1),
+                  None if indices is None else np.asarray(indices, np.int64),
+                  replayable=indices is not None)
 
 
 @pytest.fixture
 def agg() -> Aggregator:
-    return Aggregator(MechanismParams("gnmax", sigma=20.0))
+    return Aggregator(GNMax(sigma=20.0))
 
 
 def open_ledger(path: Path, budget: float = 2.0) -> Ledger:
@@ -40,9 +47,9 @@ def test_records_replays_and_persists(tmp_path: Path, agg: Aggregator) -> None:
     db = tmp_path / "run" / "ledger.db"
     ledger = open_ledger(db)
     stored, budget = ledger.record(charge(agg, "r1"))
-    assert not stored.replayed and budget.queries == 4 and budget.answered == 4
+    assert not stored.retried and budget.queries == 4 and budget.answered == 4
     again, budget2 = ledger.record(charge(agg, "r1"))  # new noise offered, old answer kept
-    assert again.replayed
+    assert again.retried
     np.testing.assert_array_equal(again.labels, stored.labels)
     assert budget2.queries == 4 and budget2.epsilon_spent == budget.epsilon_spent
     with pytest.raises(RequestConflict):
@@ -52,10 +59,10 @@ def test_records_replays_and_persists(tmp_path: Path, agg: Aggregator) -> None:
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
     assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
     reopened = open_ledger(db)
-    assert reopened.lookup("r1").labels.tolist() == stored.labels.tolist()
+    assert reopened.lookup("client", "r1").labels.tolist() == stored.labels.tolist()
     assert reopened.budget().queries == 4
     ind, dep = reopened.private_totals()
-    np.testing.assert_allclose(ind, Aggregator(agg.params).worst_case_rdp(4))
+    np.testing.assert_allclose(ind, Aggregator(agg.mechanism).worst_case_rdp(4))
     assert np.all(dep <= ind)
     expected, _ = epsilon_from_rdp(ind, ORDERS, 1e-5, "improved")
     assert reopened.budget().epsilon_spent == pytest.approx(expected)
@@ -107,10 +114,11 @@ def test_an_unrecordable_cost_releases_nothing(tmp_path: Path, agg: Aggregator) 
     ledger = open_ledger(tmp_path / "ledger.db")
     good = charge(agg, "r1")
     bad = Charge("r2", "d", "c", "{}", good.labels, good.branch,
-                 np.full_like(ORDERS, np.nan), good.rdp_dependent, good.worst_case_rdp)
+                 PerQueryCosts(np.full((4, ORDERS.size), np.nan)), good.rdp_dependent,
+                 good.worst_case_rdp)
     with pytest.raises(LedgerError, match="no label released"):
         ledger.record(bad)
-    assert ledger.lookup("r2") is None and ledger.budget().queries == 0
+    assert ledger.lookup("c", "r2") is None and ledger.budget().queries == 0
     ledger.close()
 
 
@@ -120,7 +128,7 @@ def _hammer(ledger: Ledger, agg: Aggregator, prefix: str, n: int,
         rid = f"{prefix}-{i % (n // 2)}"  # every id is sent twice
         try:
             stored, _ = ledger.record(charge(agg, rid, rows=1))
-            outcomes.append((rid, "replayed" if stored.replayed else "new"))
+            outcomes.append((rid, "replayed" if stored.retried else "new"))
         except BudgetExhausted:
             outcomes.append((rid, "refused"))
 
@@ -149,3 +157,120 @@ def test_concurrent_writers_share_one_budget(tmp_path: Path, agg: Aggregator,
     for ledger in ledgers:
         ledger.close()
     open_ledger(tmp_path / "ledger.db", budget=0.8).close()  # consistent on reopening
+
+
+def test_request_ids_are_scoped_to_their_client(tmp_path: Path, agg: Aggregator) -> None:
+    """Another client's request_id is neither replayed to it nor reported taken (issue 28)."""
+    ledger = open_ledger(tmp_path / "ledger.db")
+    ledger.record(charge(agg, "r1", client="alice"))
+    same, budget = ledger.record(charge(agg, "r1", client="bob"))  # same id and body
+    assert not same.retried and budget.queries == 8  # bob's own request, charged
+    other, budget = ledger.record(charge(agg, "r1", digest="other", client="carol"))
+    assert not other.retried and budget.queries == 12  # no 409: nothing to learn
+    with pytest.raises(RequestConflict):  # a client's own id reused with another body
+        ledger.record(charge(agg, "r1", digest="other", client="alice"))
+    assert ledger.lookup("alice", "r1") is not None and ledger.lookup("dave", "r1") is None
+    ledger.close()
+
+
+def test_a_pool_index_asked_again_replays_its_release(tmp_path: Path,
+                                                      agg: Aggregator) -> None:
+    """The first outcome of a pool index is replayed to any client, free (issue 28)."""
+    db = tmp_path / "ledger.db"
+    ledger = open_ledger(db)
+    first, budget = ledger.record(charge(agg, "a1", client="alice", indices=[5, 6, 7]))
+    assert first.fresh.all() and budget.queries == 3
+    spent = budget.epsilon_spent
+    second, budget = ledger.record(charge(agg, "b1", client="bob", indices=[7, 8, 5]))
+    assert second.fresh.tolist() == [False, True, False] and budget.queries == 4
+    assert second.labels[[0, 2]].tolist() == first.labels[[2, 0]].tolist()
+    assert budget.epsilon_spent > spent
+    fresh_noise = charge(agg, "b2", client="bob", indices=[5])
+    fresh_noise = Charge(*[getattr(fresh_noise, f) for f in (
+        "request_id", "body_digest", "client", "mechanism", "labels", "branch",
+        "rdp_independent", "rdp_dependent", "worst_case_rdp", "indices")], replayable=False)
+    third, budget = ledger.record(fresh_noise)  # explicit fresh noise: charged again
+    assert third.fresh.all() and budget.queries == 5
+    ledger.close()
+    reopened = open_ledger(db)  # the releases survive a restart
+    again, budget = reopened.record(charge(agg, "c1", client="carol", indices=[6]))
+    assert not again.fresh.any() and again.labels[0] == first.labels[1] and budget.queries == 5
+    reopened.close()
+
+
+def test_two_replicas_racing_on_one_index_charge_it_once(tmp_path: Path,
+                                                         agg: Aggregator) -> None:
+    """Two Ledger objects on one file (two processes) asking the same indices at once: one
+    outcome per index, each charged once."""
+    ledgers = [open_ledger(tmp_path / "ledger.db") for _ in range(2)]
+    results: list[tuple[np.ndarray, np.ndarray]] = []
+    lock = threading.Lock()
+
+    def ask(k: int) -> None:
+        for i in range(20):
+            stored, _ = ledgers[k % 2].record(charge(agg, f"r{k}-{i}", client=f"c{k}",
+                                                     indices=[i, i + 1]))
+            with lock:
+                results.append((np.array([i, i + 1]), stored.labels))
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seen: dict[int, int] = {}
+    for indices, labels in results:
+        for index, label in zip(indices.tolist(), labels.tolist(), strict=True):
+            assert seen.setdefault(index, label) == label
+    assert ledgers[0].budget().queries == 21  # indices 0..20, each charged once
+    for ledger in ledgers:
+        ledger.close()
+
+
+def test_a_schema_1_ledger_migrates_on_open(tmp_path: Path, agg: Aggregator) -> None:
+    """A ledger.db written with the schema-1 layout (request_id unique over all clients) gets
+    the client-scoped ids and the replay columns, its totals kept (issue 28)."""
+    db = tmp_path / "ledger.db"
+    con = sqlite3.connect(db)
+    con.executescript("""
+        CREATE TABLE ledger_meta (key VARCHAR(64) NOT NULL PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE ledger_budget (id INTEGER NOT NULL PRIMARY KEY, requests BIGINT NOT NULL,
+            queries BIGINT NOT NULL, answered BIGINT NOT NULL, epsilon_spent FLOAT NOT NULL,
+            rdp_independent BLOB NOT NULL, rdp_dependent BLOB NOT NULL);
+        CREATE TABLE ledger_requests (seq INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+            request_id VARCHAR(128) NOT NULL UNIQUE, body_digest VARCHAR(64) NOT NULL,
+            client VARCHAR(64) NOT NULL, created FLOAT NOT NULL, mechanism TEXT NOT NULL,
+            queries INTEGER NOT NULL, answered INTEGER NOT NULL, labels BLOB NOT NULL,
+            branch BLOB NOT NULL, rdp_independent BLOB NOT NULL, rdp_dependent BLOB NOT NULL,
+            epsilon_after FLOAT NOT NULL);
+    """)
+    out = agg.answer(VOTES)
+    ind, dep = out.total_independent(), out.total_dependent()
+    meta = {"schema_version": "1", "orders": json.dumps(ORDERS.tolist()), "delta": repr(1e-5),
+            "epsilon_budget": repr(2.0), "conversion": "improved"}
+    con.executemany("INSERT INTO ledger_meta VALUES (?, ?)", meta.items())
+    spent = float(epsilon_from_rdp(ind, ORDERS, 1e-5, "improved")[0])
+    labels = out.labels.astype("<i4").tobytes()
+    con.execute("INSERT INTO ledger_budget VALUES (1, 1, 4, ?, ?, ?, ?)",
+                (out.answered, spent, ind.tobytes(), dep.tobytes()))
+    con.execute("INSERT INTO ledger_requests (request_id, body_digest, client, created, "
+                "mechanism, queries, answered, labels, branch, rdp_independent, rdp_dependent, "
+                "epsilon_after) VALUES ('r1', 'd', 'alice', 0, '{}', 4, ?, ?, ?, ?, ?, ?)",
+                (out.answered, labels, out.branch.astype(np.int8).tobytes(), ind.tobytes(),
+                 dep.tobytes(), spent))
+    con.commit()
+    con.close()
+    ledger = open_ledger(db)
+    assert ledger.lookup("alice", "r1").labels.tolist() == out.labels.tolist()
+    assert ledger.lookup("bob", "r1") is None
+    again, budget = ledger.record(charge(agg, "r1", client="alice"))
+    assert again.retried and budget.queries == 4
+    _, budget = ledger.record(charge(agg, "r1", client="bob"))
+    assert budget.queries == 8
+    ledger.close()
+    con = sqlite3.connect(db)
+    version = (
+        con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone())
+    con.close()
+    assert version == (str(SCHEMA_VERSION),)
+    open_ledger(db).close()  # consistent on reopening

@@ -47,23 +47,31 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_the_interactive_round_takes_its_own_parameters() -> None:
+    from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, mechanism_to_dict
     from pate.pipeline import _aggregator_args
-    from pate.report.run_report import round_params
+    from pate.report.run_report import round_mechanism
 
     text = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
             "interactive_threshold = 250\ninteractive_sigma1 = 40\nbudget_epsilon = 9\n"
             "delta = 1e-5\n")
     config = parse_config(text, "x.toml")
     assert parse_config(dump_config(config), "again") == config
-    assert config.aggregator.round_values("confident") == (200, 150, 40)
-    assert config.aggregator.round_values("interactive") == (250, 40, 40)  # sigma2 inherited
+    assert config.aggregator.round_mechanism("confident") == ConfidentGNMax(200, 150, 40)
+    assert config.aggregator.round_mechanism("interactive") == InteractiveGNMax(
+        250, 40, 40, 0.9)  # sigma2 inherited, gamma the default
+    with pytest.raises(UserError, match="confident or interactive"):
+        config.aggregator.round_mechanism("gnmax")
     args = _aggregator_args(config, "interactive")
     assert args[args.index("--threshold") + 1] == "250.0" and "--gamma" in args
     assert args[args.index("--sigma1") + 1] == "40.0"
     assert _aggregator_args(config, "confident")[1:7] == [
         "confident", "--threshold", "200.0", "--sigma1", "150.0", "--sigma2"]
-    p = round_params(config, {"mechanism": "interactive"})
-    assert (p.threshold, p.sigma1, p.sigma2) == (250, 40, 40)
+    p = round_mechanism(config, {"mechanism": "interactive"})
+    assert (p.threshold, p.sigma1, p.sigma2, p.gamma) == (250, 40, 40, 0.9)
+    recorded = {"mechanism": "gnmax", "sigma": 30.0}  # a round that recorded its parameters
+    assert mechanism_to_dict(round_mechanism(config, recorded)) == recorded
+    with pytest.raises(UserError, match=r"rounds\.json: mechanism gnmax does not take --scale"):
+        round_mechanism(config, {**recorded, "scale": 1.0})
 
 
 def test_the_teacher_architectures_are_named_alike_everywhere() -> None:

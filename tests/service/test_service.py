@@ -7,27 +7,32 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
 
+from analysis.mechanisms import GNMax
+from analysis.orders import default_orders
 from analysis.threshold import threshold_logpr_answered
-from pate.aggregation.aggregators import Aggregator, MechanismParams
+from pate.aggregation.aggregators import Aggregator
+from pate.aggregation.label_requests import Limits, encode_inputs
+from pate.aggregation.label_service import InProcessLabels, LabelService, open_label_service
 from pate.aggregation.ledger import Ledger
-from pate.service.app import LabelService, Limits, TokenStore, VotePool, create_app
-from pate.service.client import (
-    AuthError,
-    BudgetExhaustedError,
-    LabelClient,
-    ServiceError,
-    encode_inputs,
+from pate.aggregation.vote_pool import VotePool
+from pate.errors import (
+    AuthenticationError,
+    BatchTooLarge,
+    BudgetExhausted,
+    RequestConflict,
+    UserError,
 )
+from pate.service.client import LabelClient
+from pate.service.server import LabelServer
+from pate.service.tokens import TokenStore
 
 POOL_OFFSET = 1000  # pool indices are not row numbers
 ROWS = 1200
@@ -80,7 +85,9 @@ def ask(server: Server, indices: list[int], rid: str, token: str = TOKENS[0]) ->
 def test_banner_says_where_and_the_basis(confident: Server) -> None:
     assert "listening on http://127.0.0.1:" in confident.banner
     assert "basis: data-independent RDP" in confident.banner
-    assert httpx.get(confident.url + "/docs").status_code == 200
+    schema = httpx.get(confident.url + "/openapi.json")
+    assert schema.status_code == 200 and "LabelsRequest" in schema.text
+    assert httpx.get(confident.url + "/docs").status_code == 404  # off: it needs a CDN
     spec = httpx.get(confident.url + "/openapi.json").json()
     assert {"/v1/labels", "/v1/budget", "/healthz"} <= set(spec["paths"])
 
@@ -156,7 +163,7 @@ def test_authentication_and_revocation(workdir: Path) -> None:
         assert httpx.get(url, headers=auth(TOKENS[1])).status_code == 401
         assert httpx.get(url, headers=auth(TOKENS[0])).status_code == 200
         assert httpx.get(server.url + "/healthz").status_code == 200
-        with LabelClient(server.url, TOKENS[1]) as client, pytest.raises(AuthError):
+        with LabelClient(server.url, TOKENS[1]) as client, pytest.raises(AuthenticationError):
             client.budget()
 
 
@@ -232,21 +239,24 @@ def test_budget_exhaustion_refuses_and_spends_nothing(workdir: Path) -> None:
     args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "20", budget="1.0")
     with serving(args, workdir) as server, LabelClient(server.url, TOKENS[0]) as client:
         answers = {}
-        with pytest.raises(BudgetExhaustedError):  # loop until refused
+        with pytest.raises(BudgetExhausted):  # loop until refused
             for i in range(1000):
                 answers[f"b{i}"] = client.labels([1000 + i], request_id=f"b{i}")
         before = client.budget()
         assert 0 < before["epsilon_spent"] <= before["epsilon_budget"] == 1.0
         assert before["queries"] == len(answers)
         for i in range(3):
-            with pytest.raises(BudgetExhaustedError) as info:
-                client.labels([1000], request_id=f"late{i}")
+            with pytest.raises(BudgetExhausted) as info:
+                client.labels([1999 - i], request_id=f"late{i}")
             assert info.value.status == 403
+        assert client.budget() == before
+        released = client.labels([1000], request_id="again")  # a release replays, free
+        assert released.replayed.all() and released.labels.tolist() == answers["b0"].labels.tolist()
         assert client.budget() == before
         replay = client.labels([1000], request_id="b0")  # stored answers stay available
         assert replay.labels.tolist() == answers["b0"].labels.tolist()
         assert client.budget() == before
-        with pytest.raises(ServiceError) as conflict:
+        with pytest.raises(RequestConflict) as conflict:
             client.labels([1001], request_id="b0")
         assert conflict.value.status == 409
 
@@ -268,20 +278,14 @@ class PlainEnsemble:
 
 @pytest.fixture(scope="module")
 def inputs_server(workdir: Path) -> Iterator[str]:
-    aggregator = Aggregator(MechanismParams("gnmax", sigma=1e-3))
+    aggregator = Aggregator(GNMax(sigma=1e-3))
     ledger = Ledger(f"sqlite:///{workdir / 'inputs-ledger.db'}", aggregator.orders, 1e-5, 1e15)
     service = LabelService(aggregator, ledger, None, PlainEnsemble(), Limits(64, 65536))
-    app = create_app(service, TokenStore(workdir / "tokens.txt"))
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    while not server.started:
-        thread.join(0.05)
-    yield url
-    server.should_exit = True
-    thread.join(10)
+    server = LabelServer(service, TokenStore(workdir / "tokens.txt"),
+                         socket.create_server(("127.0.0.1", 0)))
+    with server.running() as url:
+        yield url
+    server.close()
 
 
 def test_inputs_mode_votes_on_new_images(inputs_server: str) -> None:
@@ -289,7 +293,7 @@ def test_inputs_mode_votes_on_new_images(inputs_server: str) -> None:
     x[:, 0, 0, 0] = [0, 1, 2, 3, 4, 5]
     with LabelClient(inputs_server, TOKENS[0]) as client:
         assert client.labels(inputs=x).labels.tolist() == [0, 1, 2, 0, 1, 2]
-        with pytest.raises(ServiceError) as info:
+        with pytest.raises(UserError) as info:
             client.labels(indices=[0])
         assert info.value.status == 422
 
@@ -321,28 +325,35 @@ def test_bad_inputs_get_their_4xx(inputs_server: str, name: str, inputs: dict,
 
 
 def test_votes_pool_rejects_a_repeated_pool_index() -> None:
-    from pate.errors import UserError
     with pytest.raises(UserError, match="repeated"):
         VotePool(np.ones((2, 3)), np.array([4, 4]))
 
 
 def test_in_process_client_shares_the_rules(workdir: Path) -> None:
-    from pate.service.app import open_label_service
-    from pate.service.client import LocalLabelClient
-
-    service = open_label_service(MechanismParams("gnmax", sigma=1e-3), epsilon_budget=1e15,
+    service = open_label_service(GNMax(sigma=1e-3), epsilon_budget=1e15,
                                  delta=1e-5, votes_path=workdir / "plurality.npy",
                                  ledger_url=f"sqlite:///{workdir / 'local.db'}")
-    with LocalLabelClient(service) as client:
+    with InProcessLabels(service) as client:
         first = client.labels([0, 1, 2], request_id="local-1")
         votes = np.load(workdir / "plurality.npy")
         assert first.labels.tolist() == np.argmax(votes[:3], axis=1).tolist()
         assert client.labels([0, 1, 2], request_id="local-1").labels.tolist() == \
             first.labels.tolist()
         assert client.budget()["queries"] == 3
-        with pytest.raises(ServiceError) as info:
+        with pytest.raises(RequestConflict) as info:
             client.labels([0, 1], request_id="local-1")
         assert info.value.status == 409
+        with pytest.raises(UserError, match=r"not in the registered pool: \[5000\]") as info:
+            client.labels([5000])
+        assert (info.value.status, info.value.error) == (422, "invalid_request")
+        with pytest.raises(UserError, match="exactly one of 'indices' and 'inputs'") as info:
+            client.labels(None)  # the schema's check, as over HTTP
+        assert info.value.detail[0]["msg"].endswith("give exactly one of 'indices' and 'inputs'")
+        with pytest.raises(UserError, match="only for the interactive mechanism"):
+            client.labels([3], student_probs=[[0.1] * 10])
+        with pytest.raises(BatchTooLarge):
+            client.labels(np.arange(4097))
+        assert client.budget()["queries"] == 3
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -369,12 +380,27 @@ def test_serve_reports_user_errors_in_one_line(workdir: Path, change: dict,
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_serve_refuses_a_ledger_of_other_settings_in_one_line(workdir: Path) -> None:
+    import subprocess
+    import sys
+
+    ledger = f"sqlite:///{workdir / 'settled.db'}"
+    Ledger(ledger, default_orders(), 1e-5, 5.0).close()
+    args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "10", votes="plurality.npy")
+    args[args.index("--ledger") + 1] = ledger
+    r = subprocess.run([sys.executable, "-m", "pate", "serve", *args, "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith("pate: error: the ledger was created with epsilon_budget 5.0;")
+    assert "Traceback" not in r.stderr
+
+
 def test_inputs_retries_replay_and_conflict(inputs_server: str) -> None:
     x = np.full((2, 1, 2, 2), 2.0, np.float32)
     with LabelClient(inputs_server, TOKENS[0]) as client:
         first = client.labels(inputs=x, request_id="inputs-retry")
         assert client.labels(inputs=x, request_id="inputs-retry").labels.tolist() == \
             first.labels.tolist()
-        with pytest.raises(ServiceError) as info:
+        with pytest.raises(RequestConflict) as info:
             client.labels(inputs=x[:1], request_id="inputs-retry")
         assert info.value.status == 409

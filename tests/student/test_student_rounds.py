@@ -12,8 +12,9 @@ import pytest
 from service_harness import auth, serving, write_tokens
 from student_support import one_thread, votes_for
 
+from analysis.mechanisms import ConfidentGNMax
 from analysis.rdp import epsilon_from_rdp
-from pate.aggregation.aggregators import Aggregator, MechanismParams
+from pate.aggregation.aggregators import Aggregator
 from pate.cli.main import main
 from pate.data.datasets import Dataset, public_split
 from pate.errors import UserError
@@ -109,7 +110,7 @@ def test_interactive_needs_a_previous_student(run_dir: Path, capsys: pytest.Capt
 
 
 def test_a_round_stops_at_the_budget(run_dir: Path) -> None:
-    agg = Aggregator(MechanismParams("confident", threshold=150, sigma1=40, sigma2=20))
+    agg = Aggregator(ConfidentGNMax(threshold=150, sigma1=40, sigma2=20))
     # The worst case of one request of 40 queries fits; after it, no second one can.
     budget = epsilon_from_rdp(agg.worst_case_rdp(40), agg.orders, 1e-5)[0] + 1e-9
     assert main(["student", "train", "--run", str(run_dir), "--budget-epsilon", str(budget),

@@ -1,0 +1,137 @@
+"""The PATE aggregation mechanisms as data: one frozen dataclass per mechanism holding its public
+parameters, validated once at construction, and one way to read and write them.
+
+LNMax: PATE 2017 (Papernot et al., arXiv 1610.05755, §2.2). GNMax: PATE 2018 (Papernot et al.,
+arXiv 1802.08908, §4.1). Confident-GNMax and Interactive-GNMax: PATE 2018 §4.2-4.3, Algorithms 1
+and 2 (docs/privacy-math.md §2-4). What a mechanism costs is decided in one place,
+``analysis.costs``; the record ``{"mechanism": name, **parameters}`` of ``mechanism_to_dict`` is
+the one form in which TOML, JSON and command-line flags describe a mechanism.
+
+A mechanism's parameters are public: they are part of the privacy guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, ClassVar
+
+
+def _parameter(help: str, *, positive: bool = True, probability: bool = False,
+               costless_value: float | None = None) -> Any:
+    """A mechanism parameter: ``help`` describes it (the command line's help text), ``positive``
+    requires it > 0 (a noise scale), ``probability`` requires it in [0, 1]. A parameter that does
+    not enter the privacy cost names the ``costless_value`` a cost analysis that is not told it
+    may take (any valid value gives the same cost)."""
+    return field(metadata={"help": help, "positive": positive, "probability": probability,
+                           "costless_value": costless_value})
+
+
+@dataclass(frozen=True)
+class _Parameters:
+    """Validation shared by every mechanism: each parameter is a finite number (stored as a
+    float), > 0 where it is a noise scale and in [0, 1] where it is a probability."""
+
+    name: ClassVar[str]   # the record's and the command line's name
+    title: ClassVar[str]  # the name the papers and the report use
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"--{f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"--{f.name} must be finite, got {value!r}")
+            if f.metadata["positive"] and value <= 0:
+                raise ValueError(f"--{f.name} must be > 0, got {value!r}")
+            if f.metadata["probability"] and not 0.0 <= value <= 1.0:
+                raise ValueError(f"--{f.name} must be a probability in [0, 1], got {value!r}")
+            object.__setattr__(self, f.name, float(value))
+
+
+@dataclass(frozen=True)
+class LNMax(_Parameters):
+    """argmax_j (n_j + Lap(b)): Laplace noise of scale b on every count (PATE 2017, §2.2)."""
+
+    name: ClassVar[str] = "lnmax"
+    title: ClassVar[str] = "LNMax"
+    scale: float = _parameter("LNMax: Laplace scale b (each answer is pure 2/b-DP)")
+
+
+@dataclass(frozen=True)
+class GNMax(_Parameters):
+    """argmax_j (n_j + N(0, sigma^2)) (PATE 2018, §4.1)."""
+
+    name: ClassVar[str] = "gnmax"
+    title: ClassVar[str] = "GNMax"
+    sigma: float = _parameter("GNMax: std of the Gaussian noise")
+
+
+@dataclass(frozen=True)
+class _Thresholded(_Parameters):
+    """The noisy threshold step max_j n_j + N(0, sigma1^2) >= T, then GNMax with sigma2 on the
+    queries that pass it (PATE 2018, §4.2)."""
+
+    threshold: float = _parameter("Confident/Interactive: threshold T", positive=False)
+    sigma1: float = _parameter("Confident/Interactive: threshold-step noise")
+    sigma2: float = _parameter("Confident/Interactive: GNMax-step noise")
+
+
+@dataclass(frozen=True)
+class ConfidentGNMax(_Thresholded):
+    """Confident-GNMax (PATE 2018, Algorithm 1): a query failing the threshold step gets no
+    answer."""
+
+    name: ClassVar[str] = "confident"
+    title: ClassVar[str] = "Confident-GNMax"
+
+
+@dataclass(frozen=True)
+class InteractiveGNMax(_Thresholded):
+    """Interactive-GNMax (PATE 2018, Algorithm 2): the threshold step sees max_j (n_j - N p_j)
+    for the student's probabilities p; a query failing it is answered with the student's own
+    label when its top probability exceeds gamma. That branch reads no private data, so gamma
+    does not enter the privacy cost (its ``costless_value`` 1 turns the branch off)."""
+
+    name: ClassVar[str] = "interactive"
+    title: ClassVar[str] = "Interactive-GNMax"
+    gamma: float = _parameter("Interactive: answer with the student's own label when its top "
+                              "probability exceeds gamma", positive=False, probability=True,
+                              costless_value=1.0)
+
+
+Mechanism = LNMax | GNMax | ConfidentGNMax | InteractiveGNMax
+
+# Every mechanism, by its name (the command line's ``--mechanism`` choices, the records' key).
+MECHANISMS: dict[str, type[Mechanism]] = {
+    cls.name: cls for cls in (LNMax, GNMax, ConfidentGNMax, InteractiveGNMax)}
+
+
+def parameters(cls: type[Mechanism]) -> tuple[Field[Any], ...]:
+    """The parameters a mechanism takes, in their order, with their ``help`` metadata."""
+    return fields(cls)
+
+
+def mechanism_from_dict(record: Mapping[str, Any]) -> Mechanism:
+    """The mechanism of a record ``{"mechanism": name, **parameters}``, validated; a parameter
+    the mechanism does not take is an error. Raises ValueError with one line."""
+    name = record.get("mechanism")
+    cls = MECHANISMS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {name!r}")
+    names = [f.name for f in parameters(cls)]
+    extra = [f"--{key}" for key in record if key != "mechanism" and key not in names]
+    if extra:
+        raise ValueError(f"mechanism {name} does not take {', '.join(extra)}")
+    for key in names:
+        if record.get(key) is None:
+            raise ValueError(f"mechanism {name} needs --{key}")
+    return cls(**{key: record[key] for key in names})
+
+
+def mechanism_to_dict(mechanism: Mechanism) -> dict[str, Any]:
+    """The public record of a mechanism: ``{"mechanism": name, **parameters}``."""
+    return {"mechanism": mechanism.name,
+            **{f.name: getattr(mechanism, f.name) for f in parameters(type(mechanism))}}

@@ -1,0 +1,268 @@
+"""The label service, independent of any transport: validates a student's request, has the
+aggregator answer it, records the cost in the ledger and only then answers (docs/design.md,
+"The aggregation service" and privacy rules 2-7).
+
+``pate serve`` puts a ``LabelService`` behind HTTP (``pate.service.app``); ``InProcessLabels``
+is the same service as a ``LabelSource`` in the student's own process. Refusals are the
+``pate.errors`` hierarchy (the HTTP app sends their status and JSON body); any other exception
+means nothing was released.
+
+Replays: a pool index already answered under the same mechanism parameters gets its stored
+outcome again (``replayed``), free and without new noise (``pate.aggregation.ledger``); a request
+with ``"fresh": true`` draws new noise for every query and is charged for every one. Requests
+of new ``inputs`` are never replayed (only retried by request_id). Interactive-GNMax is never
+replayed either: its answer depends on the student's probabilities sent with the query, so an
+index asked again is a new query, answered afresh and charged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from analysis.mechanisms import Mechanism, mechanism_to_dict
+from analysis.orders import default_orders
+from analysis.rdp import Conversion
+from pate.aggregation.aggregators import Aggregator, Branch, check_student_probs
+from pate.aggregation.label_requests import (
+    MAX_CLASSES,
+    InputsPayload,
+    LabelResult,
+    LabelsRequest,
+    Limits,
+    labels_body,
+    new_request_id,
+)
+from pate.aggregation.ledger import Budget, Charge, Ledger, Stored
+from pate.aggregation.vote_pool import VotePool
+from pate.errors import (
+    BatchTooLarge,
+    MalformedRequest,
+    PayloadTooLarge,
+    RequestConflict,
+    UserError,
+)
+
+BRANCH_NAMES = np.array([b.name.lower() for b in sorted(Branch)])  # indexed by Branch value
+
+
+class TeacherEnsemble(Protocol):
+    """Teachers that vote on new inputs (``teachers.votes.Ensemble``, loaded by the application
+    layer): ``vote(x float32 [n, *in_shape]) -> int [n, classes]`` vote counts."""
+
+    in_shape: tuple[int, ...]
+
+    def vote(self, x: NDArray[np.float32]) -> NDArray[np.integer]: ...
+
+
+class LabelService:
+    """Validate, vote, aggregate, record, answer. Thread-safe; ``close`` stops the ledger."""
+
+    def __init__(self, aggregator: Aggregator, ledger: Ledger, pool: VotePool | None,
+                 ensemble: TeacherEnsemble | None = None, limits: Limits | None = None) -> None:
+        if pool is None and ensemble is None:
+            raise UserError("nothing to serve: no votes file and no teacher ensemble")
+        if not np.array_equal(aggregator.orders, ledger.orders):
+            raise ValueError("the aggregator must cost on the ledger's orders grid")
+        self.aggregator = aggregator
+        self.ledger = ledger
+        self.pool = pool
+        self.ensemble = ensemble
+        self.limits = limits or Limits()
+        self._mechanism = json.dumps(mechanism_to_dict(aggregator.mechanism), sort_keys=True)
+        # the pool's data-dependent answer costs, computed once (vectorised) at start-up
+        self._tabulated = pool is not None and aggregator.tabulate(pool.votes)
+        self._vote_lock = threading.Lock()
+        self.body_limit = self.limits.body_bytes(self._query_bytes())
+
+    def _query_bytes(self) -> int:
+        """The most JSON bytes one query may take in a body: a pool index (up to 19 digits and a
+        separator), the student's probabilities (classes numbers of up to 24 characters), the
+        base64 of one float32 input."""
+        size = 21
+        if self.aggregator.takes_student_probs:
+            classes = self.pool.classes if self.pool is not None else MAX_CLASSES
+            size += 4 + 26 * classes
+        if self.ensemble is not None:
+            size = max(size, 4 * -(-4 * int(np.prod(self.ensemble.in_shape)) // 3))
+        return size
+
+    def parse(self, body: bytes) -> LabelsRequest:
+        """The request of a JSON body, lists checked against the batch limit first."""
+        return LabelsRequest.parse(body, self.limits.max_batch)
+
+    def budget(self) -> dict[str, Any]:
+        """The public budget (GET /v1/budget)."""
+        return self.ledger.budget().as_json()
+
+    def labels(self, req: LabelsRequest, client: str) -> dict[str, Any]:
+        """Answer ``req`` (or replay its stored answer), waiting for the ledger's commit.
+        Raises a ``PateError`` refusal; any other exception means nothing was released."""
+        return self.conclude(req, self.submit(req, client))
+
+    def submit(self, req: LabelsRequest, client: str) -> Future[tuple[Stored, Budget]]:
+        """Validate ``req``, have the aggregator answer it and queue the answer and its cost
+        to the ledger; nothing leaves before the returned future resolves (write-ahead).
+        A stored request is not answered again: a retry draws no new noise."""
+        digest = req.digest()
+        if req.inputs is not None:  # the ensemble's work is worth skipping for a retry
+            stored = self.ledger.lookup(client, req.request_id)
+            if stored is not None:
+                done: Future[tuple[Stored, Budget]] = Future()
+                if stored.body_digest == digest:
+                    done.set_result((stored, self.ledger.budget()))
+                else:
+                    done.set_exception(RequestConflict())
+                return done
+        if req.indices is not None:
+            rows = self._pool_rows(req.indices)
+            votes = self.pool.votes[rows]
+        else:
+            rows, votes = None, self._vote_on_inputs(req.inputs)
+        probs = self._student_probs(req, votes.shape)
+        answers = self.aggregator.answer(votes, probs, rows if self._tabulated else None)
+        indices = None if req.indices is None else np.asarray(req.indices, np.int64)
+        return self.ledger.submit(Charge(
+            req.request_id, digest, client, self._mechanism, answers.labels,
+            answers.branch, answers.independent, answers.dependent,
+            self.aggregator.worst_case_rdp(1), indices,
+            replayable=indices is not None and probs is None and not req.fresh))
+
+    @staticmethod
+    def conclude(req: LabelsRequest, recorded: Future[tuple[Stored, Budget]]
+                 ) -> dict[str, Any]:
+        """The response body once ``recorded`` (from ``submit``) has resolved; raises its
+        refusal (``BudgetExhausted``, ``RequestConflict``) or failure."""
+        stored, budget = recorded.result()
+        replayed = np.ones(stored.labels.size, bool) if stored.retried else ~stored.fresh
+        return {"request_id": req.request_id, "labels": stored.labels.tolist(),
+                "branch": BRANCH_NAMES[stored.branch].tolist(),
+                "answered": stored.answered, "budget": budget.as_json(),
+                "replayed": replayed.tolist()}
+
+    def _check_batch(self, n: int) -> None:
+        if n < 1:
+            raise UserError("a request needs at least one query")
+        if n > self.limits.max_batch:
+            raise BatchTooLarge(f"at most {self.limits.max_batch} queries per request")
+
+    def _pool_rows(self, indices: list[int]) -> NDArray[np.intp]:
+        self._check_batch(len(indices))
+        if self.pool is None:
+            raise UserError("no public pool is registered: send 'inputs'")
+        return self.pool.rows(np.asarray(indices, np.int64))
+
+    def _vote_on_inputs(self, inputs: InputsPayload) -> NDArray[np.int64]:
+        if self.ensemble is None:
+            raise UserError("inputs mode is off: this server has no teacher ensemble (start it "
+                            "with --run on trained teachers)")
+        shape = inputs.shape
+        if len(shape) != 4 or any(d < 1 for d in shape):
+            raise UserError("inputs.shape must be [n, C, H, W] with positive sizes")
+        self._check_batch(shape[0])
+        expected = self.ensemble.in_shape
+        if tuple(shape[1:]) != tuple(expected):
+            raise UserError(f"inputs.shape must be [n, {', '.join(map(str, expected))}]")
+        size = int(np.prod(shape, dtype=np.int64)) * 4
+        if size > self.body_limit:
+            raise PayloadTooLarge("inputs exceed the body size limit")
+        try:
+            raw = base64.b64decode(inputs.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise MalformedRequest("inputs.data is not base64") from None
+        if len(raw) != size:
+            raise UserError(f"inputs.data holds {len(raw)} bytes; shape {shape} of float32 "
+                            f"needs {size}")
+        x = np.frombuffer(raw, dtype="<f4").reshape(shape)
+        if not np.all(np.isfinite(x)):
+            raise UserError("inputs contain NaN or infinite values")
+        with self._vote_lock:
+            votes = np.asarray(self.ensemble.vote(np.ascontiguousarray(x, np.float32)))
+        if votes.ndim != 2 or votes.shape[0] != shape[0] or np.any(votes < 0):
+            raise RuntimeError("the ensemble returned malformed votes")
+        if self.pool is not None and votes.shape[1] != self.pool.classes:
+            raise RuntimeError("the ensemble's classes differ from the pool's")
+        return votes.astype(np.int64)
+
+    def _student_probs(self, req: LabelsRequest,
+                       shape: tuple[int, ...]) -> NDArray[np.float64] | None:
+        interactive = self.aggregator.takes_student_probs
+        if req.student_probs is None:
+            if interactive:
+                raise UserError("interactive needs 'student_probs', one row per query")
+            return None
+        if not interactive:
+            raise UserError("'student_probs' is only for the interactive mechanism")
+        try:
+            return check_student_probs(req.student_probs, shape)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def close(self) -> None:
+        """Finish the queued charges and stop the ledger."""
+        self.ledger.close()
+
+
+def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: float,
+                       run_dir: str | Path | None = None, votes_path: str | Path | None = None,
+                       ensemble: TeacherEnsemble | None = None, ledger_url: str | None = None,
+                       conversion: Conversion = "improved", limits: Limits | None = None,
+                       offline_seed: int | None = None) -> LabelService:
+    """The service of ``pate serve`` (and of an in-process student): the pool's votes from
+    ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
+    run's teachers, loaded by the caller); the ledger defaults to ``sqlite:///DIR/ledger.db`` in
+    the run directory, or next to the votes file. Raises ``UserError``, ``LedgerError``."""
+    if (run_dir is None) == (votes_path is None):
+        raise UserError("give exactly one of --run DIR and --votes FILE")
+    pool = None
+    if votes_path is not None:
+        pool = VotePool.from_file(votes_path)
+        home = Path(votes_path).resolve().parent
+    else:
+        home = Path(run_dir).resolve()
+        if not home.is_dir():
+            raise UserError(f"{run_dir}: no such run directory")
+        if (home / "votes.npz").is_file():
+            pool = VotePool.from_file(home / "votes.npz")
+    ledger = Ledger(ledger_url or f"sqlite:///{home / 'ledger.db'}", default_orders(),
+                    delta, epsilon_budget, conversion)
+    aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)
+    return LabelService(aggregator, ledger, pool, ensemble, limits)
+
+
+class InProcessLabels:
+    """A ``LabelSource`` over a ``LabelService`` in this process: the same schema, rules, ledger
+    and errors as over HTTP (``pate student train --votes FILE``)."""
+
+    def __init__(self, service: LabelService, client: str = "in-process") -> None:
+        self.service, self.client = service, client
+
+    def labels(self, indices: ArrayLike | None = None, *, inputs: ArrayLike | None = None,
+               student_probs: ArrayLike | None = None, request_id: str | None = None,
+               fresh: bool = False) -> LabelResult:
+        """Labels of pool ``indices`` or of new ``inputs``, as ``LabelClient.labels``."""
+        body = labels_body(request_id or new_request_id(), indices, inputs, student_probs, fresh)
+        req = LabelsRequest.parse(body, self.service.limits.max_batch)
+        return LabelResult.from_json(self.service.labels(req, self.client))
+
+    def budget(self) -> dict[str, Any]:
+        """The public budget, as ``LabelClient.budget``."""
+        return self.service.budget()
+
+    def close(self) -> None:
+        """Stop the service (its ledger)."""
+        self.service.close()
+
+    def __enter__(self) -> InProcessLabels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

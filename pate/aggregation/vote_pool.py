@@ -1,0 +1,62 @@
+"""The teachers' votes on the registered public pool, addressed by pool index (PRIVATE: the
+votes never leave the service, docs/design.md, privacy rule 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pate.data.votes_file import load_votes
+from pate.errors import UserError
+
+
+class VotePool:
+    """Votes ``[rows, classes]`` and the pool index of each row (default ``0..rows-1``); looks up
+    the rows of given pool indices in O(log rows) each (a sorted copy of the index)."""
+
+    def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None
+                 ) -> None:
+        self.votes = np.asarray(votes, np.int64)
+        index = (np.arange(len(self.votes)) if pool_index is None
+                 else np.asarray(pool_index, np.int64))
+        if index.shape != (len(self.votes),):
+            raise UserError(f"pool_index must be 1-d with one entry per votes row, got shape "
+                            f"{list(index.shape)}")
+        self._order = np.argsort(index, kind="stable")
+        self._sorted = index[self._order]
+        if np.any(np.diff(self._sorted) == 0):
+            raise UserError("pool_index has repeated entries")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> VotePool:
+        """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index`` (votes.npz)."""
+        votes = load_votes(path)
+        pool_index = None
+        if str(path).endswith(".npz"):
+            with np.load(path, allow_pickle=False) as data:
+                if "pool_index" in data.files:
+                    pool_index = data["pool_index"]
+        if pool_index is not None and not np.issubdtype(pool_index.dtype, np.integer):
+            raise UserError(f"{path}: pool_index must be integers")
+        return cls(votes, pool_index)
+
+    @property
+    def classes(self) -> int:
+        """The number of classes (columns of the votes)."""
+        return int(self.votes.shape[1])
+
+    def rows(self, indices: NDArray[np.int64]) -> NDArray[np.intp]:
+        """Rows of ``votes`` holding the given pool indices. ``UserError`` for an index outside
+        the pool or repeated within ``indices`` (the message names only the request's own
+        indices)."""
+        pos = np.searchsorted(self._sorted, indices)
+        pos_c = np.minimum(pos, self._sorted.size - 1)
+        unknown = self._sorted[pos_c] != indices
+        if unknown.any():
+            bad = indices[unknown][:5].tolist()
+            raise UserError(f"indices not in the registered pool: {bad}")
+        if np.unique(indices).size != indices.size:
+            raise UserError("indices must not repeat within a request")
+        return self._order[pos_c]

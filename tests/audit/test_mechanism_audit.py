@@ -1,0 +1,126 @@
+"""``pate audit mechanism``: the audit passes on the real aggregators and fails when their noise
+is broken on purpose (sigma halved while the bound assumes sigma; one draw reused across the
+queries of a call)."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from analysis.costs import steps
+from analysis.mechanisms import Mechanism
+from pate.aggregation.aggregators import Aggregator
+from pate.audit.mechanism import (
+    DEFAULT_MECHANISMS,
+    MAX_PAIRS,
+    PAPER_MECHANISMS,
+    audit_mechanism,
+    audit_mechanisms,
+    build_aggregator,
+    ladder,
+)
+from pate.cli.main import main
+
+HALVED = {"lnmax": {"scale": 1.0}, "gnmax": {"sigma": 3.0},
+          "confident": {"sigma1": 2.5, "sigma2": 5.0},
+          "interactive": {"sigma1": 2.5, "sigma2": 5.0}}
+
+
+class ReusedNoise(Aggregator):
+    """A broken aggregator: one noise draw shared by every query of a call."""
+
+    def noise(self, step, shape):
+        return np.broadcast_to(super().noise(step, shape[1:]), shape)
+
+
+@pytest.mark.parametrize("mechanism", [*DEFAULT_MECHANISMS.values(),
+                                       *PAPER_MECHANISMS.values()])
+def test_ladder_pairs_are_neighbours(mechanism: Mechanism) -> None:
+    rungs = ladder(mechanism)
+    assert rungs.pairs.shape[0] <= MAX_PAIRS and np.all(rungs.histograms >= 0)
+    assert np.array_equal(np.unique(rungs.pairs), np.arange(len(rungs.histograms)))
+    pairs = rungs.histograms[rungs.pairs]
+    step = pairs[:, 1] - pairs[:, 0]
+    assert np.all(np.abs(step[:, :2]).sum(axis=1) == 2) and np.all(step.sum(axis=1) == 0)
+    assert np.all(step[:, 2:] == 0)
+    assert rungs.pairs[0, 0] == 0
+    first = rungs.histograms[0]
+    select = steps(mechanism).select
+    if select is None:
+        assert abs(first[0] - first[1]) <= 1  # rung 0 is a tie
+    else:
+        assert select.inputs(first[None], None if rungs.baseline() is None
+                             else rungs.baseline()[:1])[0] == select.threshold
+
+
+def test_real_aggregators_pass() -> None:
+    audits = audit_mechanisms(draws=100_000)
+    assert [a.mechanism.name for a in audits] == list(DEFAULT_MECHANISMS)
+    for a in audits:
+        assert a.passed, a.failures
+        assert 0.0 < a.epsilon_lower <= min(a.epsilon_upper, a.epsilon_upper_dependent)
+        assert len(a.noise) >= 3
+
+
+def test_papers_parameters_are_reported_not_powered() -> None:
+    audits = audit_mechanisms(["gnmax"], draws=20_000, paper=True)
+    assert [(a.mechanism, a.powered) for a in audits] == [
+        (DEFAULT_MECHANISMS["gnmax"], True), (PAPER_MECHANISMS["gnmax"], False)]
+    assert all(a.passed for a in audits)
+    assert audits[1].to_dict()["powered"] is False
+
+
+@pytest.mark.parametrize("name", list(DEFAULT_MECHANISMS))
+def test_halved_sigma_fails(name: str) -> None:
+    mechanism = DEFAULT_MECHANISMS[name]
+    broken = build_aggregator(replace(mechanism, **HALVED[name]))
+    audit = audit_mechanism(mechanism, draws=400_000, aggregator=broken)
+    assert not audit.passed
+    assert audit.epsilon_lower > audit.epsilon_upper_dependent
+    assert any(f.startswith("privacy bug") for f in audit.failures)
+    assert any("noise of scale" in t.test and not t.passed for t in audit.noise)
+
+
+@pytest.mark.parametrize("name", ["gnmax", "confident"])
+def test_reused_noise_fails(name: str) -> None:
+    mechanism = DEFAULT_MECHANISMS[name]
+    audit = audit_mechanism(mechanism, draws=20_000, aggregator=ReusedNoise(mechanism))
+    assert not audit.passed
+    failed = [t.test for t in audit.noise if not t.passed]
+    assert any("independent across queries" in t for t in failed)
+    assert any("adjacent queries of one call" in t for t in failed)
+
+
+def test_cli_json(capsys: pytest.CaptureFixture) -> None:
+    assert main(["audit", "mechanism", "--mechanism", "gnmax", "lnmax", "--draws", "20000",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] is True
+    rows = out["mechanisms"]
+    assert [r["mechanism"] for r in rows] == ["gnmax", "lnmax"]
+    for r in rows:
+        assert {"mechanism", "epsilon_lower", "epsilon_upper", "delta", "confidence", "draws",
+                "pair"} <= set(r)
+        assert r["draws"] == 20_000 and r["delta"] == 1e-5 and r["confidence"] == 0.95
+        a, b = (np.array(h) for h in r["pair"])
+        assert np.abs(a - b).sum() == 2 and a.sum() == b.sum()
+
+
+@pytest.mark.parametrize("args", [["--draws", "10"], ["--delta", "2"], ["--confidence", "1"]])
+def test_cli_bad_input(capsys: pytest.CaptureFixture, args: list[str]) -> None:
+    assert main(["audit", "mechanism", "--mechanism", "gnmax", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pate: error:") and "\n" not in err
+
+
+@pytest.mark.slow
+def test_full_audit() -> None:
+    """The default audit (10^6 draws): every mechanism passes in under a minute, and the GNMax
+    lower bound is at least half its analytic bound."""
+    audits = {a.mechanism.name: a for a in audit_mechanisms()}
+    for a in audits.values():
+        assert a.passed, a.failures
+        assert a.seconds < 60
+    gnmax = audits["gnmax"]
+    assert gnmax.epsilon_lower >= gnmax.epsilon_upper / 2

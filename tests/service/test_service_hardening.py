@@ -1,0 +1,204 @@
+"""The service hardened (issue 28): bounded requests (body limit from --max-batch, long lists
+refused before their elements, capped error lists, slow bodies timed out) while /healthz stays
+responsive; request ids scoped to their client; replays of released answers; rate limits; clean
+SIGTERM; access log; offline docs; strict token files and types; clear Content-Type reasons."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+
+from analysis.orders import default_orders
+from pate.aggregation.label_requests import LabelsRequest, Limits
+from pate.aggregation.ledger import Ledger
+from pate.errors import BatchTooLarge, UserError
+from pate.service.tokens import TokenStore
+
+ROWS = 2000
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("hardening")
+    np.save(d / "votes.npy", synthetic_votes(ROWS))
+    write_tokens(d / "tokens.txt")
+    return d
+
+
+def args(d: Path, name: str, *extra: str) -> list[str]:
+    return ["--votes", str(d / "votes.npy"), "--mechanism", "gnmax", "--sigma", "40",
+            "--budget-epsilon", "1e6", "--delta", "1e-5", "--token-file",
+            str(d / "tokens.txt"), "--ledger", f"sqlite:///{d / name}.db", *extra]
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path) -> Iterator[Server]:
+    with serving(args(workdir, "main", "--body-timeout", "1", "--access-log"),
+                 workdir) as s:
+        yield s
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def post_raw(server: Server, body: bytes, token: str = TOKENS[0],
+             content_type: str = "application/json") -> httpx.Response:
+    return httpx.post(server.url + "/v1/labels", content=body, timeout=60,
+                      headers={**auth(token), "Content-Type": content_type})
+
+
+def test_huge_invalid_bodies_get_a_small_quick_refusal(server: Server) -> None:
+    """Finding 1: 4 million invalid indices (16 MB) were validated one by one into a 299 MB
+    422 after 74 s; now 413 at once, the server's memory bounded, /healthz responsive."""
+    assert server.proc is not None
+    before = rss_bytes(server.proc.pid)
+    stalls: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            httpx.get(server.url + "/healthz", timeout=30)
+            stalls.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        huge = json.dumps({"request_id": "x", "indices": [-1] * 4_000_000},
+                          separators=(",", ":")).encode()  # 12 MB: under the old 16 MiB
+        t0 = time.perf_counter()
+        r = post_raw(server, huge)
+        assert r.status_code == 413 and len(r.content) < 1000
+        assert time.perf_counter() - t0 < 5
+        # under the derived body limit but over --max-batch (4096): refused before the elements
+        many = json.dumps({"request_id": "x", "indices": ["a"] * 20_000},
+                          separators=(",", ":")).encode()
+        r = post_raw(server, many)
+        assert r.status_code == 413 and r.json()["error"] == "batch_too_large", r.text
+        # within the batch limit, all invalid: a 422 listing the first few and the count
+        r = post_raw(server, json.dumps({"request_id": "x", "indices": ["a"] * 4096}).encode())
+        assert r.status_code == 422 and len(r.content) < 2000
+        assert r.json()["detail"][-1]["msg"] == "and 4091 more"
+    finally:
+        done.set()
+        prober.join()
+    assert max(stalls) < 1.0
+    assert rss_bytes(server.proc.pid) - before < 200 * 2**20
+
+
+def test_a_slow_body_is_timed_out(server: Server) -> None:
+    """Finding 1: a half-sent body used to hold its connection open forever; now 408."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/labels HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nAuthorization: Bearer " + TOKENS[0].encode() +
+                     b"\r\nContent-Length: 1000\r\n\r\n{\"request_id\": ")
+        t0 = time.perf_counter()
+        reply = sock.recv(4096)
+        assert b" 408 " in reply.split(b"\r\n")[0] and time.perf_counter() - t0 < 5
+
+
+def test_request_ids_are_scoped_to_the_client(server: Server) -> None:
+    """Finding 2: another client's request_id with another body is its own request, not a 409
+    that tells the id exists."""
+    a = post_raw(server, json.dumps({"request_id": "shared", "indices": [10]}).encode())
+    b = post_raw(server, json.dumps({"request_id": "shared", "indices": [11]}).encode(),
+                 token=TOKENS[1])
+    assert a.status_code == 200 and b.status_code == 200, b.text
+    again = post_raw(server, json.dumps({"request_id": "shared", "indices": [12]}).encode())
+    assert again.status_code == 409  # a client's own id with another body
+
+
+def test_a_released_answer_is_replayed_free(server: Server) -> None:
+    """Finding 3: an index asked again got fresh noise and a new charge; now its first answer
+    comes back to any client (``replayed``), free; ``fresh`` opts in to new noise, charged."""
+    def ask(body: dict, token: str = TOKENS[0]) -> tuple[dict, dict]:
+        r = post_raw(server, json.dumps(body).encode(), token=token)
+        assert r.status_code == 200, r.text
+        return r.json(), r.json()["budget"]
+
+    first, budget = ask({"request_id": "r-a", "indices": [100, 101]})
+    assert first["replayed"] == [False, False]
+    answers = [ask({"request_id": f"r-b{i}", "indices": [101, 100, 102]}, TOKENS[1])
+               for i in range(20)]
+    for again, _ in answers:
+        assert again["labels"][:2] == first["labels"][::-1]
+        assert again["replayed"][:2] == [True, True]
+    assert answers[-1][1]["queries"] == budget["queries"] + 1  # only index 102, once
+    fresh, after = ask({"request_id": "r-c", "indices": [100], "fresh": True})
+    assert fresh["replayed"] == [False] and after["queries"] == budget["queries"] + 2
+    assert after["epsilon_spent"] > answers[-1][1]["epsilon_spent"]
+
+
+def test_wrong_content_type_gets_a_clear_reason(server: Server) -> None:
+    r = post_raw(server, b'{"request_id": "x", "indices": [1]}', content_type="text/plain")
+    assert r.status_code == 415 and "application/json" in r.json()["detail"]
+
+
+def test_rate_limits_answer_429_with_retry_after(workdir: Path) -> None:
+    with serving(args(workdir, "rated", "--requests-per-s", "2"), workdir) as s:
+        statuses = [post_raw(s, json.dumps({"request_id": f"q{i}", "indices": [i]}).encode())
+                    for i in range(6)]
+        limited = [r for r in statuses if r.status_code == 429]
+        assert limited and int(limited[0].headers["Retry-After"]) >= 1
+        assert statuses[0].status_code == 200
+        # the other token has its own bucket
+        r = post_raw(s, json.dumps({"request_id": "o", "indices": [9]}).encode(), TOKENS[1])
+        assert r.status_code == 200
+
+
+def test_sigterm_stops_cleanly_and_the_access_log_has_lines(workdir: Path) -> None:
+    """Finding 4: SIGTERM exited -15 without the stop message; --access-log printed nothing."""
+    s = Server(args(workdir, "term", "--access-log"), workdir).start()
+    post_raw(s, json.dumps({"request_id": "t", "indices": [1]}).encode())
+    out = s.stop()
+    assert s.proc is not None and s.proc.returncode == 0
+    assert "pate serve: stopped" in out and "POST /v1/labels" in out
+
+
+def test_docs_need_no_cdn(server: Server) -> None:
+    assert httpx.get(server.url + "/docs").status_code == 404  # off: its page loads a CDN
+    assert "LabelsRequest" in httpx.get(server.url + "/openapi.json").text
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "tokens.txt")
+    path.chmod(0o644)
+    with pytest.raises(UserError, match="chmod 600"):
+        TokenStore(path)
+    assert TokenStore(path, allow_world_readable=True).client(TOKENS[0]) is not None
+
+
+def test_student_probs_are_strict_numbers() -> None:
+    with pytest.raises(UserError, match="student_probs"):
+        LabelsRequest.parse({"request_id": "x", "indices": [1], "student_probs": [["0.5"]]})
+    LabelsRequest.parse({"request_id": "x", "indices": [1], "student_probs": [[0, 0.5]]})
+    with pytest.raises(BatchTooLarge):
+        LabelsRequest.parse({"request_id": "x", "indices": list(range(11))}, max_batch=10)
+
+
+def test_the_body_limit_follows_max_batch() -> None:
+    assert Limits(max_batch=100).body_bytes(21) == 4096 + 2100
+    assert Limits(max_batch=100, max_body_bytes=5000).body_bytes(21) == 5000
+
+
+def test_new_ledger_parents_are_private(tmp_path: Path) -> None:
+    db = tmp_path / "a" / "b" / "ledger.db"
+    Ledger(f"sqlite:///{db}", default_orders(), 1e-5, 1.0).close()
+    for folder in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
