@@ -1,5 +1,6 @@
 """The Bayesian accountant for DP-SGD (Triastcyn & Faltings, "Bayesian Differential Privacy for
-Machine Learning", ICML 2020; seeds 000 and 001; restated in privacy-math.md §7).
+Machine Learning", ICML 2020, and "Improved Accounting for Differentially Private Learning", arXiv
+1901.09697; restated in docs/privacy-math.md §7).
 
 Instead of the worst case over neighbouring datasets, the privacy cost of each step is an upper
 confidence bound on the expected moment over pairs of examples drawn from the data: with m pairs
@@ -8,10 +9,10 @@ of (clipped) per-example gradients at distances d_i and Gaussian noise of std si
     l_i(lam) = T * log E_{k ~ Binomial(lam + 1, q)} [exp((k^2 - k) d_i^2 / (2 sigma^2))],
     c_t(lam) = (1/T) log(M + t_{1-gamma, m-1} S / sqrt(m - 1)),
 
-M and S the mean and standard deviation (ddof 0) of exp(l_i) (seed 001, eq. 8-12: the Student-t
-posterior of the mean under a flat prior). T is the total number of steps planned (the Hölder
-correction of the composition theorem, seed 001 eq. 5). With C(lam) = sum_t c_t(lam) and K
-estimates each failing with probability gamma,
+M and S the mean and standard deviation (ddof 0) of exp(l_i) (Triastcyn & Faltings 2020, eq. 8-12:
+the Student-t posterior of the mean under a flat prior). T is the total number of steps planned (the
+Hölder correction of the composition theorem, Triastcyn & Faltings 2020, eq. 5). With C(lam) = sum_t
+c_t(lam) and K estimates each failing with probability gamma,
 
     eps = min_lam [C(lam) - log(delta - (1 - (1 - gamma)^K))] / lam,
     delta = min_lam exp(C(lam) - lam eps) + 1 - (1 - gamma)^K.
@@ -41,7 +42,8 @@ DEFAULT_MOMENTS: tuple[int, ...] = (2, 4, 8, 16, 32)
 def _pair_log_moments(distances: NDArray[np.float64], noise_std: float, sampling_rate: float,
                       moments: NDArray[np.float64], scale: float) -> NDArray[np.float64]:
     """l_i(lam) = scale * log E_{k ~ Bin(lam + 1, q)} exp((k^2 - k) d_i^2 / (2 sigma^2)),
-    shape [pairs, moments] (seed 001, eq. 10; the authors' mixture-first direction)."""
+    shape [pairs, moments] (Triastcyn & Faltings 2020, eq. 10; the authors' mixture-first
+    direction)."""
     with np.errstate(divide="ignore"):
         ratio = noise_std / distances  # the noise multiplier each pair sees; d = 0 -> inf -> 0
     return scale * log_binomial_moment(sampling_rate, moments[None, :] + 1.0, ratio[:, None])
@@ -50,9 +52,9 @@ def _pair_log_moments(distances: NDArray[np.float64], noise_std: float, sampling
 def upper_confidence_log_mean(log_samples: ArrayLike, failure_probability: float
                               ) -> NDArray[np.float64]:
     """log(M + t_{1-gamma, m-1} S / sqrt(m - 1)) over axis 0, M and S the mean and standard
-    deviation (ddof 0) of exp(log_samples): the Student-t upper confidence bound of seed 001,
-    eq. 11-12, in log space. log S = log M + 1/2 log mean(expm1(l_i - log M)^2) is stable because
-    l_i - log M <= log m."""
+    deviation (ddof 0) of exp(log_samples): the Student-t upper confidence bound of Triastcyn &
+    Faltings 2020, eq. 11-12, in log space. log S = log M + 1/2 log mean(expm1(l_i - log M)^2) is
+    stable because l_i - log M <= log m."""
     ell = np.asarray(log_samples, np.float64)
     m = ell.shape[0]
     if m < 3:
@@ -65,7 +67,7 @@ def upper_confidence_log_mean(log_samples: ArrayLike, failure_probability: float
 
 
 class BayesianAccountant:
-    """Accumulates the Bayesian privacy cost of DP-SGD steps (privacy-math.md §7).
+    """Accumulates the Bayesian privacy cost of DP-SGD steps (docs/privacy-math.md §7).
 
     ``confidence`` is the estimator's confidence 1 - gamma per estimate. In float64,
     ``1 - 1e-16`` is 1 - 2^-53, so gamma = 1 - confidence = 1.11e-16 (exact subtraction), which
@@ -104,8 +106,9 @@ class BayesianAccountant:
 
     def step_cost(self, distances: ArrayLike, noise_std: float, sampling_rate: float,
                   steps: int = 1) -> NDArray[np.float64]:
-        """c(lam) of ``steps`` steps estimated from one sample of pair distances (seed 001,
-        eq. 10-12): the Student-t bound on the mean of exp(steps * T * log E[...]), over T."""
+        """c(lam) of ``steps`` steps estimated from one sample of pair distances (Triastcyn &
+        Faltings 2020, eq. 10-12): the Student-t bound on the mean of exp(steps * T * log E[...]),
+        over T."""
         d = np.asarray(distances, np.float64)
         if d.ndim != 1 or not np.all(np.isfinite(d)) or np.any(d < 0):
             raise ValueError("distances must be a 1-d array of finite non-negative numbers")

@@ -1,7 +1,7 @@
 """The Gaussian mechanism and GNMax: data-independent and data-dependent RDP.
 
 PATE 2018 (Papernot et al., "Scalable Private Learning with PATE", arXiv 1802.08908), §4.1 and
-Appendix A; restated in privacy-math.md §2. Every function is vectorised: votes are
+Appendix A; restated in docs/privacy-math.md §2. Every function is vectorised: votes are
 ``[queries, classes]``, log q is ``[queries]``, orders are ``[orders]`` and RDP is
 ``[queries, orders]``.
 """

@@ -1,5 +1,5 @@
 """LNMax, the original PATE aggregator (Papernot et al. 2017, "Semi-supervised Knowledge Transfer
-for Deep Learning from Private Training Data", arXiv 1610.05755; privacy-math.md §4).
+for Deep Learning from Private Training Data", arXiv 1610.05755; docs/privacy-math.md §4).
 
 Laplace noise of scale b on every count; each answer is pure (2/b)-DP.
 """

@@ -1,4 +1,4 @@
-"""The grid of Rényi orders every analysis minimises over (privacy-math.md §1)."""
+"""The grid of Rényi orders every analysis minimises over (docs/privacy-math.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Composition of Rényi-DP and conversion to (epsilon, delta)-DP (privacy-math.md §1)."""
+"""Composition of Rényi-DP and conversion to (epsilon, delta)-DP (docs/privacy-math.md §1)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Abadi et al. 2016 ("Deep Learning with Differential Privacy", §3.1, the moments accountant) and
 Mironov, Talwar, Zhang 2019 ("Rényi Differential Privacy of the Sampled Gaussian Mechanism", §3);
-restated in privacy-math.md §6. Poisson sampling with rate q, L2 sensitivity 1 (the clipping norm),
-noise N(0, sigma^2) (sigma the noise multiplier), add/remove-one neighbours:
+restated in docs/privacy-math.md §6. Poisson sampling with rate q, L2 sensitivity 1 (the clipping
+norm), noise N(0, sigma^2) (sigma the noise multiplier), add/remove-one neighbours:
 
     r(a) = log A_a / (a - 1),
     A_a = E_{z ~ N(0, sigma^2)} [(1 - q + q e^{(2z - 1)/(2 sigma^2)})^a].
@@ -40,9 +40,9 @@ def log_binomial_moment(q: float, orders: ArrayLike, sigma: ArrayLike) -> NDArra
     """log E_{k ~ Binomial(a, q)} [exp((k^2 - k) / (2 sigma^2))] for integer orders a.
 
     For integer a this is log A_a of the sampled Gaussian (Mironov, Talwar, Zhang 2019, §3.3,
-    eq. for integer alpha; privacy-math.md §6), and with sigma = noise std / pair distance the
-    per-pair moment of the Bayesian accountant (Triastcyn & Faltings 2020, §4; privacy-math.md §7).
-    Computed in log space from log-binomial coefficients (gammaln).
+    eq. for integer alpha; docs/privacy-math.md §6), and with sigma = noise std / pair distance the
+    per-pair moment of the Bayesian accountant (Triastcyn & Faltings 2020, §4; docs/privacy-math.md
+    §7). Computed in log space from log-binomial coefficients (gammaln).
 
     ``sigma`` broadcasts against ``orders``: the result has shape
     ``np.broadcast_shapes(np.shape(sigma), np.shape(orders))``. sigma = inf gives 0, sigma = 0
@@ -126,7 +126,7 @@ def _log_a_fractional(q: float, sigma: float, orders: NDArray[np.float64]) -> ND
 def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: ArrayLike | None = None,
                          steps: int = 1) -> NDArray[np.float64]:
     """RDP of ``steps`` compositions of the Poisson-subsampled Gaussian at each order:
-    steps * log A_a / (a - 1) (Mironov, Talwar, Zhang 2019, §3; privacy-math.md §6).
+    steps * log A_a / (a - 1) (Mironov, Talwar, Zhang 2019, §3; docs/privacy-math.md §6).
 
     Integer orders use the exact binomial expansion; fractional orders the two-sided series, kept
     an upper bound and never negative (an order whose series does not converge takes the value
@@ -164,7 +164,7 @@ def dpsgd_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,
                   conversion: Conversion = "improved",
                   orders: ArrayLike | None = None) -> tuple[float, float]:
     """(epsilon, optimal order) of DP-SGD: the sampled Gaussian composed over ``steps`` and
-    converted by ``analysis.rdp.epsilon_from_rdp`` (privacy-math.md §1, §6)."""
+    converted by ``analysis.rdp.epsilon_from_rdp`` (docs/privacy-math.md §1, §6)."""
     a = as_orders(orders)
     return epsilon_from_rdp(sampled_gaussian_rdp(q, noise_multiplier, a, steps), a, delta,
                             conversion)

@@ -1,5 +1,5 @@
 """Smooth sensitivity of PATE's data-dependent privacy cost (PATE 2018, Appendices B and C;
-privacy-math.md §5).
+docs/privacy-math.md §5).
 
 The data-dependent RDP total is a function of the private votes, so it is released with Gaussian
 noise scaled to its beta-smooth sensitivity (the GNSS mechanism). This module computes, at one
@@ -328,9 +328,9 @@ def threshold_local_sensitivity_total(max_votes: ArrayLike, num_teachers: int, t
     the cost when the (rounded) thresholded maximum is v = 0..N, LS(v) = max |r[v +- 1] - r[v]|,
     and LS_q[d] = max over |d'| <= d of LS(v* + d') within [0, N].
 
-    The published analysis (and privacy-math.md §5) takes max(LS(v* + d), LS(v* - d)) at exactly
-    d. For one query both give the same SS_beta, but a neighbour at distance d of the whole votes
-    matrix may move some queries' maxima by less than d, so the sum over queries must use the
+    The published analysis (and docs/privacy-math.md §5) takes max(LS(v* + d), LS(v* - d)) at
+    exactly d. For one query both give the same SS_beta, but a neighbour at distance d of the whole
+    votes matrix may move some queries' maxima by less than d, so the sum over queries must use the
     maximum over distances <= d (Nissim, Raskhodnikova, Smith 2007, Def. 3.1) to stay an upper
     bound. Where the published array is already non-decreasing (the usual case) they agree."""
     n = int(num_teachers)

@@ -1,5 +1,5 @@
 """The noisy threshold step of Confident- and Interactive-GNMax (PATE 2018, §4.2-4.3, Alg. 1-2;
-privacy-math.md §3).
+docs/privacy-math.md §3).
 
 The step compares max_j n_j (Interactive: max_j (n_j - N p_j)) plus N(0, sigma1^2) with T. Its
 input has sensitivity 1 where GNMax's has sqrt 2, so every GNMax bound applies with sigma replaced

@@ -14,6 +14,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
+from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
 from teachers.choices import MODELS
 
@@ -30,15 +31,20 @@ class DataConfig(_Section):
 
 
 class TeachersConfig(_Section):
+    """``pate teachers train``'s settings; ``None``: the library's default (teachers.ensemble.
+    TrainConfig: batch 8, learning rate 6e-3; 25 teachers per shard)."""
+
     count: int = Field(default=250, ge=1)
     model: Literal[MODELS] = "cnn"  # type: ignore[valid-type]
     epochs: int = Field(default=20, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    lr: float | None = Field(default=None, gt=0)
     mixup: float = Field(default=0.0, ge=0)
+    augment: Literal[("auto", *AUGMENTATIONS)] = "auto"  # type: ignore[valid-type]
     seed: int = 0
     workers: int = Field(default=1, ge=1)
-    shard_size: int | None = Field(default=None, ge=1)
+    shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
-    extra_args: list[str] = Field(default_factory=list)
 
 
 class AggregatorConfig(_Section):
@@ -77,22 +83,40 @@ class AggregatorConfig(_Section):
 
 
 class StudentConfig(_Section):
+    """``pate student train``'s settings (student.workflow.StudentOptions), the same for
+    every round."""
+
     method: Literal["vat", "gan", "supervised"] = "vat"
     # None: the method's default
     arch: Literal["cnn", "cnn-hog", "cnn-hog-simclr", "mlp", "wn-mlp"] | None = None
     queries: int = Field(default=1000, ge=1)
     interactive_queries: int = Field(default=0, ge=0)
     select: Literal["first", "random", "uncertainty"] = "random"
+    request_size: int = Field(default=512, ge=1)
     epochs: int = Field(default=20, ge=1)
+    width: int = Field(default=32, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    unlabelled_batch_size: int = Field(default=128, ge=1)
+    lr: float | None = Field(default=None, gt=0)
+    augment: Literal[AUGMENTATIONS] = "none"  # type: ignore[valid-type]
+    balance_classes: bool = False
+    vat_eps: float = Field(default=2.0, gt=0)
+    entmin: bool = False
+    encoder_epochs: int | None = Field(default=None, ge=1)
+    seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
-    extra_args: list[str] = Field(default_factory=list)
 
 
 class DPSGDConfig(_Section):
+    """``pate dpsgd train``'s settings (student.dpsgd.DPSGDConfig), trained to ``epsilon``."""
+
     enabled: bool = False
     epsilon: float = Field(default=3.0, gt=0)
     epochs: int = Field(default=10, ge=1)
-    extra_args: list[str] = Field(default_factory=list)
+    batch_size: int = Field(default=2048, ge=1)
+    lr: float = Field(default=4.0, gt=0)
+    momentum: float = Field(default=0.9, ge=0)
+    max_grad_norm: float = Field(default=0.1, gt=0)
 
 
 class ReportConfig(_Section):

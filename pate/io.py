@@ -1,7 +1,7 @@
 """Files of a run directory: atomic writes (temporary file, fsync, rename) and private modes.
 
-DESIGN.md: private files (votes, ledger, teacher weights) are created 0600 and their directories
-0700; no half-written artifact is ever left behind.
+docs/design.md: private files (votes, ledger, teacher weights) are created 0600 and their
+directories 0700; no half-written artifact is ever left behind.
 """
 
 from __future__ import annotations

@@ -1,219 +1,166 @@
-"""``pate run``: private data to a published student in one command.
+"""``pate run``: private data to a published student in one command (docs/design.md, "Data flow
+of ``pate run``").
 
-Stages (each one a ``pate`` sub-command, run as a child process, so every stage is exactly what a
-user could run by hand): teachers -> votes -> student round 1 (Confident-GNMax) and, if asked for,
-round 2 (Interactive-GNMax), each against a real ``pate serve`` process on loopback with a
-generated token and the run's one ledger -> dpsgd (optional baseline) -> report. A finished stage
-is recorded in ``stages.json`` and skipped on rerun, so a round that was paid for is never asked
-again; an interrupted stage is rerun (teachers resume by shard).
+Stages, each a library call on one run directory (``pate.rundir.RunDir``): teachers (on Ray,
+resumable by shard) -> votes -> student round 1 (Confident-GNMax) and, if asked for, round 2
+(Interactive-GNMax), each against a real HTTP aggregation service on loopback (``pate.service.
+server``, in a thread of this process) with a generated token and the run's one ledger -> dpsgd
+(optional baseline) -> report. A finished stage is recorded in ``stages.json`` and skipped on
+rerun, so a round that was paid for is never asked again; an interrupted stage runs again. Each
+stage's start and end go to ``log.txt`` and, unless quiet, to stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import re
 import secrets
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
-import httpx
-
-from analysis.mechanisms import mechanism_to_dict
 from pate.config import RunConfig, dump_config, parse_config
 from pate.errors import UserError
-from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
+from pate.progress import say
+from pate.rundir import RunDir
+from pate.service.client import LabelClient
+from pate.service.server import open_server
+from student.baseline import train_dpsgd_baseline
+from student.dpsgd import DPSGDConfig
+from student.workflow import AggregatorSession, DataOptions, StudentOptions, train_student
+from teachers.distributed import Cluster, TrainJob, train_teachers
+from teachers.ensemble import TrainConfig, augment_for
+from teachers.votes import collect_votes
 
 STAGES = ("teachers", "votes", "student-confident", "student-interactive", "dpsgd", "report")
-_LISTENING = re.compile(r"listening on (http://[^\s]+)")
 
 
-def _pate(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pate", *args]
-
-
-def _run_stage(name: str, argv: list[str]) -> None:
-    print(f"pate run: {name}: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise UserError(f"stage {name} failed (exit {proc.returncode}); see the lines above")
-
-
-class StageLog:
-    """Which stages of a run are finished (``stages.json``, written atomically)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "stages.json"
-        self.done: dict[str, float] = (json.loads(self.path.read_text())
-                                       if self.path.is_file() else {})
-
-    def finish(self, stage: str, seconds: float) -> None:
-        self.done[stage] = round(seconds, 3)
-        write_json_atomic(self.path, self.done)
-
-
-@contextlib.contextmanager
-def label_service(run_dir: Path, config: RunConfig, mechanism: str,
-                  token_file: Path) -> Iterator[str]:
-    """A real ``pate serve`` process on a free loopback port; yields its URL, stops it after."""
-    argv = _pate("serve", "--run", str(run_dir), *_aggregator_args(config, mechanism),
-                 "--token-file", str(token_file), "--host", "127.0.0.1", "--port", "0")
-    print(f"pate run: serve: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    try:
-        url = _wait_for_url(proc)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for_url(proc: subprocess.Popen, timeout: float = 120.0) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    url = None
-    for line in proc.stdout:
-        print(line, end="", file=sys.stderr, flush=True)
-        match = _LISTENING.search(line)
-        if match:
-            url = match.group(1)
-            break
-        if time.monotonic() > deadline:
-            break
-    if url is None:
-        proc.wait(timeout=10)
-        raise UserError(f"pate serve did not start (exit {proc.returncode}); see above")
-    threading.Thread(target=_forward, args=(proc.stdout,), daemon=True).start()
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
-                return url
-        if proc.poll() is not None:
-            raise UserError(f"pate serve exited ({proc.returncode}) before answering /healthz")
-        time.sleep(0.2)
-    raise UserError("pate serve did not answer /healthz in time")
-
-
-def _forward(stream: IO[str]) -> None:
-    """Copy the server's further output to our stderr, so its pipe never fills."""
-    for line in stream:
-        print(line, end="", file=sys.stderr, flush=True)
-
-
-def _token(run_dir: Path) -> Path:
-    """A fresh random bearer token for this run's student, private to the run directory."""
-    path = run_dir / "service.token"
-    if not path.is_file():
-        write_bytes_atomic(path, (secrets.token_urlsafe(32) + "\n").encode(), private=True)
-    return path
-
-
-def prepare_run_dir(config: RunConfig, run_dir: Path) -> None:
+def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     """Create the run directory (0700) and its config.toml; a rerun must use the same config."""
-    ensure_dir(run_dir, private=True)
-    path = run_dir / "config.toml"
-    text = dump_config(config)
-    if path.is_file():
-        if parse_config(path.read_text(), str(path)) != config:
-            raise UserError(f"{run_dir} was started with a different configuration; use a new "
-                            f"--run directory (or delete {path})")
+    run.create()
+    if run.config.is_file():
+        if parse_config(run.config.read_text(), str(run.config)) != config:
+            raise UserError(f"{run} was started with a different configuration; use a new "
+                            f"--run directory (or delete {run.config})")
         return
-    write_bytes_atomic(path, text.encode())
+    run.write_text(run.config, dump_config(config))
 
 
-def _teachers_argv(config: RunConfig, run_dir: Path) -> list[str]:
+def _token(run: RunDir) -> Path:
+    """A fresh random bearer token for this run's student, private to the run directory."""
+    if not run.token.is_file():
+        run.write_secret(run.token, secrets.token_urlsafe(32) + "\n")
+    return run.token
+
+
+def _data(config: RunConfig) -> DataOptions:
+    d = config.data
+    return DataOptions(d.dataset, d.data_dir, d.pool_size)
+
+
+def _teachers(config: RunConfig, run: RunDir) -> None:
     t, d = config.teachers, config.data
-    argv = _pate("teachers", "train", "--run", str(run_dir), "--dataset", d.dataset,
-                 "--teachers", str(t.count), "--seed", str(t.seed), "--model", t.model,
-                 "--epochs", str(t.epochs), "--mixup", repr(t.mixup), "--workers",
-                 str(t.workers), "--device", t.device)
-    if t.shard_size:
-        argv += ["--shard-size", str(t.shard_size)]
-    return argv + _data_args(config) + list(t.extra_args)
+    given = {"batch_size": t.batch_size, "lr": t.lr}
+    train = TrainConfig(model=t.model, epochs=t.epochs, mixup=t.mixup,
+                        augment=augment_for(d.dataset, t.augment), seed=t.seed,
+                        **{k: v for k, v in given.items() if v is not None})
+    job = TrainJob(d.dataset, t.count, t.shard_size, train, d.pool_size, d.data_dir)
+    result = train_teachers(run.root, job, Cluster(t.workers, None, t.device))
+    run.append_log(f"teachers: {len(result['trained'])} shard(s) trained, "
+                   f"{len(result['skipped'])} already done")
 
 
-def _data_args(config: RunConfig) -> list[str]:
-    out = []
-    if config.data.data_dir:
-        out += ["--data-dir", config.data.data_dir]
-    if config.data.pool_size:
-        out += ["--pool-size", str(config.data.pool_size)]
-    return out
+def _votes(config: RunConfig, run: RunDir) -> None:
+    queries = collect_votes(run.root, config.teachers.device, config.data.data_dir)
+    run.append_log(f"votes: {queries} pool rows")
 
 
-def _aggregator_args(config: RunConfig, mechanism: str) -> list[str]:
-    a = config.aggregator
-    record = mechanism_to_dict(a.round_mechanism(mechanism))
-    return ["--mechanism", record.pop("mechanism"),
-            *(arg for name, value in record.items() for arg in (f"--{name}", repr(value))),
-            "--budget-epsilon", repr(a.budget_epsilon), "--delta", repr(a.delta)]
-
-
-def _student_args(config: RunConfig) -> list[str]:
-    """``pate student train``'s options from the config's student section (not the round's)."""
+def _student_options(config: RunConfig, queries: int) -> StudentOptions:
     s = config.student
-    return ["--method", s.method, *(["--arch", s.arch] if s.arch else []),
-            "--dataset", config.data.dataset, "--select", s.select, "--epochs", str(s.epochs),
-            "--device", s.device, *_data_args(config), *s.extra_args]
+    return StudentOptions(
+        method=s.method, arch=s.arch, width=s.width, queries=queries, select=s.select,
+        request_size=s.request_size, epochs=s.epochs, batch_size=s.batch_size,
+        unlabelled_batch_size=s.unlabelled_batch_size, lr=s.lr, augment=s.augment,
+        balance_classes=s.balance_classes, vat_eps=s.vat_eps, entmin=s.entmin,
+        encoder_epochs=s.encoder_epochs, seed=s.seed, device=s.device)
 
 
-def _student_round(config: RunConfig, run_dir: Path, mechanism: str, queries: int) -> None:
-    """One query round of the student against a ``pate serve`` of ``mechanism``."""
-    token = _token(run_dir)
-    with label_service(run_dir, config, mechanism, token) as url:
-        _run_stage(f"student-{mechanism}", _pate(
-            "student", "train", "--run", str(run_dir), "--server", url, "--token-file",
-            str(token), "--mechanism", mechanism, "--queries", str(queries),
-            *_student_args(config)))
+def _student_round(config: RunConfig, run: RunDir, mechanism: str, queries: int) -> None:
+    """One query round of the student against a real HTTP label service of ``mechanism`` on
+    loopback, over the run's votes and ledger."""
+    a = config.aggregator
+    token = _token(run)
+    server = open_server(a.round_mechanism(mechanism), token_file=token,
+                         epsilon_budget=a.budget_epsilon, delta=a.delta, run_dir=run.root,
+                         host="127.0.0.1", port=0, device=config.teachers.device)
+    try:
+        with server.running() as url:
+            say(f"pate run: {mechanism} aggregation service on {url}")
+            session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism)
+            options = _student_options(config, queries)
+            metrics = train_student(run, lambda: session, options, _data(config),
+                                    on_epoch=_epoch_line(run, f"student-{mechanism}"),
+                                    say=lambda text: say(f"pate run: {text}"))
+    finally:
+        server.close()
+    run.append_log(f"student-{mechanism}: accuracy {metrics['accuracy']:.4f}, "
+                   f"{metrics['labels_used']} labels, epsilon "
+                   f"{metrics['epsilon']['data_independent']:.3f} data-independent")
 
 
-def _dpsgd_stage(config: RunConfig, run_dir: Path) -> None:
+def _epoch_line(run: RunDir, stage: str) -> Callable[[int, dict[str, float]], None]:
+    """An ``on_epoch`` that says each finished epoch (its mean losses, of public data and
+    released labels) on stderr and in ``log.txt``."""
+    def on_epoch(epoch: int, losses: dict[str, float]) -> None:
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in losses.items())
+        line = f"{stage}: epoch {epoch + 1} done ({shown})"
+        say(f"pate run: {line}")
+        run.append_log(line)
+    return on_epoch
+
+
+def _dpsgd(config: RunConfig, run: RunDir) -> None:
     p = config.dpsgd
-    _run_stage("dpsgd", _pate("dpsgd", "train", "--run", str(run_dir), "--dataset",
-                              config.data.dataset, "--epsilon", repr(p.epsilon), "--delta",
-                              repr(config.aggregator.delta), "--epochs", str(p.epochs),
-                              *p.extra_args))
+    settings = DPSGDConfig(epochs=p.epochs, expected_batch_size=p.batch_size, lr=p.lr,
+                           momentum=p.momentum, max_grad_norm=p.max_grad_norm,
+                           target_epsilon=p.epsilon, delta=config.aggregator.delta)
+    metrics = train_dpsgd_baseline(run, settings, config.data.dataset, config.data.data_dir)
+    run.append_log(f"dpsgd: accuracy {metrics['accuracy']:.4f} at epsilon "
+                   f"{metrics['epsilon']:.3f}")
 
 
-def _report_stage(config: RunConfig, run_dir: Path) -> None:
+def _report(run: RunDir) -> None:
     from pate.report.run_report import write_run_report
 
-    print(f"pate run: report: {write_run_report(run_dir)}", file=sys.stderr, flush=True)
+    say(f"pate run: report: {write_run_report(run.root)}")
 
 
-def run_pipeline(config: RunConfig, run_dir: Path) -> Path:
+def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     """Run every unfinished stage in order; returns the report's path."""
-    prepare_run_dir(config, run_dir)
-    log = StageLog(run_dir)
+    run = RunDir(run_dir)
+    prepare_run_dir(config, run)
     actions: dict[str, Callable[[], None]] = {
-        "teachers": lambda: _run_stage("teachers", _teachers_argv(config, run_dir)),
-        "votes": lambda: _run_stage("votes", _pate("teachers", "votes", "--run", str(run_dir),
-                                                   "--device", config.teachers.device)),
-        "student-confident": lambda: _student_round(config, run_dir, "confident",
+        "teachers": lambda: _teachers(config, run),
+        "votes": lambda: _votes(config, run),
+        "student-confident": lambda: _student_round(config, run, "confident",
                                                     config.student.queries),
-        "student-interactive": lambda: _student_round(config, run_dir, "interactive",
+        "student-interactive": lambda: _student_round(config, run, "interactive",
                                                       config.student.interactive_queries),
-        "dpsgd": lambda: _dpsgd_stage(config, run_dir),
-        "report": lambda: _report_stage(config, run_dir),
+        "dpsgd": lambda: _dpsgd(config, run),
+        "report": lambda: _report(run),
     }
+    done = run.finished_stages()
     for stage in STAGES:
         if (stage == "dpsgd" and not config.dpsgd.enabled) or (
                 stage == "student-interactive" and not config.student.interactive_queries):
             continue
-        if stage in log.done:
-            print(f"pate run: {stage}: done already, skipped", file=sys.stderr, flush=True)
+        if stage in done:
+            say(f"pate run: {stage}: done already, skipped")
             continue
+        say(f"pate run: {stage}: started")
+        run.append_log(f"{stage}: started")
         start = time.monotonic()
         actions[stage]()
-        log.finish(stage, time.monotonic() - start)
-    return run_dir / "report" / "report.html"
+        seconds = time.monotonic() - start
+        run.finish_stage(stage, seconds)
+        run.append_log(f"{stage}: finished in {seconds:.1f} s")
+        say(f"pate run: {stage}: finished in {seconds:.1f} s")
+    return run.report / "report.html"

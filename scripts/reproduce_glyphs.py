@@ -22,8 +22,9 @@ epsilon at ``--delta``.
 
 Label accuracies are Monte-Carlo averages over noise draws from a fixed seed (an offline
 experiment, not a release; the data-dependent epsilon is shown for comparison with the paper,
-which a release would not do, DESIGN.md rule 6). Writes reproduction.json, figures/*.png and
-reproduction.html under --out and prints one JSON object per ensemble and per student.
+which a release would not do, docs/design.md, privacy rule 6). Writes reproduction.json,
+figures/*.png and reproduction.html under --out and prints one JSON object per ensemble and per
+student.
 
     python scripts/reproduce_glyphs.py --teachers 25 50 100 200 --student-teachers 100
 """

@@ -3,10 +3,10 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
 
 - Per-example gradients clipped to L2 norm C, Poisson sampling with rate q, Gaussian noise of std
   sigma * C on the sum (Opacus ``GradSampleModule``, ``DPOptimizer``, ``DPDataLoader``).
-- Sampling and noise come from a generator seeded from the operating system's entropy (DESIGN.md
-  privacy rule 3): torchcsprng's /dev/urandom device generator when it is installed (Opacus's
-  ``secure_mode``), else a ``torch.Generator`` seeded with 64 bits from ``os.urandom``.
-- Epsilon is ``analysis.sampled_gaussian`` (privacy-math.md §6), not Opacus's accountant; with
+- Sampling and noise come from a generator seeded from the operating system's entropy
+  (docs/design.md privacy rule 3): torchcsprng's /dev/urandom device generator when it is installed
+  (Opacus's ``secure_mode``), else a ``torch.Generator`` seeded with 64 bits from ``os.urandom``.
+- Epsilon is ``analysis.sampled_gaussian`` (docs/privacy-math.md §6), not Opacus's accountant; with
   a target epsilon the noise multiplier is found by bisection on it.
 - Every step samples pairs of clipped per-example gradients of the batch and feeds their
   distances to ``analysis.bayesian.BayesianAccountant`` (Triastcyn & Faltings 2020, §4.2: pairs

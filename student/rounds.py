@@ -12,7 +12,7 @@ Selection (``select_queries``): ``first`` rows of the pool, a ``random`` subset,
 ``uncertainty``: the rows where the current student is least confident (lowest top probability;
 "least confident" sampling, B. Settles, "Active Learning Literature Survey", 2009, §3.1).
 
-What was received is ``labels.npz`` of the run directory (DESIGN.md): ``pool_index`` int64,
+What was received is ``labels.npz`` of the run directory (docs/design.md): ``pool_index`` int64,
 ``label`` int64 (-1 = no answer), plus ``branch`` int8 (0 none, 1 teachers, 2 student), written
 atomically after every request so that nothing paid for is lost.
 """
@@ -187,7 +187,7 @@ def analyze_rounds(rounds: list[dict], received: Received,
     """``analysis.votes_analysis.analyze_segments`` (PATE 2018's Table 2 analysis, rounds
     composed) of the rounds' ``round_segments``; None where those are unknown. The full result
     holds the raw data-dependent epsilon: callers release only the data-independent and
-    sanitised bounds (DESIGN.md rule 6)."""
+    sanitised bounds (docs/design.md, privacy rule 6)."""
     segments = round_segments(rounds, received, votes_of, probs_path)
     if segments is None:
         return None

@@ -1,14 +1,13 @@
 """A run's ``teachers/`` directory: one safetensors file of stacked parameters per shard, the
 frozen pool encoder of the architectures that use one, and ``manifest.json`` saying which shards
 are done and, after ``pate teachers votes``, how accurate the teachers are. Teacher weights are
-private (DESIGN.md): files 0600 in a 0700 directory, written to a temporary file and renamed
+private (docs/design.md): files 0600 in a 0700 directory, written to a temporary file and renamed
 (:mod:`pate.io`), so a killed run leaves either a whole checkpoint or none. safetensors: https://huggingface.co/docs/safetensors.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +16,14 @@ from safetensors.numpy import load, save
 
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
+from pate.rundir import RunDir
 
-DIR = "teachers"
-MANIFEST = "manifest.json"
 ENCODER_FILE = "pool-encoder.safetensors"
 
 
 def teachers_dir(run_dir: Path) -> Path:
-    return ensure_dir(Path(run_dir) / DIR, private=True)
+    """The run's ``teachers/`` folder, created 0700."""
+    return ensure_dir(RunDir(run_dir).teachers, private=True)
 
 
 def shard_file(index: int) -> str:
@@ -32,12 +31,13 @@ def shard_file(index: int) -> str:
 
 
 def read_manifest(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / DIR / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None
+    run = RunDir(run_dir)
+    return run.read_json(run.manifest)
 
 
 def write_manifest(run_dir: Path, manifest: dict) -> None:
-    write_json_atomic(teachers_dir(run_dir) / MANIFEST, manifest, private=True)
+    teachers_dir(run_dir)
+    write_json_atomic(RunDir(run_dir).manifest, manifest, private=True)
 
 
 def _save(run_dir: Path, name: str, tensors: dict[str, np.ndarray]) -> str:
@@ -47,13 +47,13 @@ def _save(run_dir: Path, name: str, tensors: dict[str, np.ndarray]) -> str:
 
 
 def _ok(run_dir: Path, name: str, sha256: str) -> bool:
-    path = Path(run_dir) / DIR / name
+    path = RunDir(run_dir).teachers / name
     return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
 
 
 def _load(run_dir: Path, name: str, sha256: str, device: str, what: str
           ) -> dict[str, torch.Tensor]:
-    path = Path(run_dir) / DIR / name
+    path = RunDir(run_dir).teachers / name
     data = path.read_bytes() if path.is_file() else b""
     if hashlib.sha256(data).hexdigest() != sha256:
         raise UserError(f"{what} {path} is missing or corrupt; rerun `pate teachers train` "

@@ -45,6 +45,12 @@ DEFAULT_AUGMENT = {"fashion-mnist": "none", "mnist": "none", "digits": "none",
                    "cifar10": "shift-flip", "svhn": "shift"}
 
 
+def augment_for(dataset: str, augment: str = "auto") -> str:
+    """The augmentation to train with: ``augment``, or for ``auto`` what keeps ``dataset``'s
+    labels (``DEFAULT_AUGMENT``; none for a dataset it does not list)."""
+    return DEFAULT_AUGMENT.get(dataset, "none") if augment == "auto" else augment
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How every teacher of a run is trained (recorded in the manifest). ``augment`` is one of

@@ -10,7 +10,6 @@ verifies it recomputes the same assignment before reusing a run directory.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +17,10 @@ import numpy as np
 
 from pate.errors import UserError
 from pate.io import write_json_atomic
+from pate.rundir import RunDir
 from teachers import rng
 
 PARTITION_STREAM = 4
-FILE = "partition.json"
 
 
 @dataclass(frozen=True)
@@ -71,19 +70,19 @@ def check_disjoint(parts: list[np.ndarray], num_rows: int) -> None:
 
 def write_partition(run_dir: Path, part: Partition, dataset: str) -> None:
     """Record the partition in ``run_dir/partition.json``."""
-    write_json_atomic(run_dir / FILE, {
+    write_json_atomic(RunDir(run_dir).partition, {
         "dataset": dataset, "seed": part.seed, "num_teachers": part.num_teachers,
         "num_rows": len(part.assignment), "sizes": part.sizes.tolist(), "sha256": part.sha256})
 
 
 def read_partition(run_dir: Path) -> dict | None:
     """The recorded ``partition.json`` of ``run_dir``, or None if there is none yet."""
-    path = run_dir / FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    run = RunDir(run_dir)
+    return run.read_json(run.partition)
 
 
 def verify_partition(recorded: dict, part: Partition, dataset: str) -> None:
     """Refuse to reuse a run directory whose recorded partition differs from ``part``."""
     if (recorded.get("dataset"), recorded.get("sha256")) != (dataset, part.sha256):
-        raise UserError(f"{FILE} of this run records a different partition (dataset, seed or "
-                        "number of teachers); use a new --run directory")
+        raise UserError("partition.json of this run records a different partition (dataset, "
+                        "seed or number of teachers); use a new --run directory")

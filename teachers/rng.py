@@ -6,7 +6,7 @@ A counter-based generator gives that for free and stays vectorised: every number
 coordinates. The mixer is SplitMix64's finaliser (G. Steele, D. Lea, C. Flood, "Fast splittable
 pseudorandom number generators", OOPSLA 2014), applied to a key that folds in each coordinate.
 These streams exist for offline, reproducible teacher training only; they never drive privacy
-noise (DESIGN.md, privacy rule 3).
+noise (docs/design.md, privacy rule 3).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ over a batch of inputs with ``torch.func.vmap`` (one call per shard and batch, n
 teachers or examples). On a CPU small batches are much faster per prediction (measured on 2
 cores: 25 teachers x 16 rows 96 us per prediction, x 256 rows 177 us: the activations of a
 large batch overflow the caches), so the default batch there is 32 rows; on a GPU 1024.
-Votes are private (DESIGN.md): callers write them with mode 0600.
+Votes are private (docs/design.md): callers write them with mode 0600.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tqdm import tqdm
 from pate.data.datasets import load_dataset, public_split
 from pate.errors import UserError
 from pate.io import write_with_atomic
+from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.models import build_model
 
@@ -106,7 +107,7 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, manifest.get("pool_size"))
     votes = ens.vote(pool_x, batch_size, desc="votes on the pool")
     acc = ens.accuracy(eval_x, eval_y, batch_size, desc="teacher accuracy")
-    write_with_atomic(run_dir / "votes.npz", lambda fh: np.savez(
+    write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(pool_x), dtype=np.int64)), private=True)
     manifest["accuracy"] = {
         "split": "evaluation", "rows": len(eval_y), "mean": float(acc.mean()),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from pate.data.votes_file import load_votes
+from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 
 
@@ -32,15 +32,13 @@ class VotePool:
     @classmethod
     def from_file(cls, path: str | Path) -> VotePool:
         """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index`` (votes.npz)."""
-        votes = load_votes(path)
-        pool_index = None
-        if str(path).endswith(".npz"):
-            with np.load(path, allow_pickle=False) as data:
-                if "pool_index" in data.files:
-                    pool_index = data["pool_index"]
-        if pool_index is not None and not np.issubdtype(pool_index.dtype, np.integer):
-            raise UserError(f"{path}: pool_index must be integers")
-        return cls(votes, pool_index)
+        return cls(*load_votes_with_index(path))
+
+    @property
+    def pool_indices(self) -> NDArray[np.int64]:
+        """The pool indices the votes cover, sorted (public: they name rows of the public
+        pool)."""
+        return self._sorted
 
     @property
     def classes(self) -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from analysis.rdp import CONVERSIONS
 from pate.errors import UserError
+from pate.progress import progress_bar
+from pate.rundir import RunDir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,12 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
-    from pate.data.datasets import load_dataset, public_split
-    from pate.io import ensure_dir, write_json_atomic, write_with_atomic
-    from student.dpsgd import DPSGDConfig, train_dpsgd
+    from student.baseline import train_dpsgd_baseline
+    from student.dpsgd import DPSGDConfig
 
     try:
         config = DPSGDConfig(
@@ -68,38 +65,12 @@ def run_train(args: argparse.Namespace) -> int:
             init_seed=args.init_seed)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    ds = load_dataset(args.dataset, args.data_dir)
-    (pool_x, _), (eval_x, eval_y) = public_split(ds)
-    norm = (float(pool_x.mean()), float(pool_x.std()))  # public data: no privacy cost
-
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(desc="DP-SGD", unit="step", file=sys.stderr)
-
-    def progress(step: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(1)
-
-    try:
-        result = train_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, ds.num_classes, config,
-                             norm, progress)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    metrics = {"dataset": ds.name, "normalisation": {"mean": norm[0], "std": norm[1]},
-               **result.metrics}
-    out = ensure_dir(args.run / "dpsgd", private=True)
-    write_with_atomic(out / "distances.npy", lambda fh: np.save(fh, result.distances),
-                      private=True)
-    write_with_atomic(out / "model.pt", lambda fh: torch.save(result.model.state_dict(), fh))
-    write_json_atomic(out / "metrics.json", metrics)
+    run = RunDir(args.run)
+    with progress_bar("DP-SGD", None, "step", every=10.0) as bar:
+        metrics = train_dpsgd_baseline(run, config, args.dataset, args.data_dir,
+                                       lambda _step, total: bar.update(1, total))
     print(json.dumps(metrics) if args.json
           else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP), "
                f"{metrics['epsilon_bayesian']:.3f} (Bayesian)  delta {metrics['delta']:g}  "
-               f"-> {out / 'metrics.json'}")
+               f"-> {run.dpsgd_metrics}")
     return 0

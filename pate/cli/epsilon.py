@@ -1,5 +1,5 @@
 """``pate epsilon dpsgd`` and ``pate epsilon bayesian``: the epsilon of DP-SGD from the RDP core,
-with the sampled-Gaussian accountant or the Bayesian accountant (privacy-math.md §6, §7)."""
+with the sampled-Gaussian accountant or the Bayesian accountant (docs/privacy-math.md §6, §7)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from pate import __version__
 from pate.errors import PateError
+from pate.progress import set_quiet
 
 COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.teachers",
@@ -35,7 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for command in _leaf_parsers(parser):  # `pate --quiet run` and `pate run --quiet` alike
+        command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                             help="no progress bars or progress lines")
     return parser
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser itself and every sub-command's parser, at any depth."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _leaf_parsers(sub)
+    return found
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
@@ -46,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _warning_line
+    if getattr(args, "quiet", False):
+        set_quiet(True)
     try:
         return int(args.handler(args) or 0)
     except PateError as exc:

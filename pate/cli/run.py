@@ -9,13 +9,14 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from pate.config import preset_names
+
     p = subparsers.add_parser(
         "run", help="the whole pipeline: teachers, votes, service, student, report",
-        description="Partition -> teachers -> votes -> a real `pate serve` on loopback -> "
-                    "student query rounds -> analysis -> report, in one run directory. A stage "
-                    "already finished is skipped on rerun. Presets: fashion-mnist-small (the "
-                    "quick default), fashion-mnist (250 teachers, the paper's protocol), "
-                    "digits-tiny (seconds).")
+        description="Partition -> teachers -> votes -> a real HTTP aggregation service on "
+                    "loopback -> student query rounds -> analysis -> report, in one run "
+                    "directory. A stage already finished is skipped on rerun. Presets: "
+                    f"{', '.join(preset_names())}; or a config .toml (docs/cli.md).")
     p.add_argument("config", metavar="PRESET_OR_TOML", help="preset name or config .toml")
     p.add_argument("--run", metavar="DIR",
                    help="run directory (default: runs/<config name>)")
@@ -25,12 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pate.config import load_config
     from pate.pipeline import run_pipeline
+    from pate.rundir import RunDir
 
     config = load_config(args.config)
     run_dir = Path(args.run) if args.run else Path("runs") / config.name
     start = time.monotonic()
     report = run_pipeline(config, run_dir)
-    summary = json.loads((report.parent / "report.json").read_text())["table"]
+    summary = RunDir(run_dir).read_json(report.parent / "report.json")["table"]
     print(json.dumps({"run": str(run_dir), "report": str(report),
                       "seconds": round(time.monotonic() - start, 1), "summary": summary}))
     return 0

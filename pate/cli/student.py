@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
+from pate.progress import progress_bar
+from pate.rundir import RunDir
+
+if TYPE_CHECKING:
+    from student.workflow import AggregatorSession
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,10 +102,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_train)
 
 
-def _open_source(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(label source, votes pool or None): the HTTP client, or the in-process service."""
-    from pate.aggregation.label_service import InProcessLabels
+def _session(args: argparse.Namespace) -> AggregatorSession:
+    """The label source of the flags: the HTTP client of ``--server``, or the label service in
+    this process over ``--votes`` (default the run's votes)."""
+    from pate.aggregation.label_service import InProcessLabels, open_label_service
     from pate.service.client import LabelClient
+    from student.workflow import AggregatorSession
 
     if args.server:
         given = given_parameters(args)
@@ -113,12 +117,11 @@ def _open_source(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.token_file is None:
             raise UserError("--server needs --token-file")
         try:
-            return LabelClient.from_token_file(args.server, args.token_file), None
+            client = LabelClient.from_token_file(args.server, args.token_file)
         except (OSError, ValueError) as exc:
             raise UserError(f"{args.token_file}: {exc}") from None
-    from pate.aggregation.label_service import open_label_service
-
-    votes = args.votes or args.run / "votes.npz"
+        return AggregatorSession(client, args.mechanism)
+    votes = args.votes or RunDir(args.run).votes
     if not votes.is_file():
         raise UserError(f"{votes}: no votes file (give --votes FILE or --server URL)")
     if args.budget_epsilon is None:
@@ -127,289 +130,42 @@ def _open_source(args: argparse.Namespace) -> tuple[Any, Any]:
                                  epsilon_budget=args.budget_epsilon, delta=args.delta,
                                  votes_path=votes, ledger_url=args.ledger,
                                  conversion=args.conversion)
-    return InProcessLabels(service), service
-
-
-def _votes_pool_index(path: Path) -> Any:
-    """The pool rows a votes file covers: its ``pool_index`` (public), else 0..rows-1."""
-    import numpy as np
-
-    data = np.load(path, allow_pickle=False)
-    if isinstance(data, np.ndarray):
-        return np.arange(len(data))
-    with data:
-        if "pool_index" in data.files:
-            return np.sort(data["pool_index"].astype(np.int64))
-        return np.arange(len(data[data.files[0]]))
-
-
-def _record_round(out: Path, args: argparse.Namespace, service: Any, got: Any,
-                  probs: Any) -> list[dict[str, Any]]:
-    """Append this round to ``out/rounds.json`` (public: the mechanism and its parameters, the
-    selection, the counts) and the probabilities sent to Interactive-GNMax to ``out/probs.npz``
-    (the analysis needs them as the baseline). Returns every round so far."""
-    import io
-
-    import numpy as np
-
-    from analysis.mechanisms import mechanism_to_dict
-    from pate.io import write_bytes_atomic, write_json_atomic
-
-    rounds_path, probs_path = out / "rounds.json", out / "probs.npz"
-    rounds = json.loads(rounds_path.read_text()) if rounds_path.is_file() else []
-    if not len(got):
-        return rounds
-    if probs is not None:
-        index, sent = got.pool_index, probs[:len(got)]
-        if probs_path.is_file():
-            with np.load(probs_path, allow_pickle=False) as old:
-                index = np.concatenate([old["pool_index"], index])
-                sent = np.concatenate([old["probs"], sent])
-        buf = io.BytesIO()
-        np.savez(buf, pool_index=index, probs=sent)
-        write_bytes_atomic(probs_path, buf.getvalue())
-    mechanism = ({"mechanism": args.mechanism} if service is None
-                 else mechanism_to_dict(service.aggregator.mechanism))
-    rounds.append({"mechanism": mechanism, "select": args.select, **got.counts()})
-    write_json_atomic(rounds_path, rounds)
-    return rounds
-
-
-def _sanitised_epsilon(service: Any, received: Any, rounds: list[dict[str, Any]], out: Path,
-                       delta: float, conversion: str) -> dict[str, Any] | None:
-    """Epsilon of every round so far from ``student.rounds.analyze_rounds`` (PATE 2018's Table 2
-    analysis of the asked rows, rounds composed): the data-independent bound and the
-    smooth-sensitivity-sanitised data-dependent one; only these are released (DESIGN.md rule 6).
-    None without local votes, with LNMax, or when a round's parameters or rows are unknown."""
-    from student.rounds import analyze_rounds
-
-    if service is None:
-        return None
-    result = analyze_rounds(rounds, received,
-                            lambda index: service.pool.votes[service.pool.rows(index)],
-                            out / "probs.npz", delta, conversion)
-    if result is None or result.smooth_sensitivity is None:  # LNMax has no sanitised bound
-        return None
-    ss = result.smooth_sensitivity.to_json()
-    return {"data_independent": result.data_independent.epsilon,
-            "smooth_sensitivity": {k: ss.get(k) for k in ("epsilon", "order", "beta", "sigma",
-                                                            "fallback")}}
-
-
-def _given_encoder(args: argparse.Namespace, channels: int) -> Any:
-    """The pool encoder the ``cnn-hog-simclr`` student is told to use, read and checked before
-    any query is asked (a bad one spends nothing): ``--pool-encoder``'s, else the one ``--run``'s
-    teachers learnt (digest checked); None when there is neither. Both are derived from the
-    public pool alone (teachers.pool_encoder), so the student may read them."""
-    from teachers import checkpoints
-    from teachers.pool_encoder import check_encoder, load_encoder_file
-
-    if args.pool_encoder is not None:
-        try:
-            return load_encoder_file(args.pool_encoder, channels)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--pool-encoder {args.pool_encoder}: {exc}") from None
-    manifest = args.run / checkpoints.DIR / checkpoints.MANIFEST
-    try:
-        recorded = (checkpoints.read_manifest(args.run) or {}).get("pool_encoder")
-        tensors = None if not recorded else checkpoints.load_encoder(args.run,
-                                                                     recorded["sha256"])
-        if tensors is not None:
-            check_encoder(tensors, channels)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{manifest}: no readable pool encoder ({exc.__class__.__name__})"
-                        ) from None
-    return tensors
-
-
-def _pool_features(args: argparse.Namespace, given: Any, previous: Any, pool_x: Any) -> Any:
-    """The ``cnn-hog-simclr`` student's :class:`student.models.PoolFeatures`: on the encoder
-    ``given`` (:func:`_given_encoder`), else that of the student saved by a previous round,
-    else one learnt here by SimCLR from the public pool (``--encoder-epochs``)."""
-    from student.models import POOL_FEATURE_ARCHS, PoolFeatures
-    from teachers.pool_encoder import EPOCHS, train_pool_encoder
-
-    encoder = given
-    if encoder is None and previous is not None and previous[1].arch in POOL_FEATURE_ARCHS:
-        encoder = previous[0].experts[1][0].encoder.state_dict()
-    if encoder is None:
-        epochs = EPOCHS if args.encoder_epochs is None else args.encoder_epochs
-        print(f"pate student: learning a pool encoder ({epochs} SimCLR epochs on the "
-              f"{len(pool_x)} pool rows)", file=sys.stderr, flush=True)
-        encoder = train_pool_encoder(pool_x, epochs, args.seed)
-    return PoolFeatures.on_pool(encoder, pool_x)
+    return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 
 def run_train(args: argparse.Namespace) -> int:
     import httpx
-    import numpy as np
     import torch
 
-    from pate.data.datasets import load_dataset, public_split
-    from pate.errors import PateError
-    from pate.io import ensure_dir, write_json_atomic
-    from student.models import POOL_FEATURE_ARCHS, build_classifier, same_tensors
-    from student.rounds import Received, ask, select_queries
-    from student.training import (
-        FitConfig,
-        MethodConfig,
-        accuracy,
-        build_learner,
-        fit,
-        load_classifier,
-        load_spec,
-        load_weights,
-        predict_proba,
-        save_model,
-        seed_everything,
-    )
+    from student.workflow import DataOptions, StudentOptions, train_student
 
-    started = time.perf_counter()
-    if (args.queries < 0 or args.request_size < 1 or args.epochs < 1
-            or (args.encoder_epochs is not None and args.encoder_epochs < 1)):
-        raise UserError("--queries must be >= 0, --request-size, --epochs and --encoder-epochs "
-                        ">= 1")
-    if args.pool_encoder is not None and args.encoder_epochs is not None:
-        raise UserError("give --pool-encoder (an encoder) or --encoder-epochs (learn one), "
-                        "not both")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: CUDA is not available")
     if args.threads is not None:
         if args.threads < 1:
             raise UserError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
-    try:
-        method = MethodConfig(args.method, args.arch, args.width, args.lr, args.vat_eps,
-                              args.entmin)
-        fit_config = FitConfig(args.epochs, args.batch_size, args.unlabelled_batch_size,
-                               method.learning_rate, augment=args.augment,
-                               balance_classes=args.balance_classes, seed=args.seed,
-                               device=args.device)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    ds = load_dataset(args.dataset, args.data_dir, need_train=False)
-    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, args.pool_size)
-    spec = method.spec(pool_x.shape[1:], ds.num_classes)
-    pool_features = spec.arch in POOL_FEATURE_ARCHS
-    if not pool_features and (args.pool_encoder or args.encoder_epochs):
-        raise UserError("--pool-encoder and --encoder-epochs are for --arch "
-                        f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
-    given = _given_encoder(args, pool_x.shape[1]) if pool_features else None
-    run = ensure_dir(args.run)
-    out = ensure_dir(run / "student")
-    labels_path = run / "labels.npz"
-    before = Received.load(labels_path) if labels_path.is_file() else Received.empty()
-    if np.any(before.pool_index >= len(pool_y)):
-        raise UserError(f"{labels_path} has pool indices beyond --pool-size {len(pool_y)}")
-    previous = load_classifier(out)
-    interactive = args.mechanism == "interactive"
-
-    source, service = _open_source(args)
-    try:
-        candidates = np.setdiff1d(np.arange(len(pool_y)), before.pool_index)
-        if service is not None:
-            candidates = np.intersect1d(candidates, _votes_pool_index(args.votes or
-                                                                      args.run / "votes.npz"))
-        probs_all = None
-        if args.queries and (interactive or args.select == "uncertainty"):
-            if previous is None:
-                raise UserError("interactive rounds and --select uncertainty need the student "
-                                f"of a previous round in {out}")
-            probs_all = predict_proba(previous[0].to(args.device), pool_x[candidates],
-                                      args.device)
-        chosen = select_queries(candidates, args.queries, args.select,
-                                np.random.default_rng(args.seed), probs_all)
-        probs = None
-        if interactive and chosen.size:
-            probs = probs_all[np.searchsorted(candidates, chosen)]
+    options = StudentOptions(
+        method=args.method, arch=args.arch, width=args.width, queries=args.queries,
+        select=args.select, request_size=args.request_size, epochs=args.epochs,
+        batch_size=args.batch_size, unlabelled_batch_size=args.unlabelled_batch_size,
+        lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
+        vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
+        encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
+    data = DataOptions(args.dataset, args.data_dir, args.pool_size)
+    with progress_bar(f"student {args.method}", args.epochs, "epoch") as bar:
         try:
-            got, exhausted = ask(source, chosen, probs, args.request_size,
-                                 on_request=lambda r: (before + r).save(labels_path))
-        except PateError as exc:
-            raise UserError(f"the aggregator refused: {exc}") from None
+            metrics = train_student(RunDir(args.run), lambda: _session(args), options, data,
+                                    conversion=args.conversion,
+                                    on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach {args.server}: {exc.__class__.__name__}") from None
-        budget = source.budget()
-        received = before + got
-        received.save(labels_path)
-        rounds = _record_round(out, args, service, got, probs)
-        analysed = _sanitised_epsilon(service, received, rounds, out, budget["delta"],
-                                      args.conversion)
-    finally:
-        source.close()
-    if exhausted:
-        print(f"pate student: budget exhausted after {len(got)} of {chosen.size} queries",
-              file=sys.stderr)
-
-    answered = received.answered
-    if not answered.any():
-        raise UserError("no labels received yet: nothing to train on (more queries or a lower "
-                        "threshold)")
-    lab_index = received.pool_index[answered]
-    lab_y = received.label[answered]
-    continued = previous is not None and previous[1] == spec and (
-        load_spec(out, "generator") is not None or args.method != "gan")
-    features = None
-    if pool_features:  # continue only on the same encoder
-        features = _pool_features(args, given, previous, pool_x)
-        continued = continued and same_tensors(previous[0].experts[1][0].encoder,
-                                               features.encoder)
-    seed_everything(args.seed)
-    model = build_classifier(spec, features).to(args.device)
-    if continued:
-        load_weights(model, out)
-    learner = build_learner(method, model, spec)
-    if continued and args.method == "gan":
-        load_weights(learner.generator_net, out, "generator")
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=args.epochs, desc=f"student {args.method}", unit="epoch",
-                   file=sys.stderr)
-    try:
-        result = fit(learner, pool_x[lab_index], lab_y, pool_x, fit_config,
-                     on_epoch=None if bar is None else lambda _e, _l: bar.update(1))
-    finally:
-        if bar is not None:
-            bar.close()
-    acc = accuracy(model, eval_x, eval_y, args.device)
-    save_model(model, spec, out)
-    if args.method == "gan":
-        save_model(learner.generator_net, spec, out, "generator")
-
-    counts = received.counts()
-    metrics = {
-        "method": args.method, "arch": spec.arch, "dataset": ds.name,
-        "accuracy": acc, "eval_size": len(eval_y), "pool_size": len(pool_y),
-        **counts,
-        "labels_used": int(answered.sum()),
-        "label_accuracy": float(np.mean(lab_y == pool_y[lab_index])),
-        "epsilon": {
-            "delta": budget["delta"],
-            "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients
-            "basis": budget["basis"],
-            "data_dependent_sanitised": (None if analysed is None
-                                         else analysed["smooth_sensitivity"]["epsilon"]),
-            "analysis": analysed,
-        },
-        "rounds": rounds,
-        "continued_from_previous": continued,
-        "training": {"width": spec.width, **asdict(fit_config),
-                     **({"vat_eps": method.vat_eps, "entmin": method.entmin}
-                        if args.method == "vat" else {})},
-        "epochs": args.epochs, "seconds_per_epoch": float(np.mean(result.seconds_per_epoch)),
-        "seconds": time.perf_counter() - started,
-    }
-    write_json_atomic(out / "metrics.json", metrics)
     if args.json:
         print(json.dumps(metrics))
     else:
         eps = metrics["epsilon"]
         shown = ("" if eps["data_dependent_sanitised"] is None
                  else f", {eps['data_dependent_sanitised']:.3f} data-dependent (sanitised)")
-        print(f"accuracy {acc:.4f}  labels {metrics['labels_used']} "
+        print(f"accuracy {metrics['accuracy']:.4f}  labels {metrics['labels_used']} "
               f"(label accuracy {metrics['label_accuracy']:.3f})  epsilon "
               f"{eps['data_independent']:.3f} data-independent{shown} at delta "
-              f"{eps['delta']:g}  -> {out / 'metrics.json'}")
+              f"{eps['delta']:g}  -> {RunDir(args.run).student_metrics}")
     return 0

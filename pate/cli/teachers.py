@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from pate.data.augment import AUGMENTATIONS
+from pate.rundir import RunDir
 from teachers.choices import MODELS
 
 
@@ -66,10 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from teachers.distributed import Cluster, TrainJob, train_teachers
-    from teachers.ensemble import DEFAULT_AUGMENT, TrainConfig
+    from teachers.ensemble import TrainConfig, augment_for
 
-    augment = (DEFAULT_AUGMENT.get(args.dataset, "none") if args.augment == "auto"
-               else args.augment)
+    augment = augment_for(args.dataset, args.augment)
     given = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
              "lr": args.lr, "mixup": args.mixup}
     cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}, augment=augment,
@@ -80,7 +80,7 @@ def _train(args: argparse.Namespace) -> int:
     t0 = time.time()
     result = train_teachers(args.run, job, cluster)
     print(f"teachers: trained {len(result['trained'])} shard(s), {len(result['skipped'])} "
-          f"already done, in {time.time() - t0:.1f} s -> {args.run / 'teachers'}",
+          f"already done, in {time.time() - t0:.1f} s -> {RunDir(args.run).teachers}",
           file=sys.stderr)
     return 0
 
@@ -90,6 +90,6 @@ def _votes(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     queries = collect_votes(args.run, args.device, args.data_dir, args.batch_size)
-    print(f"votes: {queries} queries in {time.time() - t0:.1f} s -> {args.run / 'votes.npz'}",
+    print(f"votes: {queries} queries in {time.time() - t0:.1f} s -> {RunDir(args.run).votes}",
           file=sys.stderr)
     return 0

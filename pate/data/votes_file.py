@@ -55,6 +55,23 @@ def load_votes(path: str | Path) -> NDArray[np.int64]:
     return votes
 
 
+def load_votes_with_index(path: str | Path) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Votes (``load_votes``) and the pool index of each row: a run's ``votes.npz`` holds it as
+    ``pool_index``; a file without one covers the pool rows ``0..rows-1``."""
+    votes = load_votes(path)
+    index = np.arange(len(votes), dtype=np.int64)
+    if str(path).endswith(".npz"):
+        with np.load(path, allow_pickle=False) as data:
+            if "pool_index" in data.files:
+                index = data["pool_index"]
+        if not np.issubdtype(index.dtype, np.integer):
+            raise UserError(f"{path}: pool_index must be integers")
+        if index.shape != (len(votes),):
+            raise UserError(f"{path}: pool_index must be 1-d with one entry per votes row, got "
+                            f"shape {list(index.shape)}")
+    return votes, index.astype(np.int64)
+
+
 def load_pool_indices(path: str | Path) -> NDArray[np.int64]:
     """Pool indices, 1-d integers: a ``.npy``, or an ``.npz`` with ``pool_index`` (a student's
     ``labels.npz``)."""

@@ -13,6 +13,7 @@ import numpy as np
 from analysis.costs import steps
 from analysis.mechanisms import Mechanism, mechanism_from_dict
 from pate.config import RunConfig, parse_config
+from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
 from pate.report.figures import (
@@ -24,18 +25,14 @@ from pate.report.figures import (
     table_html,
     write_report,
 )
-from student.rounds import interactive_baseline
+from pate.rundir import RunDir
+from student.rounds import Received, interactive_baseline
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def read_config(run_dir: Path) -> RunConfig:
-    path = run_dir / "config.toml"
-    if not path.is_file():
-        raise UserError(f"{run_dir}: no config.toml; is this a run directory?")
-    return parse_config(path.read_text(), str(path))
+def read_config(run: RunDir) -> RunConfig:
+    if not run.config.is_file():
+        raise UserError(f"{run}: no config.toml; is this a run directory?")
+    return parse_config(run.config.read_text(), str(run.config))
 
 
 def round_mechanism(config: RunConfig, recorded: dict[str, Any]) -> Mechanism:
@@ -61,30 +58,31 @@ def _pool_labels(config: RunConfig, pool_index: np.ndarray) -> np.ndarray | None
     return pool_y[pool_index]
 
 
-def _teacher_accuracies(run_dir: Path) -> np.ndarray | None:
-    manifest = _json(run_dir / "teachers" / "manifest.json") or {}
+def _teacher_accuracies(run: RunDir) -> np.ndarray | None:
+    manifest = run.read_json(run.manifest) or {}
     values = (manifest.get("accuracy") or {}).get("per_teacher")
     return np.asarray(values, np.float64) if values else None
 
 
-def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
+def _segments(run: RunDir, config: RunConfig, votes: np.ndarray,
               pool_index: np.ndarray) -> list[Segment]:
     """The student's query rounds, in the order ``labels.npz`` holds their rows: each round's
     record in ``student/rounds.json`` (one Confident round when there is none), and for
     Interactive rounds the baseline num_teachers * the probabilities the student sent
     (``student/probs.npz``)."""
-    labels_path = run_dir / "labels.npz"
-    with np.load(labels_path) as f:
-        asked, labels = f["pool_index"].astype(np.int64), f["label"].astype(np.int64)
+    try:
+        received = Received.load(run.labels)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{run.labels}: not a labels file ({exc.__class__.__name__})") from None
+    asked, labels = received.pool_index, received.label
     row_of = np.full(int(pool_index.max()) + 1, -1)
     row_of[pool_index] = np.arange(pool_index.size)
     if np.any(asked > pool_index.max()) or np.any(row_of[np.minimum(asked, pool_index.max())] < 0):
-        raise UserError(f"{labels_path}: asks for pool rows the votes do not cover")
-    rounds_path = run_dir / "student" / "rounds.json"
-    rounds = (json.loads(rounds_path.read_text()) if rounds_path.is_file()
-              else [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
+        raise UserError(f"{run.labels}: asks for pool rows the votes do not cover")
+    rounds = (run.read_json(run.rounds)
+              or [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
     if sum(r["queries"] for r in rounds) != asked.size:
-        raise UserError(f"{rounds_path}: its rounds do not add up to the rows of {labels_path}")
+        raise UserError(f"{run.rounds}: its rounds do not add up to the rows of {run.labels}")
     teachers = float(votes[0].sum())
     segments, start = [], 0
     for r in rounds:
@@ -93,28 +91,26 @@ def _segments(run_dir: Path, config: RunConfig, votes: np.ndarray,
         mechanism = round_mechanism(config, r["mechanism"])
         baseline = None
         if steps(mechanism).student_gamma is not None:
-            baseline = interactive_baseline(run_dir / "student" / "probs.npz", asked[sel],
-                                            teachers)
+            baseline = interactive_baseline(run.probs, asked[sel], teachers)
         segments.append(Segment(row_of[asked[sel]], mechanism, labels[sel], baseline))
     return segments
 
 
-def load_run_data(run_dir: Path) -> RunData:
-    config = read_config(run_dir)
-    votes_path, labels_path = run_dir / "votes.npz", run_dir / "labels.npz"
-    if not votes_path.is_file():
-        raise UserError(f"{run_dir}: no votes.npz; run `pate teachers votes --run {run_dir}`")
-    with np.load(votes_path) as f:
-        votes, pool_index = f["votes"].astype(np.int64), f["pool_index"].astype(np.int64)
-    segments = _segments(run_dir, config, votes, pool_index) if labels_path.is_file() else []
+def load_run_data(run_dir: str | Path) -> RunData:
+    run = RunDir(run_dir)
+    config = read_config(run)
+    if not run.votes.is_file():
+        raise UserError(f"{run}: no votes.npz; run `pate teachers votes --run {run}`")
+    votes, pool_index = load_votes_with_index(run.votes)
+    segments = _segments(run, config, votes, pool_index) if run.labels.is_file() else []
     return RunData(
-        name=run_dir.resolve().name, dataset=config.data.dataset,
+        name=run.root.resolve().name, dataset=config.data.dataset,
         delta=config.aggregator.delta, votes=votes,
         pool_labels=_pool_labels(config, pool_index), segments=segments,
         lnmax_scale=config.aggregator.lnmax_scale,
-        teacher_accuracies=_teacher_accuracies(run_dir),
-        student=_json(run_dir / "student" / "metrics.json"),
-        dpsgd=_json(run_dir / "dpsgd" / "metrics.json"),
+        teacher_accuracies=_teacher_accuracies(run),
+        student=run.read_json(run.student_metrics),
+        dpsgd=run.read_json(run.dpsgd_metrics),
         non_private_baseline=config.report.non_private_baseline,
         extra={"config": json.loads(config.model_dump_json())})
 
@@ -124,10 +120,12 @@ def _private_writer(path: Path, data: bytes) -> None:
     write_bytes_atomic(path, data, private=True)
 
 
-def write_run_report(run_dir: Path) -> Path:
+def write_run_report(run_dir: str | Path) -> Path:
+    """Analyse the run and write ``report/`` (private: it holds vote histograms and the
+    data-dependent epsilon); returns the path of ``report.html``."""
     data = load_run_data(run_dir)
     report, figures = build_report(data)
-    return write_report(report, figures, run_dir / "report",
+    return write_report(report, figures, RunDir(run_dir).report,
                         f"PATE privacy-utility report: {data.name}", run_sections(report),
                         _private_writer)
 
@@ -135,7 +133,7 @@ def write_run_report(run_dir: Path) -> Path:
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
     reports = []
     for run_dir in run_dirs:
-        path = run_dir / "report" / "report.json"
+        path = RunDir(run_dir).report / "report.json"
         if not path.is_file():
             write_run_report(run_dir)
         reports.append(json.loads(path.read_text()))

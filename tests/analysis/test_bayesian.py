@@ -19,8 +19,8 @@ from pate.cli.main import main
 
 def naive_step_cost(d: np.ndarray, sigma: float, q: float, moments: np.ndarray, total: int,
                     gamma: float) -> np.ndarray:
-    """Seed 001, eq. 10-12 in linear space, straight from the definitions (moderate values only):
-    exp(l_i) = (E_{k ~ Bin(lam+1, q)} exp((k^2 - k) d_i^2 / (2 sigma^2)))^T, then
+    """Triastcyn & Faltings 2020, eq. 10-12 in linear space, straight from the definitions (moderate
+    values only): exp(l_i) = (E_{k ~ Bin(lam+1, q)} exp((k^2 - k) d_i^2 / (2 sigma^2)))^T, then
     c = log(mean + t_{1-gamma, m-1} std / sqrt(m - 1)) / T."""
     out = []
     for lam in moments:

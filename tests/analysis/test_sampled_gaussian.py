@@ -31,7 +31,7 @@ STEPS = (1, 1_000, 100_000)
 
 def exact_rdp(q: float, sigma: float, alpha: float) -> float:
     """r(a) = log E_{z ~ N(0, sigma^2)} [(1 - q + q e^{(2z-1)/(2 sigma^2)})^a] / (a - 1) by
-    adaptive quadrature around the peak of the integrand (privacy-math.md §6)."""
+    adaptive quadrature around the peak of the integrand (docs/privacy-math.md §6)."""
     def log_f(z: np.ndarray | float) -> np.ndarray:
         return norm.logpdf(z, 0.0, sigma) + alpha * np.logaddexp(
             np.log1p(-q), np.log(q) + (2.0 * np.asarray(z) - 1.0) / (2.0 * sigma**2))

@@ -48,7 +48,6 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_the_interactive_round_takes_its_own_parameters() -> None:
     from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, mechanism_to_dict
-    from pate.pipeline import _aggregator_args
     from pate.report.run_report import round_mechanism
 
     text = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
@@ -61,11 +60,6 @@ def test_the_interactive_round_takes_its_own_parameters() -> None:
         250, 40, 40, 0.9)  # sigma2 inherited, gamma the default
     with pytest.raises(UserError, match="confident or interactive"):
         config.aggregator.round_mechanism("gnmax")
-    args = _aggregator_args(config, "interactive")
-    assert args[args.index("--threshold") + 1] == "250.0" and "--gamma" in args
-    assert args[args.index("--sigma1") + 1] == "40.0"
-    assert _aggregator_args(config, "confident")[1:7] == [
-        "confident", "--threshold", "200.0", "--sigma1", "150.0", "--sigma2"]
     p = round_mechanism(config, {"mechanism": "interactive"})
     assert (p.threshold, p.sigma1, p.sigma2, p.gamma) == (250, 40, 40, 0.9)
     recorded = {"mechanism": "gnmax", "sigma": 30.0}  # a round that recorded its parameters
@@ -95,17 +89,23 @@ def test_the_student_architectures_are_named_alike_everywhere() -> None:
     assert set(ARCHITECTURES) == set(get_args(names)) and none is type(None)
 
 
-def test_the_student_section_reaches_pate_student_train() -> None:
-    from pate.cli.main import build_parser
-    from pate.pipeline import _student_args
+def test_the_student_section_reaches_the_student_workflow() -> None:
+    from dataclasses import fields
+
+    from pate.config import StudentConfig
+    from pate.pipeline import _student_options
+    from student.workflow import StudentOptions
 
     head = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
-            "budget_epsilon = 9\ndelta = 1e-5\n[student]\nepochs = 7\n")
-    parser = build_parser()
+            "budget_epsilon = 9\ndelta = 1e-5\n[student]\nepochs = 7\nvat_eps = 3.5\n")
     for extra, arch in (("", None), ("arch = 'cnn-hog'\n", "cnn-hog")):
         config = parse_config(head + extra, "x.toml")
-        args = parser.parse_args(["student", "train", "--run", "r", "--mechanism", "confident",
-                                  *_student_args(config)])
-        assert (args.arch, args.epochs, args.method) == (arch, 7, "vat")
+        options = _student_options(config, 123)
+        assert (options.arch, options.epochs, options.method, options.queries,
+                options.vat_eps) == (arch, 7, "vat", 123, 3.5)
+    # every key of [student] but the rounds' sizes is an option of the workflow, same value
+    keys = set(StudentConfig.model_fields) - {"queries", "interactive_queries"}
+    assert keys <= {f.name for f in fields(StudentOptions)}
+    assert all(getattr(options, k) == getattr(config.student, k) for k in keys)
     with pytest.raises(UserError, match=r"student\.arch"):
         parse_config(head + "arch = 'resnet'\n", "x.toml")

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 
-def pate_run(run: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pate", "run", "digits-tiny", "--run", str(run)],
-                          capture_output=True, text=True, timeout=900)
+def pate_run(run: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pate", "run", "digits-tiny", "--run", str(run),
+                           *flags], capture_output=True, text=True, timeout=900)
 
 
 def test_pipeline_end_to_end_then_resume(tmp_path: Path) -> None:
@@ -41,11 +41,24 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path) -> None:
     stages = json.loads((run / "stages.json").read_text())
     assert set(stages) == {"teachers", "votes", "student-confident", "report"}
 
+    # progress: stderr is a pipe here, so plain lines (one per stage and per student epoch), and
+    # every stage's start and end in log.txt
+    epochs = metrics["epochs"]
+    for e in range(1, epochs + 1):
+        assert f"pate run: student-confident: epoch {e} done" in first.stderr
+    log = (run / "log.txt").read_text().splitlines()
+    for stage in stages:
+        assert any(line.endswith(f" {stage}: started") for line in log), stage
+        assert any(f" {stage}: finished in " in line for line in log), stage
+    assert sum(" student-confident: epoch " in line for line in log) == epochs
+
     second = pate_run(run)
     assert second.returncode == 0, second.stderr[-3000:]
     for stage in stages:
         assert f"{stage}: done already, skipped" in second.stderr
     assert json.loads((run / "stages.json").read_text()) == stages
+    quiet = pate_run(run, "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-3000:]
 
 
 def test_rerun_with_another_config_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,95 @@
+"""Progress of long work on stderr: a bar with rate and ETA (tqdm) on a terminal, one plain line
+per step elsewhere (a log file, CI, nohup), nothing when quiet (``pate --quiet`` or
+``PATE_QUIET=1``). Progress lines carry counts and times only, never a private figure."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+_QUIET_ENV = "PATE_QUIET"
+
+
+def set_quiet(quiet: bool) -> None:
+    """Silence (or restore) every progress bar and line of this process and its children."""
+    if quiet:
+        os.environ[_QUIET_ENV] = "1"
+    else:
+        os.environ.pop(_QUIET_ENV, None)
+
+
+def quiet() -> bool:
+    """Whether progress is silenced."""
+    return os.environ.get(_QUIET_ENV, "") not in ("", "0")
+
+
+def say(text: str) -> None:
+    """One line of news on stderr, unless quiet."""
+    if not quiet():
+        print(text, file=sys.stderr, flush=True)
+
+
+class Progress(Protocol):
+    def update(self, n: int = 1, total: int | None = None) -> None:
+        """``n`` more steps are done (of ``total``, when it becomes known)."""
+        ...
+
+
+class _Lines:
+    """Plain lines, ``desc: unit 3/10, 12.3 s``: one per update, or at most one per ``every``
+    seconds (and the last)."""
+
+    def __init__(self, desc: str, total: int | None, unit: str, every: float) -> None:
+        self.desc, self.total, self.unit, self.every = desc, total, unit, every
+        self.done, self.start, self.shown = 0, time.monotonic(), -float("inf")
+
+    def update(self, n: int = 1, total: int | None = None) -> None:
+        self.done += n
+        self.total = total or self.total
+        now = time.monotonic()
+        if now - self.shown < self.every and self.done != self.total:
+            return
+        self.shown = now
+        of = "" if self.total is None else f"/{self.total}"
+        say(f"{self.desc}: {self.unit} {self.done}{of}, {now - self.start:.1f} s")
+
+
+class _Bar:
+    """A tqdm bar on stderr."""
+
+    def __init__(self, desc: str, total: int | None, unit: str) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr)
+
+    def update(self, n: int = 1, total: int | None = None) -> None:
+        if total is not None and self.bar.total != total:
+            self.bar.total = total
+        self.bar.update(n)
+
+
+class _Silent:
+    def update(self, n: int = 1, total: int | None = None) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def progress_bar(desc: str, total: int | None, unit: str, every: float = 0.0
+                 ) -> Iterator[Progress]:
+    """Progress of ``total`` steps: a tqdm bar with rate and ETA on a terminal, plain lines
+    otherwise (one per step, or at most one per ``every`` seconds), nothing when quiet."""
+    if quiet():
+        yield _Silent()
+        return
+    if not sys.stderr.isatty():
+        yield _Lines(desc, total, unit, every)
+        return
+    bar = _Bar(desc, total, unit)
+    try:
+        yield bar
+    finally:
+        bar.bar.close()

@@ -1,0 +1,206 @@
+"""The run directory (docs/design.md, "The run directory"): the one place that knows where a run
+keeps each artifact, which artifacts are private, and how the small shared records are read and
+written.
+
+Private artifacts (the teachers, the votes, the ledger, the service token, the report, the audit
+outputs, the DP-SGD pair distances) are created 0600 in 0700 folders; public ones 0644. Every
+write goes through ``pate.io`` (temporary file, fsync, rename), so a killed command leaves the
+old file or the new one, never half of one. A module that reads or writes a run's file asks a
+``RunDir`` for its path; the file's own format stays with the code that owns it (``teachers.
+checkpoints``, ``teachers.votes``, ``student.rounds``, ``pate.aggregation.ledger``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pate.errors import UserError
+from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory: ``RunDir(path)``; ``create`` makes it (0700) and checks it is writable.
+
+    Public: ``config``, ``partition``, ``labels``, ``stages``, ``log`` and the ``student``
+    folder. Private: ``teachers``, ``votes``, ``ledger``, ``token``, ``report``, ``audit`` and
+    ``dpsgd_distances``."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    # --- public records -----------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        """``config.toml``: the resolved configuration of ``pate run``."""
+        return self.root / "config.toml"
+
+    @property
+    def partition(self) -> Path:
+        """``partition.json``: dataset, seed, sizes and the digest of the row assignment."""
+        return self.root / "partition.json"
+
+    @property
+    def labels(self) -> Path:
+        """``labels.npz``: what the student received (``student.rounds.Received``)."""
+        return self.root / "labels.npz"
+
+    @property
+    def stages(self) -> Path:
+        """``stages.json``: the finished stages of ``pate run`` and their seconds."""
+        return self.root / "stages.json"
+
+    @property
+    def log(self) -> Path:
+        """``log.txt``: one plain line per stage's start and end, appended."""
+        return self.root / "log.txt"
+
+    @property
+    def student(self) -> Path:
+        """``student/``: the model, ``rounds.json``, ``probs.npz``, ``metrics.json``."""
+        return self.root / "student"
+
+    @property
+    def rounds(self) -> Path:
+        return self.student / "rounds.json"
+
+    @property
+    def probs(self) -> Path:
+        """The probabilities the student sent to Interactive-GNMax (its analysis needs them)."""
+        return self.student / "probs.npz"
+
+    @property
+    def student_metrics(self) -> Path:
+        return self.student / "metrics.json"
+
+    @property
+    def dpsgd(self) -> Path:
+        """``dpsgd/``: the baseline's ``model.pt`` and ``metrics.json`` (public) and its pair
+        distances (private)."""
+        return self.root / "dpsgd"
+
+    @property
+    def dpsgd_metrics(self) -> Path:
+        return self.dpsgd / "metrics.json"
+
+    @property
+    def dpsgd_model(self) -> Path:
+        return self.dpsgd / "model.pt"
+
+    # --- private artifacts --------------------------------------------------------------------
+    @property
+    def teachers(self) -> Path:
+        """``teachers/``: checkpoints, ``manifest.json``, the pool encoder (private)."""
+        return self.root / "teachers"
+
+    @property
+    def manifest(self) -> Path:
+        return self.teachers / "manifest.json"
+
+    @property
+    def votes(self) -> Path:
+        """``votes.npz``: the teachers' votes on the public pool (private)."""
+        return self.root / "votes.npz"
+
+    @property
+    def ledger(self) -> Path:
+        """``ledger.db``: the privacy ledger (private)."""
+        return self.root / "ledger.db"
+
+    @property
+    def ledger_url(self) -> str:
+        """The SQLAlchemy URL of the run's own ledger."""
+        return f"sqlite:///{self.ledger}"
+
+    @property
+    def token(self) -> Path:
+        """``service.token``: the bearer token ``pate run`` gives its student (a secret)."""
+        return self.root / "service.token"
+
+    @property
+    def report(self) -> Path:
+        """``report/``: for the data holder; it holds private statistics."""
+        return self.root / "report"
+
+    @property
+    def audit(self) -> Path:
+        """``audit/``: the empirical audits' per-record results (private)."""
+        return self.root / "audit"
+
+    @property
+    def dpsgd_distances(self) -> Path:
+        """The Bayesian accountant's sampled gradient-pair distances (private)."""
+        return self.dpsgd / "distances.npy"
+
+    # --- creating and recording ---------------------------------------------------------------
+    def create(self) -> RunDir:
+        """Create the directory 0700 (parents as needed); ``UserError`` when it cannot be
+        created or written."""
+        try:
+            ensure_dir(self.root, private=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the run directory {self.root}: "
+                            f"{exc.strerror or exc}") from None
+        if not _writable(self.root):
+            raise UserError(f"the run directory {self.root} is not writable")
+        return self
+
+    def private_dir(self, path: Path) -> Path:
+        """Create ``path`` (a folder of this run) 0700 and return it."""
+        return ensure_dir(path, private=True)
+
+    def read_json(self, path: Path) -> Any | None:
+        """A JSON record of this run, or None when it does not exist."""
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def write_json(self, path: Path, obj: Any, private: bool = False) -> None:
+        """Write a JSON record atomically (0600 if ``private``)."""
+        write_json_atomic(path, obj, private)
+
+    def write_text(self, path: Path, text: str) -> None:
+        """Write a public text file atomically (``config.toml``)."""
+        write_bytes_atomic(path, text.encode())
+
+    def finished_stages(self) -> dict[str, float]:
+        """The stages of ``pate run`` finished so far, with their seconds."""
+        return self.read_json(self.stages) or {}
+
+    def finish_stage(self, stage: str, seconds: float) -> None:
+        """Record ``stage`` as finished in ``stages.json``."""
+        done = self.finished_stages()
+        done[stage] = round(seconds, 3)
+        self.write_json(self.stages, done)
+
+    def append_log(self, line: str) -> None:
+        """Append one time-stamped line to ``log.txt`` (public: say no private figure)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with self.log.open("a") as fh:
+            fh.write(f"{stamp} {line}\n")
+
+    def write_secret(self, path: Path, text: str) -> None:
+        """Write a secret (a token) 0600."""
+        write_bytes_atomic(path, text.encode(), private=True)
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (the mode bits do not say so for root)."""
+    probe = folder / ".pate-write-check"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        return False
+    return True
+

@@ -1,0 +1,44 @@
+"""The DP-SGD baseline's workflow on a run directory: train ``student.dpsgd`` on the private
+training split, evaluate it on the evaluation half of the test split, and write ``dpsgd/``
+(``pate.rundir.RunDir``): ``metrics.json`` and ``model.pt`` (public: the model is DP) and the
+Bayesian accountant's pair distances (private, 0600)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pate.data.datasets import load_dataset, public_split
+from pate.errors import UserError
+from pate.io import write_with_atomic
+from pate.rundir import RunDir
+from student.dpsgd import DPSGDConfig, train_dpsgd
+
+
+def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, dataset: str,
+                         data_dir: str | Path | None = None,
+                         progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Train and evaluate the DP-SGD baseline; returns the metrics written to
+    ``dpsgd/metrics.json``. The input standardisation comes from the public pool (no privacy
+    cost). ``progress(step, total)`` after every step."""
+    ds = load_dataset(dataset, data_dir)
+    (pool_x, _), (eval_x, eval_y) = public_split(ds)
+    norm = (float(pool_x.mean()), float(pool_x.std()))
+    try:
+        result = train_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, ds.num_classes, config,
+                             norm, progress)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    metrics = {"dataset": ds.name, "normalisation": {"mean": norm[0], "std": norm[1]},
+               **result.metrics}
+    run.create()
+    run.private_dir(run.dpsgd)
+    write_with_atomic(run.dpsgd_distances, lambda fh: np.save(fh, result.distances),
+                      private=True)
+    write_with_atomic(run.dpsgd_model, lambda fh: torch.save(result.model.state_dict(), fh))
+    run.write_json(run.dpsgd_metrics, metrics)
+    return metrics

@@ -1,0 +1,344 @@
+"""The student's workflow on a run directory: one query round against an aggregator, then
+semi-supervised training on every answer so far (PATE 2018, §4.2-4.3).
+
+``train_student`` is what ``pate student train`` and ``pate run`` call. The aggregator is any
+``pate.aggregation.label_requests.LabelSource``: the HTTP client of a running ``pate serve``, or
+the label service in this process over a votes file (then ``AggregatorSession.service`` is set,
+and the round's candidates and its sanitised epsilon come from its votes). The round's kind
+follows the mechanism: Confident-GNMax (or GNMax, LNMax) answers pool indices; Interactive-GNMax
+also gets the current student's probabilities, so it needs the student a previous round left.
+
+Writes, through ``pate.rundir.RunDir``: ``labels.npz`` (after every request, so nothing paid for
+is lost), ``student/model.safetensors`` (+ ``model.json``; the GAN's generator too),
+``student/rounds.json`` (one public record per round), ``student/probs.npz`` (what was sent to
+Interactive-GNMax, which its analysis needs) and ``student/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from analysis.mechanisms import mechanism_to_dict
+from pate.aggregation.label_requests import LabelSource
+from pate.aggregation.label_service import LabelService
+from pate.data.augment import AUGMENTATIONS
+from pate.data.datasets import load_dataset, public_split
+from pate.errors import PateError, UserError
+from pate.io import write_bytes_atomic
+from pate.rundir import RunDir
+from student.choices import SELECTIONS
+from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier, same_tensors
+from student.rounds import Received, analyze_rounds, ask, select_queries
+from student.training import (
+    FitConfig,
+    MethodConfig,
+    accuracy,
+    build_learner,
+    fit,
+    load_classifier,
+    load_spec,
+    load_weights,
+    predict_proba,
+    save_model,
+    seed_everything,
+)
+from teachers import checkpoints
+from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
+
+
+@dataclass(frozen=True)
+class StudentOptions:
+    """How the student asks and trains; validated at construction (``UserError``).
+
+    ``queries`` pool rows are chosen by ``select`` and asked in requests of ``request_size``;
+    the network (``arch``, default per method) is trained ``epochs`` passes over the pool.
+    ``pool_encoder`` (a file) or ``encoder_epochs`` (learn one) set the ``cnn-hog-simclr``
+    student's encoder. ``seed`` seeds initialisation and training order only: the aggregator's
+    noise is never seeded."""
+
+    method: str
+    arch: str | None = None
+    width: int = 32
+    queries: int = 1000
+    select: str = "first"
+    request_size: int = 512
+    epochs: int = 30
+    batch_size: int = 32
+    unlabelled_batch_size: int = 128
+    lr: float | None = None
+    augment: str = "none"
+    balance_classes: bool = False
+    vat_eps: float = 2.0
+    entmin: bool = False
+    pool_encoder: Path | None = None
+    encoder_epochs: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if (self.queries < 0 or self.request_size < 1 or self.epochs < 1
+                or (self.encoder_epochs is not None and self.encoder_epochs < 1)):
+            raise UserError("--queries must be >= 0, --request-size, --epochs and "
+                            "--encoder-epochs >= 1")
+        if self.pool_encoder is not None and self.encoder_epochs is not None:
+            raise UserError("give --pool-encoder (an encoder) or --encoder-epochs (learn one), "
+                            "not both")
+        if self.select not in SELECTIONS:
+            raise UserError(f"--select must be one of {', '.join(SELECTIONS)}")
+        if self.augment not in AUGMENTATIONS:
+            raise UserError(f"--augment must be one of {', '.join(AUGMENTATIONS)}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {self.device}: CUDA is not available")
+
+    def method_config(self) -> MethodConfig:
+        try:
+            return MethodConfig(self.method, self.arch, self.width, self.lr, self.vat_eps,
+                                self.entmin)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def fit_config(self, method: MethodConfig) -> FitConfig:
+        try:
+            return FitConfig(self.epochs, self.batch_size, self.unlabelled_batch_size,
+                             method.learning_rate, augment=self.augment,
+                             balance_classes=self.balance_classes, seed=self.seed,
+                             device=self.device)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """Where the public pool and the evaluation rows come from: a dataset, its files, and how
+    many rows of the test split are the pool (default half)."""
+
+    dataset: str = "fashion-mnist"
+    data_dir: str | Path | None = None
+    pool_size: int | None = None
+
+
+@dataclass
+class AggregatorSession:
+    """An open label source; ``service`` is the in-process label service when there is one
+    (its votes bound the candidates and give the sanitised epsilon), None for a remote one."""
+
+    source: LabelSource
+    mechanism: str
+    service: LabelService | None = None
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def _record_round(run: RunDir, session: AggregatorSession, select: str, got: Received,
+                  probs: NDArray[np.float64] | None) -> list[dict[str, Any]]:
+    """Append this round to ``rounds.json`` (public: the mechanism and its parameters, the
+    selection, the counts) and the probabilities sent to Interactive-GNMax to ``probs.npz``
+    (the analysis needs them as the baseline). Returns every round so far."""
+    rounds = run.read_json(run.rounds) or []
+    if not len(got):
+        return rounds
+    if probs is not None:
+        index, sent = got.pool_index, probs[:len(got)]
+        if run.probs.is_file():
+            with np.load(run.probs, allow_pickle=False) as old:
+                index = np.concatenate([old["pool_index"], index])
+                sent = np.concatenate([old["probs"], sent])
+        buf = io.BytesIO()
+        np.savez(buf, pool_index=index, probs=sent)
+        write_bytes_atomic(run.probs, buf.getvalue())
+    mechanism = ({"mechanism": session.mechanism} if session.service is None
+                 else mechanism_to_dict(session.service.aggregator.mechanism))
+    rounds.append({"mechanism": mechanism, "select": select, **got.counts()})
+    run.write_json(run.rounds, rounds)
+    return rounds
+
+
+def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Received,
+                       rounds: list[dict[str, Any]], delta: float, conversion: str
+                       ) -> dict[str, Any] | None:
+    """Epsilon of every round so far from ``student.rounds.analyze_rounds`` (PATE 2018's Table 2
+    analysis of the asked rows, rounds composed): the data-independent bound and the
+    smooth-sensitivity-sanitised data-dependent one; only these are released (docs/design.md,
+    privacy rule 6). None without local votes, with LNMax, or when a round's parameters or rows
+    are unknown."""
+    service = session.service
+    if service is None or service.pool is None:
+        return None
+    pool = service.pool
+    result = analyze_rounds(rounds, received, lambda index: pool.votes[pool.rows(index)],
+                            run.probs, delta, conversion)
+    if result is None or result.smooth_sensitivity is None:  # LNMax has no sanitised bound
+        return None
+    ss = result.smooth_sensitivity.to_json()
+    return {"data_independent": result.data_independent.epsilon,
+            "smooth_sensitivity": {k: ss.get(k) for k in ("epsilon", "order", "beta", "sigma",
+                                                            "fallback")}}
+
+
+def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
+    """The pool encoder the ``cnn-hog-simclr`` student is told to use, read and checked before
+    any query is asked (a bad one spends nothing): ``options.pool_encoder``'s, else the one the
+    run's teachers learnt (digest checked); None when there is neither. Both are derived from the
+    public pool alone (teachers.pool_encoder), so the student may read them."""
+    if options.pool_encoder is not None:
+        try:
+            return load_encoder_file(options.pool_encoder, channels)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--pool-encoder {options.pool_encoder}: {exc}") from None
+    try:
+        recorded = (checkpoints.read_manifest(run.root) or {}).get("pool_encoder")
+        tensors = None if not recorded else checkpoints.load_encoder(run.root,
+                                                                     recorded["sha256"])
+        if tensors is not None:
+            check_encoder(tensors, channels)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{run.manifest}: no readable pool encoder ({exc.__class__.__name__})"
+                        ) from None
+    return tensors
+
+
+def _pool_features(options: StudentOptions, given: Any, previous: Any,
+                   pool_x: NDArray[np.float32], say: Callable[[str], None]) -> PoolFeatures:
+    """The ``cnn-hog-simclr`` student's :class:`student.models.PoolFeatures`: on the encoder
+    ``given`` (:func:`_given_encoder`), else that of the student saved by a previous round,
+    else one learnt here by SimCLR from the public pool (``encoder_epochs``)."""
+    encoder = given
+    if encoder is None and previous is not None and previous[1].arch in POOL_FEATURE_ARCHS:
+        encoder = previous[0].experts[1][0].encoder.state_dict()
+    if encoder is None:
+        epochs = EPOCHS if options.encoder_epochs is None else options.encoder_epochs
+        say(f"learning a pool encoder ({epochs} SimCLR epochs on the {len(pool_x)} pool rows)")
+        encoder = train_pool_encoder(pool_x, epochs, options.seed)
+    return PoolFeatures.on_pool(encoder, pool_x)
+
+
+def _stderr_line(text: str) -> None:
+    print(f"pate student: {text}", file=sys.stderr, flush=True)
+
+
+def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
+                  options: StudentOptions, data: DataOptions = DataOptions(), *,
+                  conversion: str = "improved",
+                  on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+                  say: Callable[[str], None] = _stderr_line) -> dict[str, Any]:
+    """One query round and the student's training; returns the metrics written to
+    ``student/metrics.json``.
+
+    Everything that can be checked is checked before ``open_session`` is called (the options,
+    the data, the labels so far, the pool encoder), so a mistake spends nothing. ``on_epoch``
+    gets (epoch, mean losses) after each training epoch; ``say`` one line of news."""
+    started = time.perf_counter()
+    method = options.method_config()
+    fit_config = options.fit_config(method)
+    ds = load_dataset(data.dataset, data.data_dir, need_train=False)
+    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, data.pool_size)
+    spec = method.spec(pool_x.shape[1:], ds.num_classes)
+    pool_features = spec.arch in POOL_FEATURE_ARCHS
+    if not pool_features and (options.pool_encoder or options.encoder_epochs):
+        raise UserError("--pool-encoder and --encoder-epochs are for --arch "
+                        f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
+    given = _given_encoder(run, options, pool_x.shape[1]) if pool_features else None
+    run.create()
+    out = run.student
+    out.mkdir(exist_ok=True)
+    before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
+    if np.any(before.pool_index >= len(pool_y)):
+        raise UserError(f"{run.labels} has pool indices beyond --pool-size {len(pool_y)}")
+    previous = load_classifier(out)
+
+    session = open_session()
+    interactive = session.mechanism == "interactive"
+    try:
+        candidates = np.setdiff1d(np.arange(len(pool_y)), before.pool_index)
+        if session.service is not None and session.service.pool is not None:
+            candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
+        probs_all = None
+        if options.queries and (interactive or options.select == "uncertainty"):
+            if previous is None:
+                raise UserError("interactive rounds and --select uncertainty need the student "
+                                f"of a previous round in {out}")
+            probs_all = predict_proba(previous[0].to(options.device), pool_x[candidates],
+                                      options.device)
+        chosen = select_queries(candidates, options.queries, options.select,
+                                np.random.default_rng(options.seed), probs_all)
+        probs = None
+        if interactive and chosen.size:
+            assert probs_all is not None
+            probs = probs_all[np.searchsorted(candidates, chosen)]
+        try:
+            got, exhausted = ask(session.source, chosen, probs, options.request_size,
+                                 on_request=lambda r: (before + r).save(run.labels))
+        except PateError as exc:
+            raise UserError(f"the aggregator refused: {exc}") from None
+        budget = session.source.budget()
+        received = before + got
+        received.save(run.labels)
+        rounds = _record_round(run, session, options.select, got, probs)
+        analysed = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
+                                      conversion)
+    finally:
+        session.close()
+    if exhausted:
+        say(f"budget exhausted after {len(got)} of {chosen.size} queries")
+
+    answered = received.answered
+    if not answered.any():
+        raise UserError("no labels received yet: nothing to train on (more queries or a lower "
+                        "threshold)")
+    lab_index = received.pool_index[answered]
+    lab_y = received.label[answered]
+    continued = previous is not None and previous[1] == spec and (
+        load_spec(out, "generator") is not None or options.method != "gan")
+    features = None
+    if pool_features:  # continue only on the same encoder
+        features = _pool_features(options, given, previous, pool_x, say)
+        continued = continued and same_tensors(previous[0].experts[1][0].encoder,
+                                               features.encoder)
+    seed_everything(options.seed)
+    model = build_classifier(spec, features).to(options.device)
+    if continued:
+        load_weights(model, out)
+    learner = build_learner(method, model, spec)
+    if continued and options.method == "gan":
+        load_weights(learner.generator_net, out, "generator")
+    result = fit(learner, pool_x[lab_index], lab_y, pool_x, fit_config, on_epoch=on_epoch)
+    acc = accuracy(model, eval_x, eval_y, options.device)
+    save_model(model, spec, out)
+    if options.method == "gan":
+        save_model(learner.generator_net, spec, out, "generator")
+
+    metrics = {
+        "method": options.method, "arch": spec.arch, "dataset": ds.name,
+        "accuracy": acc, "eval_size": len(eval_y), "pool_size": len(pool_y),
+        **received.counts(),
+        "labels_used": int(answered.sum()),
+        "label_accuracy": float(np.mean(lab_y == pool_y[lab_index])),
+        "epsilon": {
+            "delta": budget["delta"],
+            "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients
+            "basis": budget["basis"],
+            "data_dependent_sanitised": (None if analysed is None
+                                         else analysed["smooth_sensitivity"]["epsilon"]),
+            "analysis": analysed,
+        },
+        "rounds": rounds,
+        "continued_from_previous": continued,
+        "training": {"width": spec.width, **asdict(fit_config),
+                     **({"vat_eps": method.vat_eps, "entmin": method.entmin}
+                        if options.method == "vat" else {})},
+        "epochs": options.epochs, "seconds_per_epoch": float(np.mean(result.seconds_per_epoch)),
+        "seconds": time.perf_counter() - started,
+    }
+    run.write_json(run.student_metrics, metrics)
+    return metrics

@@ -1,0 +1,47 @@
+"""``pate.rundir.RunDir``: where a run keeps each artifact, created with the right modes, and the
+records it writes itself (stages, log)."""
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from pate.errors import UserError
+from pate.rundir import RunDir
+
+
+def test_create_is_private_and_idempotent(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "a" / "run").create()
+    assert stat.S_IMODE(run.root.stat().st_mode) == 0o700
+    assert RunDir(run.root).create() == run
+    assert run.votes == run.root / "votes.npz" and run.ledger_url.endswith("/run/ledger.db")
+    assert run.rounds.parent == run.student and run.manifest.parent == run.teachers
+
+
+def test_a_run_directory_that_cannot_be_created_is_one_user_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot create the run directory") as info:
+        RunDir(blocker / "run").create()
+    assert "\n" not in str(info.value)
+
+
+def test_stages_and_log_are_recorded(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run").create()
+    assert run.finished_stages() == {}
+    run.finish_stage("teachers", 1.23456)
+    run.finish_stage("votes", 2.0)
+    assert RunDir(run.root).finished_stages() == {"teachers": 1.235, "votes": 2.0}
+    run.append_log("teachers: started")
+    run.append_log("teachers: finished in 1.2 s")
+    lines = run.log.read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["teachers: started",
+                                                         "teachers: finished in 1.2 s"]
+
+
+def test_secrets_are_private(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run").create()
+    run.write_secret(run.token, "t0ken\n")
+    run.write_json(run.stages, {})
+    assert stat.S_IMODE(run.token.stat().st_mode) == 0o600
+    assert stat.S_IMODE(run.stages.stat().st_mode) == 0o644
