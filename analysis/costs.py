@@ -159,6 +159,16 @@ def steps(mechanism: Mechanism) -> Steps:
     raise TypeError(f"not a mechanism: {mechanism!r}")
 
 
+def check_threshold(mechanism: Mechanism, num_teachers: int) -> None:
+    """Refuse a threshold above the number of teachers N (a stated policy, not a formula): the
+    threshold step compares T with a count of at most N, so such a query passes only by noise,
+    and a T > N is almost surely a mistake. Raises ValueError."""
+    plan = steps(mechanism)
+    if plan.select is not None and plan.select.threshold > num_teachers:
+        raise ValueError(f"--threshold {plan.select.threshold:g} exceeds the number of teachers "
+                         f"({num_teachers}): a query would pass only by noise")
+
+
 @dataclass(frozen=True)
 class ExpectedCosts:
     """Per-query RDP ``[queries, orders]`` of each step and the probability the answering step

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from analysis.costs import ExpectedCosts, GaussianArgmax, expected_costs, steps
+from analysis.costs import ExpectedCosts, GaussianArgmax, check_threshold, expected_costs, steps
 from analysis.mechanisms import Mechanism
 from analysis.orders import as_orders
 from analysis.rdp import Conversion, epsilon_curve, epsilon_from_rdp
@@ -148,6 +148,8 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
     num_teachers, num_classes = int(votes[0][0].sum()), votes[0].shape[1]
     if any(v.shape[1] != num_classes or np.any(v.sum(axis=1) != num_teachers) for v in votes):
         raise ValueError("every segment must have the same teachers and classes")
+    for segment in segments:
+        check_threshold(segment.mechanism, num_teachers)
     costs = [expected_costs(v, s.mechanism, orders, s.baseline)
              for v, s in zip(votes, segments, strict=True)]
     total_ind = sum(c.expected(dependent=False).sum(axis=0) for c in costs)

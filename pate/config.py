@@ -11,12 +11,22 @@ from pathlib import Path
 from typing import Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
 from pate.data.augment import AUGMENTATIONS
+from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
-from teachers.choices import MODELS
+from student.choices import ARCHITECTURES
+from teachers.choices import MODELS, model_name_problem
 
 
 class _Section(BaseModel):
@@ -24,10 +34,48 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    dataset: Literal["fashion-mnist", "mnist", "svhn", "cifar10", "digits", "glyphs"] = \
-        "fashion-mnist"
+    """A built-in dataset (``dataset``, ``data_dir``, ``pool_size``) or your own files
+    (``private``, ``public``, optional ``test``; ``label`` for a CSV, ``classes`` the label
+    set, ``image_size`` [height, width] for image folders). Relative paths are relative to the
+    config file."""
+
+    dataset: Literal["fashion-mnist", "mnist", "svhn", "cifar10", "digits", "glyphs"] | None = \
+        None
     data_dir: str | None = None
     pool_size: int | None = Field(default=None, gt=0)
+    private: str | None = None
+    public: str | None = None
+    test: str | None = None
+    label: str | None = None
+    classes: list[str] | None = Field(default=None, min_length=2)
+    image_size: list[int] | None = Field(default=None, min_length=2, max_length=2)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        files = (self.private, self.public, self.test, self.label, self.classes, self.image_size)
+        if any(v is not None for v in files):
+            if self.dataset is not None or self.pool_size is not None:
+                raise ValueError("give dataset (a built-in dataset) or private and public (your "
+                                 "files), not both")
+            if self.private is None or self.public is None:
+                raise ValueError("your own data needs both private and public")
+        return self
+
+    def source(self) -> DataSource:
+        """The data this section describes (the default dataset when it names none)."""
+        if self.private is not None and self.public is not None:
+            return DataFiles(self.private, self.public, self.test, self.label,
+                             None if self.classes is None else tuple(self.classes),
+                             None if self.image_size is None else
+                             (self.image_size[0], self.image_size[1]))
+        return Benchmark(self.dataset or "fashion-mnist", self.data_dir, self.pool_size)
+
+    def resolved(self, base: Path) -> DataConfig:
+        """The section with its file paths made absolute against ``base`` (the config file's
+        folder)."""
+        paths = {k: str((base / v).resolve()) for k in ("private", "public", "test", "data_dir")
+                 if (v := getattr(self, k)) is not None}
+        return self.model_copy(update=paths)
 
 
 class TeachersConfig(_Section):
@@ -35,7 +83,8 @@ class TeachersConfig(_Section):
     TrainConfig: batch 8, learning rate 6e-3; 25 teachers per shard)."""
 
     count: int = Field(default=250, ge=1)
-    model: Literal[MODELS] = "cnn"  # type: ignore[valid-type]
+    # a built-in (MODELS) or a user's "package.module:factory"; None: DEFAULT_MODEL of the data
+    model: str | None = None
     epochs: int = Field(default=20, ge=1)
     batch_size: int | None = Field(default=None, ge=1)
     lr: float | None = Field(default=None, gt=0)
@@ -45,6 +94,14 @@ class TeachersConfig(_Section):
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else model_name_problem(value, MODELS)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class AggregatorConfig(_Section):
@@ -67,6 +124,7 @@ class AggregatorConfig(_Section):
     budget_epsilon: float = Field(gt=0)
     delta: float = Field(gt=0, lt=1)
     lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
+    allow_large_delta: bool = False  # accept delta >= 1/n (pate.aggregation.delta_policy)
 
     def round_mechanism(self, mechanism: str) -> ConfidentGNMax | InteractiveGNMax:
         """The mechanism of the round answered by ``mechanism`` (``confident`` or
@@ -88,7 +146,7 @@ class StudentConfig(_Section):
 
     method: Literal["vat", "gan", "supervised"] = "vat"
     # None: the method's default
-    arch: Literal["cnn", "cnn-hog", "cnn-hog-simclr", "mlp", "wn-mlp"] | None = None
+    arch: str | None = None  # a built-in (ARCHITECTURES) or a user's "package.module:factory"
     queries: int = Field(default=1000, ge=1)
     interactive_queries: int = Field(default=0, ge=0)
     select: Literal["first", "random", "uncertainty"] = "random"
@@ -105,6 +163,17 @@ class StudentConfig(_Section):
     encoder_epochs: int | None = Field(default=None, ge=1)
     seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
+
+    @field_validator("arch")
+    @classmethod
+    def _arch_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        problem = None if value is None else model_name_problem(value, ARCHITECTURES)
+        if problem:
+            raise ValueError(problem)
+        if info.data.get("method") == "gan" and value not in (None, "wn-mlp"):
+            raise ValueError("the GAN student's network is its own discriminator, wn-mlp; "
+                             "another arch works with vat or supervised")
+        return value
 
 
 class DPSGDConfig(_Section):
@@ -171,7 +240,8 @@ def load_config(preset_or_path: str) -> RunConfig:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise UserError(f"{path}: no such config file")
-        return parse_config(path.read_text(), str(path))
+        config = parse_config(path.read_text(), str(path))
+        return config.model_copy(update={"data": config.data.resolved(path.parent)})
     if preset_or_path not in preset_names():
         raise UserError(f"unknown preset {preset_or_path!r}; presets: "
                         f"{', '.join(preset_names())}, or give a .toml file")

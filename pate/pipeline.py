@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pate.aggregation.delta_policy import check_delta
 from pate.config import RunConfig, dump_config, parse_config
+from pate.data.task import Benchmark, data_kind
 from pate.errors import UserError
 from pate.progress import say
 from pate.rundir import RunDir
@@ -25,7 +27,8 @@ from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
 from student.dpsgd import DPSGDConfig
-from student.workflow import AggregatorSession, DataOptions, StudentOptions, train_student
+from student.workflow import AggregatorSession, StudentOptions, train_student
+from teachers.choices import DEFAULT_MODEL
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, augment_for
 from teachers.votes import collect_votes
@@ -51,25 +54,24 @@ def _token(run: RunDir) -> Path:
     return run.token
 
 
-def _data(config: RunConfig) -> DataOptions:
-    d = config.data
-    return DataOptions(d.dataset, d.data_dir, d.pool_size)
-
-
 def _teachers(config: RunConfig, run: RunDir) -> None:
-    t, d = config.teachers, config.data
+    t, source = config.teachers, config.data.source()
     given = {"batch_size": t.batch_size, "lr": t.lr}
-    train = TrainConfig(model=t.model, epochs=t.epochs, mixup=t.mixup,
-                        augment=augment_for(d.dataset, t.augment), seed=t.seed,
+    name = source.name if isinstance(source, Benchmark) else ""
+    model = t.model or DEFAULT_MODEL[data_kind(source)]
+    train = TrainConfig(model=model, epochs=t.epochs, mixup=t.mixup,
+                        augment=augment_for(name, t.augment), seed=t.seed,
                         **{k: v for k, v in given.items() if v is not None})
-    job = TrainJob(d.dataset, t.count, t.shard_size, train, d.pool_size, d.data_dir)
+    job = (TrainJob(source.name, t.count, t.shard_size, train, source.pool_size,
+                    source.data_dir) if isinstance(source, Benchmark)
+           else TrainJob(source, t.count, t.shard_size, train))
     result = train_teachers(run.root, job, Cluster(t.workers, None, t.device))
     run.append_log(f"teachers: {len(result['trained'])} shard(s) trained, "
                    f"{len(result['skipped'])} already done")
 
 
 def _votes(config: RunConfig, run: RunDir) -> None:
-    queries = collect_votes(run.root, config.teachers.device, config.data.data_dir)
+    queries = collect_votes(run.root, config.teachers.device)
     run.append_log(f"votes: {queries} pool rows")
 
 
@@ -87,6 +89,7 @@ def _student_round(config: RunConfig, run: RunDir, mechanism: str, queries: int)
     """One query round of the student against a real HTTP label service of ``mechanism`` on
     loopback, over the run's votes and ledger."""
     a = config.aggregator
+    check_delta(a.delta, run.private_records(), a.allow_large_delta)
     token = _token(run)
     server = open_server(a.round_mechanism(mechanism), token_file=token,
                          epsilon_budget=a.budget_epsilon, delta=a.delta, run_dir=run.root,
@@ -96,12 +99,14 @@ def _student_round(config: RunConfig, run: RunDir, mechanism: str, queries: int)
             say(f"pate run: {mechanism} aggregation service on {url}")
             session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism)
             options = _student_options(config, queries)
-            metrics = train_student(run, lambda: session, options, _data(config),
+            metrics = train_student(run, lambda: session, options, config.data.source(),
                                     on_epoch=_epoch_line(run, f"student-{mechanism}"),
                                     say=lambda text: say(f"pate run: {text}"))
     finally:
         server.close()
-    run.append_log(f"student-{mechanism}: accuracy {metrics['accuracy']:.4f}, "
+    shown = ("not measured (no test data)" if metrics["accuracy"] is None
+             else f"{metrics['accuracy']:.4f}")
+    run.append_log(f"student-{mechanism}: accuracy {shown}, "
                    f"{metrics['labels_used']} labels, epsilon "
                    f"{metrics['epsilon']['data_independent']:.3f} data-independent")
 
@@ -122,7 +127,7 @@ def _dpsgd(config: RunConfig, run: RunDir) -> None:
     settings = DPSGDConfig(epochs=p.epochs, expected_batch_size=p.batch_size, lr=p.lr,
                            momentum=p.momentum, max_grad_norm=p.max_grad_norm,
                            target_epsilon=p.epsilon, delta=config.aggregator.delta)
-    metrics = train_dpsgd_baseline(run, settings, config.data.dataset, config.data.data_dir)
+    metrics = train_dpsgd_baseline(run, settings, config.data.source())
     run.append_log(f"dpsgd: accuracy {metrics['accuracy']:.4f} at epsilon "
                    f"{metrics['epsilon']:.3f}")
 

@@ -78,11 +78,12 @@ class _Silent:
 
 
 @contextlib.contextmanager
-def progress_bar(desc: str, total: int | None, unit: str, every: float = 0.0
-                 ) -> Iterator[Progress]:
+def progress_bar(desc: str, total: int | None, unit: str, every: float = 0.0,
+                 silent: bool = False) -> Iterator[Progress]:
     """Progress of ``total`` steps: a tqdm bar with rate and ETA on a terminal, plain lines
-    otherwise (one per step, or at most one per ``every`` seconds), nothing when quiet."""
-    if quiet():
+    otherwise (one per step, or at most one per ``every`` seconds), nothing when quiet (or
+    ``silent``)."""
+    if silent or quiet():
         yield _Silent()
         return
     if not sys.stderr.isatty():

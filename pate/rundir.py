@@ -169,6 +169,12 @@ class RunDir:
         """Write a JSON record atomically (0600 if ``private``)."""
         write_json_atomic(path, obj, private)
 
+    def private_records(self) -> int | None:
+        """The number of private training records the teachers were partitioned over
+        (``partition.json``), or None before the teachers' stage."""
+        partition = self.read_json(self.partition)
+        return None if partition is None else int(partition["num_rows"])
+
     def write_text(self, path: Path, text: str) -> None:
         """Write a public text file atomically (``config.toml``)."""
         write_bytes_atomic(path, text.encode())

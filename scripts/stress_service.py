@@ -8,7 +8,7 @@ of the Debian package started on loopback (skipped, and said so, where it is mis
 JSON object per section and writes them all to results/stress_service.json.
 
     python scripts/stress_service.py [--clients 16] [--requests 200] [--kill-trials 20]
-                                     [--replicas 3] [--no-postgres]
+                                     [--replicas 3] [--no-postgres] [--sections ...]
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analysis.orders import default_orders  # noqa: E402
+from pate.aggregation.label_requests import MAX_QUERIES, Limits  # noqa: E402
 from pate.aggregation.ledger import Ledger, requests_table  # noqa: E402
 
 TOKENS = ("stress-token-a-0123456789", "stress-token-b-9876543210")
 POOL = 4000
+CLASSES = 10
 SIGMA = 40.0
 DELTA = 1e-5
 # what a response must never contain: internals and private statistics (docs/design.md,
@@ -49,29 +51,39 @@ LEAK_MARKERS = ("Traceback", "File \"", "sqlalchemy", "sqlite3", "psycopg", "vot
                 "rdp_dependent", "data-dependent", "/tmp/")
 
 
-def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10) -> np.ndarray:
+def synthetic_votes(rows: int, teachers: int = 250, classes: int = CLASSES) -> np.ndarray:
+    """Votes of ``teachers`` on ``rows`` queries, agreement from split to unanimous."""
     rng = np.random.default_rng(0)
     return rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3), size=rows)
                            ).astype(np.int32)
 
 
-class Server:
-    """A ``pate serve`` subprocess on a free loopback port."""
+GNMAX = ("--mechanism", "gnmax", "--sigma", str(SIGMA))
+INTERACTIVE = ("--mechanism", "interactive", "--threshold", "200", "--sigma1", "150",
+               "--sigma2", str(SIGMA), "--gamma", "0.9")
 
-    def __init__(self, workdir: Path, ledger: str, budget: float, *extra: str) -> None:
-        cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / "votes.npy"),
-               "--mechanism", "gnmax", "--sigma", str(SIGMA), "--budget-epsilon", str(budget),
-               "--delta", str(DELTA), "--token-file", str(workdir / "tokens.txt"),
-               "--ledger", ledger, "--port", "0", *extra]
+
+class Server:
+    """A ``pate serve`` subprocess on a free loopback port (GNMax unless ``mechanism``) serving
+    the pool ``workdir/votes``."""
+
+    def __init__(self, workdir: Path, ledger: str, budget: float, *extra: str,
+                 mechanism: tuple[str, ...] = GNMAX, votes: str = "votes.npy") -> None:
+        cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / votes),
+               *mechanism, "--budget-epsilon", str(budget), "--delta", str(DELTA),
+               "--token-file", str(workdir / "tokens.txt"), "--ledger", ledger, "--port", "0",
+               *extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
+        seen: list[str] = []
         for line in self.proc.stdout:
             if m := re.search(r"listening on (http://[\d.]+:\d+)", line):
                 self.url = m.group(1)
                 break
+            seen.append(line)
         else:
-            raise SystemExit("pate serve did not start")
+            raise SystemExit("pate serve did not start:\n" + "".join(seen[-20:]))
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # drain
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -87,11 +99,21 @@ class Server:
         except httpx.HTTPError:
             return False
 
-    def rss(self) -> int:
+    def _status_kib(self, key: str) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+        raise SystemExit(f"no {key} in /proc/{self.proc.pid}/status")
+
+    def reset_peak(self) -> int:
+        """Reset the kernel's peak-RSS mark of the server (``/proc/PID/clear_refs``, Linux);
+        its resident memory now, bytes."""
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+        return self._status_kib("VmRSS") * 1024
+
+    def peak(self) -> int:
+        """The server's peak resident memory since ``reset_peak`` (VmHWM), bytes."""
+        return self._status_kib("VmHWM") * 1024
 
     def kill9(self) -> None:
         self.proc.kill()
@@ -107,6 +129,7 @@ class Server:
 
 
 def auth(token: str = TOKENS[0]) -> dict[str, str]:
+    """The Authorization header of ``token``."""
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -208,10 +231,13 @@ def raw_request(url: str, tail: bytes) -> tuple[int, str]:
 
 
 def leaks(text: str) -> bool:
+    """Whether an answer shows internals or private statistics (``LEAK_MARKERS``)."""
     return any(marker in text for marker in LEAK_MARKERS)
 
 
 def section_malformed(workdir: Path) -> dict[str, Any]:
+    """Every malformed request once: its status class, crashes (the server restarted) and
+    answers that leak."""
     server = Server(workdir, f"sqlite:///{workdir / 'malformed.db'}", 1e6)
     out = {"section": "malformed", "classes": 0, "4xx": 0, "5xx": 0, "other": 0,
            "crashes": 0, "leaks": 0, "failures": []}
@@ -286,6 +312,7 @@ def client_loop(urls: list[str], k: int, n: int, tally: Tally, stop: threading.E
 def run_clients(urls: list[str], clients: int, n: int, tally: Tally,
                 index_of: Callable[[int, int], int], stop: threading.Event | None = None,
                 prefix: str = "") -> list[threading.Thread]:
+    """Start ``clients`` threads of ``client_loop`` on ``urls``; returns them."""
     stop = stop or threading.Event()
     threads = [threading.Thread(target=client_loop,
                                 args=(urls, k, n, tally, stop, index_of, prefix))
@@ -344,8 +371,10 @@ def charged_indices(ledger_url: str) -> np.ndarray:
 
 
 def section_concurrent(workdir: Path, clients: int, requests: int) -> dict[str, Any]:
+    """``clients`` x ``requests`` single-label requests on one SQLite server until its budget
+    runs out, then the audit."""
     url = f"sqlite:///{workdir / 'concurrent.db'}"
-    budget = 3.0  # about 1,500 single-label queries at sigma 40: exhausted under load
+    budget = 3.0  # about 360 single-label queries at sigma 40: exhausted under load
     server = Server(workdir, url, budget)
     tally = Tally()
     t0 = time.perf_counter()
@@ -361,6 +390,8 @@ def section_concurrent(workdir: Path, clients: int, requests: int) -> dict[str, 
 
 
 def section_kill9(workdir: Path, ledger_url: str, backend: str, trials: int) -> dict[str, Any]:
+    """``trials`` times: a server on ``ledger_url`` under 8 clients, killed (SIGKILL) 0.1 to
+    1 s after its first answer; the ledger audited after each trial."""
     budget = 1e4
     rng = np.random.default_rng(1)
     results = []
@@ -370,7 +401,10 @@ def section_kill9(workdir: Path, ledger_url: str, backend: str, trials: int) -> 
         threads = run_clients([server.url], 8, 10_000, tally,
                               lambda k, i, t=trial: (t * 977 + k * 5000 + i) % POOL, stop,
                               prefix=f"t{trial}")
-        time.sleep(float(rng.uniform(0.3, 1.2)))
+        deadline = time.monotonic() + 30
+        while not tally.answers and time.monotonic() < deadline:  # under load first
+            time.sleep(0.01)
+        time.sleep(float(rng.uniform(0.1, 1.0)))
         server.kill9()
         stop.set()
         for t in threads:
@@ -382,13 +416,16 @@ def section_kill9(workdir: Path, ledger_url: str, backend: str, trials: int) -> 
             "refused": sum(n for r in results for status, n in r["statuses"].items()
                            if status != 200),
             "lost_charges": sum(r["lost_charges"] for r in results),
-            "double_charges": sum(r["double_charges"] for r in results),
+            # the ledger is shared by the trials: its last audit counts every index charged
+            "double_charges": results[-1]["double_charges"],
             "replay_mismatches": sum(r["replay_mismatches"] for r in results),
             "overshoot": max(r["overshoot"] for r in results)}
 
 
 def section_replicas(workdir: Path, ledger_url: str, replicas: int, clients: int,
                      requests: int) -> dict[str, Any]:
+    """``replicas`` servers on one PostgreSQL ledger, ``clients`` spread over them asking
+    overlapping indices until the budget runs out, then the audit."""
     budget = 3.0
     servers = [Server(workdir, ledger_url, budget) for _ in range(replicas)]
     tally = Tally()
@@ -406,66 +443,189 @@ def section_replicas(workdir: Path, ledger_url: str, replicas: int, clients: int
 
 # -- 5. memory and /healthz under oversized and half-sent requests ---------------------------
 
+BODY_TIMEOUT_S = 2.0
+HALF_OPEN = 300   # connections whose body never finishes
+DRIBBLES = 4      # connections that send their body a byte every 0.5 s
+REPEATS = 4       # concurrent copies of each oversized body
+LARGE_POOL = 2**18  # rows: past pate.aggregation.aggregators.TABLE_LIMIT_BYTES of costs
 
-def section_bounds(workdir: Path) -> dict[str, Any]:
-    server = Server(workdir, f"sqlite:///{workdir / 'bounds.db'}", 1e6, "--body-timeout", "2")
-    before = server.rss()
-    peak = before
-    stalls: list[float] = []
+
+def labels_json(indices: bytes, rest: bytes = b"") -> bytes:
+    """A body of POST /v1/labels with the JSON text of its indices (and more fields)."""
+    return b'{"request_id":"b","indices":[' + indices + b"]" + rest + b"}"
+
+
+def heavy_bodies(limit: int, max_batch: int, pool: int, interactive: bool
+                 ) -> list[tuple[str, bytes, bool]]:
+    """(name, body, chunked) of the heaviest requests a server of body limit ``limit`` and
+    ``--max-batch`` ``max_batch`` can be sent: the finding of issue 28 (4 million invalid
+    indices, 16 MB) with and without a Content-Length, lists one over the batch limit, lists
+    of invalid elements filling the batch or the body limit, a string filling the body limit,
+    and the largest valid request (``max_batch`` distinct indices of a pool of ``pool``
+    rows)."""
+    finding = labels_json(b"-1," * 4_000_000 + b"-1")
+    bodies = [("4M invalid indices", finding, False),
+              ("4M invalid indices, chunked", finding, True),
+              ("max_batch + 1 strings", labels_json(b",".join([b'"a"'] * (max_batch + 1))),
+               False),
+              ("max_batch invalid indices", labels_json(b",".join([b"-1"] * max_batch)), False),
+              ("string filling the limit", labels_json(b"1", b',"pad":"' + b"x" * (
+                  limit - 64) + b'"'), False)]
+    rows = min(max_batch, pool)
+    valid = b",".join(b"%d" % i for i in range(rows))
+    if interactive:
+        row = b"[" + b",".join([b"0.1"] * CLASSES) + b"]"
+        bodies.append(("largest valid request", labels_json(
+            valid, b',"student_probs":[' + b",".join([row] * rows) + b"]"), False))
+        bad_numbers = b"[" + b",".join([b"[]"] * CLASSES) + b"]"
+        bodies.append(("student_probs of invalid numbers", labels_json(
+            valid, b',"student_probs":[' + b",".join([bad_numbers] * rows) + b"]"), False))
+        per_row = (limit - len(labels_json(valid)) - 64) // rows
+        bad_row = b"[" + b",".join([b"[]"] * ((per_row - 3) // 3)) + b"]"
+        bodies.append(("student_probs of invalid numbers filling the limit", labels_json(
+            valid, b',"student_probs":[' + b",".join([bad_row] * rows) + b"]"), False))
+    else:
+        bodies.append(("largest valid request", labels_json(valid), False))
+    return bodies
+
+
+def open_bodies(url: str, n: int) -> list[socket.socket]:
+    """``n`` connections that send headers and the start of a 1000-byte body, then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"POST /v1/labels HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nAuthorization: Bearer " + TOKENS[0].encode() +
+                  b"\r\nContent-Length: 1000\r\n\r\n{\"request_id\":")
+        socks.append(s)
+    return socks
+
+
+def dribble(sock: socket.socket, stop: threading.Event) -> None:
+    """Send one byte of the body every 0.5 s (never idle long, never finished)."""
+    with contextlib.suppress(OSError):
+        while not stop.wait(0.5):
+            sock.sendall(b" ")
+
+
+def timed_out(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` got a 408 answer (then closes them)."""
+    count = 0
+    for s in socks:
+        s.settimeout(0.5)
+        with contextlib.suppress(OSError):
+            count += b" 408 " in s.recv(4096).split(b"\r\n")[0]
+        s.close()
+    return count
+
+
+def bounds_server(workdir: Path, name: str, mechanism: tuple[str, ...], max_batch: int,
+                  slow_bodies: bool, votes: str = "votes.npy") -> dict[str, Any]:
+    """One server under the heavy bodies, one kind at a time (``REPEATS`` concurrent copies of
+    each), then with ``slow_bodies`` the half-open and dribbled bodies. For each kind: the
+    statuses, the server's peak memory above its memory before (VmHWM) and the longest
+    /healthz answer meanwhile."""
+    interactive = mechanism is INTERACTIVE
+    ledger = f"sqlite:///{workdir / f'bounds-{name}-{max_batch}.db'}"
+    server = Server(workdir, ledger, 1e6, "--max-batch", str(max_batch), "--body-timeout",
+                    str(BODY_TIMEOUT_S), mechanism=mechanism, votes=votes)
+    pool = len(np.load(workdir / votes, mmap_mode="r"))
+    # the server's body limit (pate.aggregation.label_service.LabelService._query_bytes: a
+    # pool index, and for Interactive-GNMax a row of probabilities of the pool's classes)
+    query_bytes = 21 + (4 + 26 * CLASSES if interactive else 0)
+    bodies = heavy_bodies(Limits(max_batch=max_batch).body_bytes(query_bytes), max_batch,
+                          pool, interactive)
+    probes: list[tuple[float, float]] = []  # (start, seconds) of each /healthz request
     done = threading.Event()
 
     def probe() -> None:
-        nonlocal peak
-        while not done.is_set():
-            t0 = time.perf_counter()
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(server.url + "/healthz", timeout=30)
-            stalls.append(time.perf_counter() - t0)
-            peak = max(peak, server.rss())
-            time.sleep(0.02)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            while not done.is_set():
+                t0 = time.perf_counter()
+                with contextlib.suppress(httpx.HTTPError):
+                    http.get("/healthz")
+                probes.append((t0, time.perf_counter() - t0))
+                time.sleep(0.02)
 
+    def stall(since: float) -> float:
+        return round(max((d for t, d in probes if t + d >= since), default=0.0), 3)
+
+    def send(body: bytes, chunked: bool, k: int, statuses: dict[int, int]) -> None:
+        body = body.replace(b'"request_id":"b"', b'"request_id":"b%d"' % k, 1)
+        content: bytes | Iterator[bytes] = body
+        if chunked:
+            content = (body[i:i + 65536] for i in range(0, len(body), 65536))
+        try:
+            status = httpx.post(server.url + "/v1/labels", content=content, timeout=120,
+                                headers={**auth(), "Content-Type": "application/json"}
+                                ).status_code
+        except httpx.HTTPError:
+            status = 0
+        with lock:
+            statuses[status] = statuses.get(status, 0) + 1
+
+    lock = threading.Lock()
+    kinds = []
     prober = threading.Thread(target=probe)
     prober.start()
-    host, port = server.url.removeprefix("http://").split(":")
-    statuses: dict[int, int] = {}
     try:
-        big = b'{"request_id":"m","indices":[' + b"-1," * 4_000_000 + b"-1]}"
-        near = json.dumps({"request_id": "m", "indices": ["a"] * 4096}).encode()
-
-        def send(body: bytes) -> None:
-            with contextlib.suppress(httpx.HTTPError):
-                r = httpx.post(server.url + "/v1/labels", content=body, timeout=60,
-                               headers={**auth(), "Content-Type": "application/json"})
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-
-        senders = [threading.Thread(target=send, args=(b,)) for b in [big] * 8 + [near] * 8]
-        half_open = []
-        for _ in range(300):  # bodies that never finish
-            s = socket.create_connection((host, int(port)))
-            s.sendall(b"POST /v1/labels HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                      b"\r\nAuthorization: Bearer " + TOKENS[0].encode() +
-                      b"\r\nContent-Length: 1000\r\n\r\n{\"request_id\":")
-            half_open.append(s)
-        for t in senders:
-            t.start()
-        for t in senders:
-            t.join()
-        time.sleep(3)  # past the body timeout
-        closed = 0
-        for s in half_open:
-            s.settimeout(0.5)
-            with contextlib.suppress(OSError):
-                if b" 408 " in s.recv(4096).split(b"\r\n")[0]:
-                    closed += 1
-            s.close()
+        for what, body, chunked in bodies:
+            statuses: dict[int, int] = {}
+            before, t0 = server.reset_peak(), time.perf_counter()
+            senders = [threading.Thread(target=send, args=(body, chunked, k, statuses))
+                       for k in range(REPEATS)]
+            for t in senders:
+                t.start()
+            for t in senders:
+                t.join()
+            time.sleep(0.1)  # a probe after the last answer
+            kinds.append({"body": what, "bytes": len(body), "statuses": statuses,
+                          "extra_memory_mb": round((server.peak() - before) / 2**20, 1),
+                          "max_healthz_s": stall(t0)})
+        if slow_bodies:
+            before, t0 = server.reset_peak(), time.perf_counter()
+            socks = open_bodies(server.url, HALF_OPEN + DRIBBLES)
+            stop = threading.Event()
+            dribblers = [threading.Thread(target=dribble, args=(s, stop))
+                         for s in socks[HALF_OPEN:]]
+            for t in dribblers:
+                t.start()
+            time.sleep(BODY_TIMEOUT_S + 1)
+            stop.set()
+            for t in dribblers:
+                t.join()
+            kinds.append({"body": f"{HALF_OPEN} half-open and {DRIBBLES} dribbled bodies",
+                          "timed_out_408": timed_out(socks),
+                          "extra_memory_mb": round((server.peak() - before) / 2**20, 1),
+                          "max_healthz_s": stall(t0)})
     finally:
         done.set()
         prober.join()
         alive = server.alive()
         server.stop()
-    return {"section": "bounds", "statuses": statuses, "half_open_timed_out": closed,
-            "half_open": 300, "extra_memory_mb": round((peak - before) / 2**20, 1),
-            "max_healthz_s": round(max(stalls), 3), "alive": alive}
+    return {"server": name, "max_batch": max_batch, "pool": pool, "concurrent_copies": REPEATS,
+            "kinds": kinds, "healthz_probes": len(probes), "alive": alive,
+            "extra_memory_mb": max(k["extra_memory_mb"] for k in kinds),
+            "max_healthz_s": max(k["max_healthz_s"] for k in kinds)}
+
+
+def section_bounds(workdir: Path) -> dict[str, Any]:
+    """Three servers: GNMax at the default --max-batch, GNMax at the largest on a pool too large
+    for the service's table of costs (the most work per valid query), Interactive-GNMax (the
+    largest bodies) at the default."""
+    np.save(workdir / "large-pool.npy", synthetic_votes(LARGE_POOL))
+    servers = [bounds_server(workdir, "gnmax", GNMAX, 4096, slow_bodies=True),
+               bounds_server(workdir, "gnmax", GNMAX, MAX_QUERIES, slow_bodies=False,
+                             votes="large-pool.npy"),
+               bounds_server(workdir, "interactive", INTERACTIVE, 4096, slow_bodies=False)]
+    return {"section": "bounds", "servers": servers,
+            "max_extra_memory_mb": max(s["extra_memory_mb"] for s in servers),
+            "max_healthz_s": max(s["max_healthz_s"] for s in servers),
+            "server_errors": sum(n for s in servers for k in s["kinds"]
+                                 for status, n in k.get("statuses", {}).items()
+                                 if status >= 500 or not status),
+            "all_alive": all(s["alive"] for s in servers)}
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
@@ -513,6 +673,10 @@ def pg_database(base: str, name: str) -> str:
     return base.rsplit("/", 1)[0] + "/" + name
 
 
+SECTIONS = ("malformed", "bounds", "concurrent", "kill9-sqlite", "kill9-postgresql",
+            "replicas")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=16)
@@ -520,7 +684,14 @@ def main() -> None:
     parser.add_argument("--kill-trials", type=int, default=20)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     args = parser.parse_args()
+    wanted = set(args.sections.split(","))
+    if not wanted <= set(SECTIONS):
+        parser.error(f"unknown sections: {', '.join(sorted(wanted - set(SECTIONS)))}")
+    if args.no_postgres:
+        wanted -= {"kill9-postgresql", "replicas"}
     sections = []
 
     def report(section: dict[str, Any]) -> None:
@@ -532,20 +703,26 @@ def main() -> None:
         np.save(workdir / "votes.npy", synthetic_votes(POOL))
         (workdir / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
         (workdir / "tokens.txt").chmod(0o600)
-        report(section_malformed(workdir))
-        report(section_bounds(workdir))
-        report(section_concurrent(workdir, args.clients, args.requests))
-        report(section_kill9(workdir, f"sqlite:///{workdir / 'kill9.db'}", "sqlite",
-                             args.kill_trials))
-        with contextlib.ExitStack() as stack:
-            pg = None if args.no_postgres else stack.enter_context(postgres())
-            if pg is None:
-                report({"section": "postgresql", "skipped": "no PostgreSQL server binaries"})
-            else:
-                report(section_kill9(workdir, pg_database(pg, "kill9"), "postgresql",
-                                     args.kill_trials))
-                report(section_replicas(workdir, pg_database(pg, "replicas"), args.replicas,
-                                        args.clients, args.requests))
+        if "malformed" in wanted:
+            report(section_malformed(workdir))
+        if "bounds" in wanted:
+            report(section_bounds(workdir))
+        if "concurrent" in wanted:
+            report(section_concurrent(workdir, args.clients, args.requests))
+        if "kill9-sqlite" in wanted:
+            report(section_kill9(workdir, f"sqlite:///{workdir / 'kill9.db'}", "sqlite",
+                                 args.kill_trials))
+        if wanted & {"kill9-postgresql", "replicas"}:
+            with postgres() as pg:
+                if pg is None:
+                    report({"section": "postgresql", "skipped": "no PostgreSQL server binaries"})
+                else:
+                    if "kill9-postgresql" in wanted:
+                        report(section_kill9(workdir, pg_database(pg, "kill9"), "postgresql",
+                                             args.kill_trials))
+                    if "replicas" in wanted:
+                        report(section_replicas(workdir, pg_database(pg, "replicas"),
+                                                args.replicas, args.clients, args.requests))
     out = ROOT / "results" / "stress_service.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(sections, indent=2) + "\n")

@@ -6,34 +6,37 @@ Bayesian accountant's pair distances (private, 0600)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pate.data.datasets import load_dataset, public_split
+from pate.data.task import DataSource, load_task
 from pate.errors import UserError
 from pate.io import write_with_atomic
 from pate.rundir import RunDir
 from student.dpsgd import DPSGDConfig, train_dpsgd
 
 
-def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, dataset: str,
-                         data_dir: str | Path | None = None,
+def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Train and evaluate the DP-SGD baseline; returns the metrics written to
     ``dpsgd/metrics.json``. The input standardisation comes from the public pool (no privacy
     cost). ``progress(step, total)`` after every step."""
-    ds = load_dataset(dataset, data_dir)
-    (pool_x, _), (eval_x, eval_y) = public_split(ds)
-    norm = (float(pool_x.mean()), float(pool_x.std()))
+    task = load_task(data)
+    if task.eval_x is None or task.eval_y is None:
+        raise UserError("the DP-SGD baseline is evaluated on test data: give data.test "
+                        "(--test)")
+    if task.kind != "image":
+        raise UserError("the DP-SGD baseline's network is a CNN for images")
+    assert task.private_x is not None and task.private_y is not None
+    norm = (float(task.pool_x.mean()), float(task.pool_x.std()))
     try:
-        result = train_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, ds.num_classes, config,
-                             norm, progress)
+        result = train_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
+                             task.num_classes, config, norm, progress)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    metrics = {"dataset": ds.name, "normalisation": {"mean": norm[0], "std": norm[1]},
+    metrics = {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
                **result.metrics}
     run.create()
     run.private_dir(run.dpsgd)

@@ -29,7 +29,13 @@
   input (std 0.3) and on every hidden layer (std 0.5); a generator 100-500-500-784 with softplus,
   batch norm and a weight-normalised sigmoid output layer.
 
-``ModelSpec`` names an architecture and its shapes, so that saved weights can be rebuilt.
+A user's own network is named by its import path ``package.module:factory`` instead
+(:mod:`teachers.user_models`, the resolver the teachers use too): ``factory(input_shape,
+num_classes)`` returns a ``torch.nn.Module`` whose forward returns logits; vat and supervised
+train it, the GAN keeps its own discriminator.
+
+``ModelSpec`` names an architecture (a built-in or an import path) and its shapes, so that saved
+weights can be rebuilt (the import path must still be importable where they are loaded).
 """
 
 from __future__ import annotations
@@ -44,9 +50,11 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from student.choices import ARCHITECTURES
+from teachers.choices import is_import_path
 from teachers.hog import hog_features, hog_size
 from teachers.models import Experts, hog_linear
 from teachers.pool_encoder import FEATURES, FrozenEncoder
+from teachers.user_models import build_user_model
 
 Z_DIM = 100  # Salimans et al., MNIST generator input
 # The expert VAT's smoothness is for, per Experts architecture.
@@ -151,7 +159,8 @@ def same_tensors(a: nn.Module, b: nn.Module) -> bool:
 
 def build_classifier(spec: ModelSpec, features: PoolFeatures | None = None) -> nn.Module:
     """The classifier of ``spec``: ``cnn``, ``cnn-hog``, ``cnn-hog-simclr`` (which needs its
-    ``features``; the others take none), ``mlp`` or ``wn-mlp`` (the GAN's discriminator)."""
+    ``features``; the others take none), ``mlp``, ``wn-mlp`` (the GAN's discriminator), or a
+    user's network by its import path."""
     if (spec.arch in POOL_FEATURE_ARCHS) != (features is not None):
         raise ValueError(f"architecture {spec.arch} "
                          f"{'needs' if features is None else 'takes no'} pool features")
@@ -168,6 +177,8 @@ def build_classifier(spec: ModelSpec, features: PoolFeatures | None = None) -> n
         return mlp(spec.in_shape, spec.num_classes)
     if spec.arch == "wn-mlp":
         return Discriminator(spec.in_shape, spec.num_classes)
+    if is_import_path(spec.arch):
+        return build_user_model(spec.arch, spec.in_shape, spec.num_classes, "arch")
     raise ValueError(f"unknown architecture {spec.arch!r}; choose one of {ARCHITECTURES}")
 
 

@@ -117,19 +117,26 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
         on_request: Callable[[Received], None] | None = None) -> tuple[Received, bool]:
     """One round: ask ``source`` about ``indices`` in requests of ``request_size``, with the
     student's probabilities of each (Interactive-GNMax) when given. After every answered request
-    ``on_request`` gets everything received in this round. Stops at the budget (403): returns
-    (received, True); nothing is spent on a refused request."""
+    ``on_request`` gets everything received in this round. A request refused at the budget (403:
+    its worst case does not fit, and nothing was spent) is asked again in halves, so the round
+    gets as many answers as the budget allows; it stops when even one query is refused: returns
+    (received, True)."""
     indices = np.asarray(indices, np.int64)
     got = Received.empty()
-    for start in range(0, indices.size, request_size):
-        part = indices[start:start + request_size]
-        probs = None if student_probs is None else student_probs[start:start + request_size]
+    start, size = 0, request_size
+    while start < indices.size:
+        part = indices[start:start + size]
+        probs = None if student_probs is None else student_probs[start:start + size]
         try:
             result = source.labels(part, student_probs=probs)
         except BudgetExhausted:
-            return got, True
+            if part.size == 1:
+                return got, True
+            size = (part.size + 1) // 2
+            continue
         branch = np.array([BRANCHES.index(b) for b in result.branch], np.int8)
         got = got + Received(part, np.asarray(result.labels, np.int64), branch)
+        start += part.size
         if on_request is not None:
             on_request(got)
     return got, False

@@ -35,6 +35,8 @@ from student.models import (
     PoolFeatures,
     build_classifier,
 )
+from teachers.choices import is_import_path, model_name_problem
+from teachers.user_models import load_factory
 
 DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
 DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
@@ -43,8 +45,9 @@ DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salima
 @dataclass(frozen=True)
 class MethodConfig:
     """A student method and its network: ``arch`` (default per method; the GAN needs its
-    ``wn-mlp`` discriminator), Adam's learning rate (default per method), VAT's eps and
-    entropy minimisation."""
+    ``wn-mlp`` discriminator; vat and supervised also take a user's network by its import path
+    ``package.module:factory``, :mod:`teachers.user_models`, imported here to fail early), Adam's
+    learning rate (default per method), VAT's eps and entropy minimisation."""
 
     method: str
     arch: str | None = None
@@ -56,10 +59,14 @@ class MethodConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.arch is not None and self.arch not in ARCHITECTURES:
-            raise ValueError(f"arch must be one of {ARCHITECTURES}, got {self.arch!r}")
+        problem = None if self.arch is None else model_name_problem(self.arch, ARCHITECTURES)
+        if problem:
+            raise ValueError(f"arch {problem}")
         if self.method == "gan" and self.arch not in (None, "wn-mlp"):
-            raise ValueError("the GAN student's network is its discriminator: arch wn-mlp")
+            raise ValueError("the GAN student's network is its own discriminator, arch wn-mlp; "
+                             "another arch works with vat or supervised")
+        if self.arch is not None and is_import_path(self.arch):
+            load_factory(self.arch, "arch")
         if not self.vat_eps > 0:
             raise ValueError(f"VAT's eps must be > 0, got {self.vat_eps!r}")
 

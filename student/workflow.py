@@ -31,10 +31,12 @@ from numpy.typing import NDArray
 from analysis.mechanisms import mechanism_to_dict
 from pate.aggregation.label_requests import LabelSource
 from pate.aggregation.label_service import LabelService
+from pate.aggregation.vote_pool import VotePool
 from pate.data.augment import AUGMENTATIONS
-from pate.data.datasets import load_dataset, public_split
+from pate.data.task import DataSource, Task, load_task
 from pate.errors import PateError, UserError
 from pate.io import write_bytes_atomic
+from pate.progress import Progress, progress_bar
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
 from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier, same_tensors
@@ -54,6 +56,9 @@ from student.training import (
 )
 from teachers import checkpoints
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
+
+# The student networks made for images (the others take features too).
+IMAGE_ARCHITECTURES = frozenset({"cnn", "cnn-hog", "cnn-hog-simclr"})
 
 
 @dataclass(frozen=True)
@@ -100,9 +105,20 @@ class StudentOptions:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"--device {self.device}: CUDA is not available")
 
-    def method_config(self) -> MethodConfig:
+    def method_config(self, kind: str = "image") -> MethodConfig:
+        """The method and its network for ``kind`` of data: on tabular features the default
+        network is the MLP, and the networks (and the GAN) made for images are refused."""
+        arch = self.arch
+        if kind == "tabular":
+            if self.method == "gan":
+                raise UserError("the improved-GAN student generates images; on tabular data use "
+                                "--method vat or supervised")
+            if arch is None:
+                arch = "mlp"
+            elif arch in IMAGE_ARCHITECTURES:
+                raise UserError(f"--arch {arch} needs images; on tabular data use mlp")
         try:
-            return MethodConfig(self.method, self.arch, self.width, self.lr, self.vat_eps,
+            return MethodConfig(self.method, arch, self.width, self.lr, self.vat_eps,
                                 self.entmin)
         except ValueError as exc:
             raise UserError(str(exc)) from None
@@ -115,16 +131,6 @@ class StudentOptions:
                              device=self.device)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class DataOptions:
-    """Where the public pool and the evaluation rows come from: a dataset, its files, and how
-    many rows of the test split are the pool (default half)."""
-
-    dataset: str = "fashion-mnist"
-    data_dir: str | Path | None = None
-    pool_size: int | None = None
 
 
 @dataclass
@@ -173,7 +179,7 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
     privacy rule 6). None without local votes, with LNMax, or when a round's parameters or rows
     are unknown."""
     service = session.service
-    if service is None or service.pool is None:
+    if service is None or service.pool is None or not len(received):
         return None
     pool = service.pool
     result = analyze_rounds(rounds, received, lambda index: pool.votes[pool.rows(index)],
@@ -223,12 +229,42 @@ def _pool_features(options: StudentOptions, given: Any, previous: Any,
     return PoolFeatures.on_pool(encoder, pool_x)
 
 
+def _check_votes(run: RunDir, pool: VotePool, task: Task) -> None:
+    """Refuse, before anything is asked, votes that do not fit the pool: another number of
+    classes, rows beyond the pool, or another number of teachers than the run's (the shapes
+    and the number of teachers are public; no vote is read)."""
+    if pool.classes != task.num_classes:
+        raise UserError(f"the votes have {pool.classes} classes, the data {task.num_classes}: "
+                        "they are not this pool's votes")
+    rows = pool.pool_indices
+    if rows.size and (rows[0] < 0 or rows[-1] >= len(task.pool_x)):
+        raise UserError(f"the votes cover pool rows up to {int(rows[-1])}, but the pool has "
+                        f"{len(task.pool_x)} rows: they are not this pool's votes")
+    manifest = checkpoints.read_manifest(run.root) or {}
+    teachers = int(pool.votes[0].sum())
+    if manifest.get("num_teachers") not in (None, teachers):
+        raise UserError(f"the votes are of {teachers} teachers, the run's teachers number "
+                        f"{manifest['num_teachers']}: they are not this run's votes")
+
+
+def _saving(run: RunDir, before: Received, bar: Progress) -> Callable[[Received], None]:
+    """An ``on_request`` that saves everything received so far (nothing paid for is lost) and
+    advances the round's progress."""
+    done = [0]
+
+    def on_request(got: Received) -> None:
+        (before + got).save(run.labels)
+        bar.update(len(got) - done[0])
+        done[0] = len(got)
+    return on_request
+
+
 def _stderr_line(text: str) -> None:
     print(f"pate student: {text}", file=sys.stderr, flush=True)
 
 
 def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
-                  options: StudentOptions, data: DataOptions = DataOptions(), *,
+                  options: StudentOptions, data: DataSource, *,
                   conversion: str = "improved",
                   on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                   say: Callable[[str], None] = _stderr_line) -> dict[str, Any]:
@@ -239,11 +275,11 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     the data, the labels so far, the pool encoder), so a mistake spends nothing. ``on_epoch``
     gets (epoch, mean losses) after each training epoch; ``say`` one line of news."""
     started = time.perf_counter()
-    method = options.method_config()
+    task = load_task(data, need_private=False)
+    method = options.method_config(task.kind)
     fit_config = options.fit_config(method)
-    ds = load_dataset(data.dataset, data.data_dir, need_train=False)
-    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, data.pool_size)
-    spec = method.spec(pool_x.shape[1:], ds.num_classes)
+    pool_x, pool_y = task.pool_x, task.pool_y
+    spec = method.spec(task.input_shape, task.num_classes)
     pool_features = spec.arch in POOL_FEATURE_ARCHS
     if not pool_features and (options.pool_encoder or options.encoder_epochs):
         raise UserError("--pool-encoder and --encoder-epochs are for --arch "
@@ -253,14 +289,16 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     out = run.student
     out.mkdir(exist_ok=True)
     before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
-    if np.any(before.pool_index >= len(pool_y)):
-        raise UserError(f"{run.labels} has pool indices beyond --pool-size {len(pool_y)}")
+    if np.any(before.pool_index >= len(pool_x)):
+        raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)
 
     session = open_session()
     interactive = session.mechanism == "interactive"
     try:
-        candidates = np.setdiff1d(np.arange(len(pool_y)), before.pool_index)
+        if session.service is not None and session.service.pool is not None:
+            _check_votes(run, session.service.pool, task)
+        candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:
             candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
         probs_all = None
@@ -277,10 +315,15 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
             assert probs_all is not None
             probs = probs_all[np.searchsorted(candidates, chosen)]
         try:
-            got, exhausted = ask(session.source, chosen, probs, options.request_size,
-                                 on_request=lambda r: (before + r).save(run.labels))
+            with progress_bar(f"queries ({session.mechanism})", int(chosen.size), "query",
+                              every=10.0) as bar:
+                got, exhausted = ask(session.source, chosen, probs, options.request_size,
+                                     on_request=_saving(run, before, bar))
         except PateError as exc:
             raise UserError(f"the aggregator refused: {exc}") from None
+        if exhausted and not len(before) and not len(got):
+            raise UserError("the privacy budget does not cover even one query: nothing was "
+                            "asked or spent (a larger --budget-epsilon, or a new ledger)")
         budget = session.source.budget()
         received = before + got
         received.save(run.labels)
@@ -313,17 +356,23 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     if continued and options.method == "gan":
         load_weights(learner.generator_net, out, "generator")
     result = fit(learner, pool_x[lab_index], lab_y, pool_x, fit_config, on_epoch=on_epoch)
-    acc = accuracy(model, eval_x, eval_y, options.device)
+    acc = (None if task.eval_x is None or task.eval_y is None
+           else accuracy(model, task.eval_x, task.eval_y, options.device))
     save_model(model, spec, out)
     if options.method == "gan":
         save_model(learner.generator_net, spec, out, "generator")
 
     metrics = {
-        "method": options.method, "arch": spec.arch, "dataset": ds.name,
-        "accuracy": acc, "eval_size": len(eval_y), "pool_size": len(pool_y),
+        "method": options.method, "arch": spec.arch, "dataset": task.name,
+        "accuracy": acc,  # None: no test data, so not measured (never on private data)
+        "eval_size": 0 if task.eval_y is None else len(task.eval_y),
+        "pool_size": len(pool_x), "classes": list(task.classes),
+        "classes_from": task.classes_from,
         **received.counts(),
         "labels_used": int(answered.sum()),
-        "label_accuracy": float(np.mean(lab_y == pool_y[lab_index])),
+        # a benchmark's pool labels only: a user's public labels are never read
+        "label_accuracy": (None if pool_y is None
+                           else float(np.mean(lab_y == pool_y[lab_index]))),
         "epsilon": {
             "delta": budget["delta"],
             "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients

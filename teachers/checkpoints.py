@@ -8,12 +8,14 @@ private (docs/design.md): files 0600 in a 0700 directory, written to a temporary
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.numpy import load, save
 
+from pate.data.task import Benchmark, DataSource, source_from_record
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 from pate.rundir import RunDir
@@ -33,6 +35,15 @@ def shard_file(index: int) -> str:
 def read_manifest(run_dir: Path) -> dict | None:
     run = RunDir(run_dir)
     return run.read_json(run.manifest)
+
+
+def data_source(manifest: dict, data_dir: str | Path | None = None) -> DataSource:
+    """Where the run's teachers' data came from (the manifest's record); a built-in dataset's
+    files are looked for in ``data_dir`` when given."""
+    source = source_from_record(manifest["data"])
+    if isinstance(source, Benchmark) and data_dir is not None:
+        source = replace(source, data_dir=str(data_dir))
+    return source
 
 
 def write_manifest(run_dir: Path, manifest: dict) -> None:

@@ -1,5 +1,27 @@
 """Names of the teachers' architectures, importable without torch (the CLI registers them at
-start); ``teachers.models.ARCHITECTURES`` builds them."""
+start); ``teachers.models.ARCHITECTURES`` builds them. A user's own network is named by its
+import path instead (:mod:`teachers.user_models`); :func:`model_name_problem` tells the two
+forms apart without importing anything."""
+
+import re
 
 MODELS: tuple[str, ...] = ("cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog",
                           "cnn-pool-hog-simclr")
+# The model a run's teachers get when none is named, by the kind of data (pate.data.task).
+DEFAULT_MODEL: dict[str, str] = {"image": "cnn", "tabular": "mlp"}
+
+# ``package.module:factory`` (the attribute may be dotted: ``module:Class.build``).
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def is_import_path(name: str) -> bool:
+    """Whether ``name`` has the form ``package.module:factory``."""
+    return _IMPORT_PATH.fullmatch(name) is not None
+
+
+def model_name_problem(name: str, builtins: tuple[str, ...]) -> str | None:
+    """Why ``name`` is neither one of ``builtins`` nor an import path, or None when it is."""
+    if name in builtins or is_import_path(name):
+        return None
+    return (f"{name!r} is neither one of {', '.join(builtins)} nor an import path "
+            "package.module:factory")

@@ -13,18 +13,18 @@ of a GPU, so fractions pack several shards on one device.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pate.data.datasets import Dataset, load_dataset, public_split
+from pate.data.task import Benchmark, DataFiles, DataSource, Task, load_task, source_record
 from pate.errors import UserError
-from pate.io import ensure_dir
+from pate.progress import progress_bar
+from pate.rundir import RunDir
 from teachers import checkpoints
-from teachers.ensemble import TrainConfig
+from teachers.ensemble import TrainConfig, vectorised
 from teachers.partition import (
     Partition,
     check_disjoint,
@@ -33,22 +33,34 @@ from teachers.partition import (
     verify_partition,
     write_partition,
 )
+from teachers.user_models import ray_runtime_env
 
 
 @dataclass(frozen=True)
 class TrainJob:
-    """What ``pate teachers train`` trains; all of it but ``data_dir`` is fixed per run."""
+    """What ``pate teachers train`` trains; all of it but ``data_dir`` is fixed per run.
+    ``dataset`` is a built-in dataset's name or a user's files (``pate.data.task.DataFiles``)."""
 
-    dataset: str
+    dataset: str | DataFiles
     num_teachers: int
     shard_size: int
     train: TrainConfig
     pool_size: int | None = None
     data_dir: str | None = None
 
+    @property
+    def source(self) -> DataSource:
+        """Where the data comes from."""
+        if isinstance(self.dataset, str):
+            return Benchmark(self.dataset, self.data_dir, self.pool_size)
+        return self.dataset
+
     def settings(self) -> dict:
         """The settings a rerun must repeat to resume (everything but where the data lives)."""
-        return {"dataset": self.dataset, "num_teachers": self.num_teachers,
+        record = source_record(self.source)
+        record.pop("data_dir", None)
+        name = self.dataset if isinstance(self.dataset, str) else Path(self.dataset.private).stem
+        return {"dataset": name, "data": record, "num_teachers": self.num_teachers,
                 "shard_size": self.shard_size, "train": asdict(self.train),
                 "pool_size": self.pool_size}
 
@@ -89,44 +101,50 @@ class Cluster:
     max_retries: int = 3
 
 
-def _start_ray(cluster: Cluster) -> None:
+def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> None:
+    """Start or join Ray; ``runtime_env`` (the job's: Ray ships local ``py_modules`` only at
+    this level) carries a user's model package to the workers."""
     import ray
 
     try:
         if cluster.address:
-            ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+            ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False,
+                     runtime_env=runtime_env)
         else:
             ray.init(num_cpus=max(cluster.workers, os.cpu_count() or 1),
                      num_gpus=None if cluster.device == "cuda" else 0, include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=False)
+                     logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
     except Exception as exc:  # a bad address or a failed local start
         raise UserError(f"could not start or join Ray ({cluster.address or 'local'}): "
                         f"{exc}") from exc
 
 
-def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Dataset, Partition]:
+def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     """Load the data, record or verify the partition, and read or create the manifest."""
-    ds = load_dataset(job.dataset, job.data_dir)
-    n = len(ds.train_y)
+    data = load_task(job.source)
+    assert data.private_x is not None and data.private_y is not None
+    n = len(data.private_y)
     part = make_partition(n, job.num_teachers, job.train.seed)
     recorded = read_partition(run_dir)
+    settings = job.settings()
     if recorded is None:
-        write_partition(run_dir, part, job.dataset)
+        write_partition(run_dir, part, settings["dataset"])
     else:
-        verify_partition(recorded, part, job.dataset)
+        verify_partition(recorded, part, settings["dataset"])
     check_disjoint(part.parts(), n)
     manifest = checkpoints.read_manifest(run_dir)
     if manifest is None:
-        manifest = {**job.settings(), "model": job.train.model,
-                    "in_shape": list(ds.train_x.shape[1:]), "num_classes": ds.num_classes,
-                    "min_size": int(part.sizes.min()), "shards": {}, "done": False}
-    elif {k: manifest.get(k) for k in job.settings()} != job.settings():
+        manifest = {**settings, "model": job.train.model,
+                    "in_shape": list(data.input_shape), "num_classes": data.num_classes,
+                    "classes": list(data.classes), "min_size": int(part.sizes.min()),
+                    "shards": {}, "done": False}
+    elif {k: manifest.get(k) for k in settings} != settings:
         raise UserError("this run's teachers were trained with other settings (see "
                         "teachers/manifest.json); repeat them or use a new --run directory")
-    return manifest, ds, part
+    return manifest, data, part
 
 
-def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, ds: Dataset
+def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, data: Task
                   ) -> dict[str, np.ndarray] | None:
     """The run's frozen pool encoder for the architectures that use one: trained on the public
     pool alone (never on the private split) and recorded in the manifest the first time, read
@@ -144,7 +162,7 @@ def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, ds: Dataset
     if recorded and manifest["shards"]:
         raise UserError(f"the pool encoder of {run_dir} is missing or corrupt and trained "
                         "teachers depend on it; use a new --run directory")
-    (pool_x, _), _ = public_split(ds, job.pool_size)
+    pool_x = data.pool_x
     t0 = time.time()
     encoder = train_pool_encoder(pool_x, EPOCHS, job.train.seed)
     manifest["pool_encoder"] = {
@@ -164,18 +182,21 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 
     if cluster.workers < 1 or job.shard_size < 1:
         raise UserError("--workers and --shard-size must be at least 1")
-    run_dir = ensure_dir(run_dir, private=True)
-    manifest, ds, part = _prepare(run_dir, job)
-    encoder = _pool_encoder(run_dir, job, manifest, ds)
+    run_dir = RunDir(run_dir).create().root
+    manifest, data, part = _prepare(run_dir, job)
+    encoder = _pool_encoder(run_dir, job, manifest, data)
     shards = shard_ranges(job.num_teachers, job.shard_size)
     done = manifest["shards"]
     wanted = range(len(shards)) if only is None else sorted(set(only) & set(range(len(shards))))
     todo = [i for i in wanted if not (
         str(i) in done and checkpoints.shard_ok(run_dir, i, done[str(i)]["sha256"]))]
     if todo:
-        _start_ray(cluster)
+        # Here, not in the workers (whose output is not shown): the warning line of a user's
+        # network that trains one teacher at a time.
+        vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
+        _start_ray(cluster, ray_runtime_env(job.train.model))
         try:
-            _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], ds, part, cluster,
+            _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], data, part, cluster,
                  encoder)
         finally:
             ray.shutdown()
@@ -185,42 +206,40 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 
 
 def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
-         ds: Dataset, part: Partition, cluster: Cluster,
+         data: Task, part: Partition, cluster: Cluster,
          encoder: dict[str, np.ndarray] | None) -> None:
     """Submit the shards ``todo`` with at most ``cluster.workers`` in flight; checkpoint each
     result as it arrives."""
     import ray
-    from tqdm import tqdm
 
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // cluster.workers)
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)
-    x_ref, y_ref, enc_ref = ray.put(ds.train_x), ray.put(ds.train_y), ray.put(encoder)
+    x_ref, y_ref, enc_ref = ray.put(data.private_x), ray.put(data.private_y), ray.put(encoder)
     queue, pending, failed = list(todo), {}, []
-    bar = tqdm(total=sum(len(t) for _, t in todo), unit="teacher", desc="training teachers",
-               disable=not sys.stderr.isatty())
-    while queue or pending:
-        while queue and len(pending) < cluster.workers:
-            i, teachers = queue.pop(0)
-            ref = task.remote(job.train, x_ref, y_ref, ds.num_classes, teachers,
-                              part.parts(teachers), manifest["min_size"], cluster.device, cpus,
-                              enc_ref)
-            pending[ref] = (i, teachers, time.time())
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        i, teachers, t0 = pending.pop(ready[0])
-        try:
-            params = ray.get(ready[0])
-        except ray.exceptions.RayError as exc:
-            failed.append(f"shard {i} ({type(exc).__name__})")
-            continue
-        manifest["shards"][str(i)] = {
-            "teachers": [teachers.start, teachers.stop], "file": checkpoints.shard_file(i),
-            "sha256": checkpoints.save_shard(run_dir, i, params),
-            "seconds": round(time.time() - t0, 2)}
-        checkpoints.write_manifest(run_dir, manifest)
-        bar.update(len(teachers))
-    bar.close()
+    with progress_bar("training teachers", sum(len(t) for _, t in todo), "teacher") as bar:
+        while queue or pending:
+            while queue and len(pending) < cluster.workers:
+                i, teachers = queue.pop(0)
+                ref = task.remote(job.train, x_ref, y_ref, data.num_classes, teachers,
+                                  part.parts(teachers), manifest["min_size"], cluster.device,
+                                  cpus, enc_ref)
+                pending[ref] = (i, teachers, time.time())
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i, teachers, t0 = pending.pop(ready[0])
+            try:
+                params = ray.get(ready[0])
+            except ray.exceptions.RayError as exc:
+                failed.append(f"shard {i} ({type(exc).__name__})")
+                continue
+            manifest["shards"][str(i)] = {
+                "teachers": [teachers.start, teachers.stop],
+                "file": checkpoints.shard_file(i),
+                "sha256": checkpoints.save_shard(run_dir, i, params),
+                "seconds": round(time.time() - t0, 2)}
+            checkpoints.write_manifest(run_dir, manifest)
+            bar.update(len(teachers))
     if failed:
         raise UserError(f"{len(failed)} shard(s) failed: {', '.join(failed)}; the others are "
                         "saved - rerun the same command to train only the missing ones")

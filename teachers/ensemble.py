@@ -16,6 +16,13 @@ of (seed, teacher id, position) (:mod:`teachers.rng`), independent of which teac
 group. Every teacher takes the same number of steps, ``epochs * ceil(min_size / batch_size)``
 with ``min_size`` the smallest partition of the whole run, so a group reproduces the teachers
 trained one by one (:func:`train_one`).
+
+A user's own network (``model = "package.module:factory"``, :mod:`teachers.user_models`) trains
+the same way when it passes the vmap test (:func:`vectorised`); its stacked state then holds its
+buffers too, each teacher's own. When it does not (dropout, data-dependent control flow), one
+warning line says so and :func:`train_group` trains its teachers one at a time with
+:func:`train_one`, the slower path, returning the same stacked state; the random numbers such a
+forward draws come from torch's generator seeded from (seed, teacher).
 """
 
 from __future__ import annotations
@@ -33,8 +40,17 @@ from torch.func import functional_call, vmap
 from pate.data.augment import AUGMENTATIONS, MAX_SHIFT, shift_flip
 from pate.errors import UserError
 from teachers import rng
-from teachers.models import ARCHITECTURES, build_model, init_stacked
+from teachers.choices import MODELS, is_import_path, model_name_problem
+from teachers.models import build_model, initial_state
 from teachers.partition import check_disjoint
+from teachers.user_models import (
+    load_factory,
+    load_state,
+    module_state,
+    seeded,
+    vmap_problem,
+    warn_one_at_a_time,
+)
 
 # Augmentation per dataset. On Fashion-MNIST with 250 teachers, random shifts and mirroring
 # lowered the plurality's accuracy (50 teachers, 2 000 pool rows: 0.79 with, 0.84 without) while
@@ -57,7 +73,8 @@ class TrainConfig:
     :data:`AUGMENTATIONS`. The defaults were tuned on Fashion-MNIST with 250 teachers (2-core
     CPU): batch 16 gave teachers 0.754 and the plurality 0.829 on the pool, batch 8 gave 0.754
     and 0.834. ``mixup`` is the alpha of mixup's Beta(alpha, alpha) (0: off); with ``cnn-pool``
-    and mixup 0.4 the same run's teachers reached 0.774 (plurality 0.834)."""
+    and mixup 0.4 the same run's teachers reached 0.774 (plurality 0.834). ``model`` is a
+    built-in name or the import path of a user's factory, imported here to fail early."""
 
     model: str = "cnn"
     epochs: int = 20
@@ -73,8 +90,11 @@ class TrainConfig:
             raise UserError("mixup (the Beta distribution's alpha) must be >= 0; 0 turns it off")
         if self.augment not in AUGMENTATIONS:
             raise UserError(f"augment must be one of {', '.join(AUGMENTATIONS)}")
-        if self.model not in ARCHITECTURES:
-            raise UserError(f"model must be one of {', '.join(ARCHITECTURES)}")
+        problem = model_name_problem(self.model, MODELS)
+        if problem:
+            raise UserError(f"model {problem}")
+        if is_import_path(self.model):
+            load_factory(self.model)
         if min(self.epochs, self.batch_size) < 1 or self.lr <= 0:
             raise UserError("epochs and batch size must be at least 1 and lr positive")
 
@@ -177,58 +197,83 @@ def _augmented(cfg: TrainConfig, x: torch.Tensor, rows: torch.Tensor, dy: torch.
     return xb.reshape(*rows.shape, *xb.shape[1:])
 
 
+def vectorised(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int,
+               device: str | torch.device = "cpu") -> bool:
+    """Whether the teachers of ``cfg.model`` train vectorised: a built-in always; a user's
+    network when teachers 0 and 1 pass :func:`teachers.user_models.vmap_problem` on rows of
+    ``in_shape``; otherwise one warning line says they are trained one at a time."""
+    if not is_import_path(cfg.model):
+        return True
+    base = build_model(cfg.model, in_shape, num_classes).to(device)
+    init = initial_state(cfg.model, base, in_shape, num_classes, np.arange(2), cfg.seed)
+    problem = vmap_problem(cfg.model, base, {k: v.to(device) for k, v in init.items()},
+                           in_shape, num_classes, train=True)
+    if problem is not None:
+        warn_one_at_a_time(cfg.model, problem, "training")
+    return problem is None
+
+
 def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                 teacher_ids: np.ndarray, parts: list[np.ndarray], min_size: int,
                 encoder: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Train the teachers ``teacher_ids`` together; teacher k only ever reads rows ``parts[k]``
     of ``x``/``y`` (already on the target device). ``encoder``: the run's frozen pool encoder,
     for the architectures that use one (shared, not trained). Returns the teachers' stacked
-    parameters (CPU)."""
+    parameters (CPU), and a user's network's buffers. A user's network that fails the vmap test
+    (:func:`vectorised`) is trained one teacher at a time (:func:`train_one`), the slower
+    path."""
     check_disjoint(parts, len(x))
     device = x.device
     ids = np.asarray(teacher_ids, dtype=np.int64)
+    in_shape = tuple(x.shape[1:])
+    if not vectorised(cfg, in_shape, num_classes, device):
+        states = [module_state(train_one(cfg, x, y, num_classes, int(t), part, min_size))
+                  for t, part in zip(ids, parts, strict=True)]
+        return {k: torch.stack([s[k] for s in states]).cpu() for k in states[0]}
     # The module's own parameters are never used (functional_call replaces them), its buffers
     # (a frozen encoder's) are: so it lives on the device.
-    base = build_model(cfg.model, tuple(x.shape[1:]), num_classes, encoder).to(device)
-    init = init_stacked(base, ids, cfg.seed)
-    params = {k: v.to(device).requires_grad_() for k, v in init.items()}
-    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            fused=True)
+    base = build_model(cfg.model, in_shape, num_classes, encoder).to(device)
+    trained = {n for n, p in base.named_parameters() if p.requires_grad}
+    init = initial_state(cfg.model, base, in_shape, num_classes, ids, cfg.seed)
+    state = {k: v.to(device).requires_grad_(k in trained) for k, v in init.items()}
+    opt = torch.optim.AdamW([v for k, v in state.items() if k in trained], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay, fused=True)
     steps, batch = _batches(cfg, ids, parts, min_size, device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
     forward = vmap(lambda p, xb: functional_call(base, p, (xb,)))
     for step in range(steps):
         rows, dy, dx, flip, lam = batch(step)
-        loss = _loss(cfg, lambda xb: forward(params, xb), _augmented(cfg, x, rows, dy, dx, flip),
+        loss = _loss(cfg, lambda xb: forward(state, xb), _augmented(cfg, x, rows, dy, dx, flip),
                      y[rows], lam)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         sched.step()
-    return {k: v.detach().cpu() for k, v in params.items()}
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
               teacher_id: int, part: np.ndarray, min_size: int,
               encoder: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """The same teacher as :func:`train_group` would produce, trained alone as a plain module
-    (the one-at-a-time baseline of the benchmark and the reference of the equivalence test)."""
+    (the one-at-a-time baseline of the benchmark, the reference of the equivalence test, and
+    the slower path of a user's network that vmap cannot map). The random numbers its forward
+    draws (dropout) come from torch's generator seeded from (seed, teacher)."""
     ids = np.array([teacher_id])
-    model = build_model(cfg.model, tuple(x.shape[1:]), num_classes, encoder).to(x.device)
-    init = init_stacked(model, ids, cfg.seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(init[name][0])
+    in_shape = tuple(x.shape[1:])
+    model = build_model(cfg.model, in_shape, num_classes, encoder).to(x.device)
+    load_state(model, initial_state(cfg.model, model, in_shape, num_classes, ids, cfg.seed), 0)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=True)
     steps, batch = _batches(cfg, ids, [part], min_size, x.device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
-    for step in range(steps):
-        rows, dy, dx, flip, lam = batch(step)
-        loss = _loss(cfg, lambda xb: model(xb[0])[None], _augmented(cfg, x, rows, dy, dx, flip),
-                     y[rows], lam)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+    with seeded(cfg.seed, teacher_id, rng.FORWARD, x.device):
+        for step in range(steps):
+            rows, dy, dx, flip, lam = batch(step)
+            loss = _loss(cfg, lambda xb: model(xb[0])[None],
+                         _augmented(cfg, x, rows, dy, dx, flip), y[rows], lam)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
     return model

@@ -26,6 +26,9 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
   thousands of unlabelled public images rather than the teacher's few hundred private ones
   (Fashion-MNIST, 250 teachers: mean accuracy 0.814 and pool plurality 0.864, against 0.803 and
   0.850 for ``cnn-pool-hog``).
+
+A user's own network is named by its import path ``package.module:factory`` instead
+(:mod:`teachers.user_models`); :func:`build_model` and :func:`initial_state` take either.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from torch import nn
 
 from pate.errors import UserError
 from teachers import rng
+from teachers.choices import is_import_path, model_name_problem
 from teachers.hog import HOG, hog_size
 from teachers.pool_encoder import FEATURES, FrozenEncoder
+from teachers.user_models import build_user_model, teacher_states
 
 Shape = tuple[int, int, int]
 
@@ -137,13 +142,32 @@ POOL_ENCODER_MODELS = frozenset({"cnn-pool-hog-simclr"})
 
 def build_model(name: str, in_shape: Shape, num_classes: int,
                 encoder: dict[str, torch.Tensor] | None = None) -> nn.Module:
-    """A fresh module of architecture ``name`` for inputs ``[C, H, W]``, in training mode
-    (call ``.eval()`` before predicting: :class:`Experts` answers differently). Architectures
-    in :data:`POOL_ENCODER_MODELS` need the run's ``encoder`` tensors, the others take none."""
+    """A fresh module of architecture ``name`` (a built-in or an import path) for inputs
+    ``[C, H, W]``, in training mode (call ``.eval()`` before predicting: :class:`Experts`
+    answers differently). Architectures in :data:`POOL_ENCODER_MODELS` need the run's
+    ``encoder`` tensors, the others take none."""
+    problem = model_name_problem(name, tuple(ARCHITECTURES))
+    if problem:
+        raise UserError(f"model {problem}")
     if (name in POOL_ENCODER_MODELS) != (encoder is not None):
         raise UserError(f"model {name} {'needs' if encoder is None else 'takes no'} pool encoder")
+    if is_import_path(name):
+        return build_user_model(name, in_shape, num_classes)
     extra = (encoder,) if encoder is not None else ()
     return ARCHITECTURES[name](tuple(in_shape), num_classes, *extra)
+
+
+def initial_state(name: str, model: nn.Module, in_shape: Shape, num_classes: int,
+                  teacher_ids: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
+    """The initial state of the teachers ``teacher_ids`` of architecture ``name`` (``model``
+    is one built by :func:`build_model`), stacked on a leading axis: a built-in's parameters
+    (:func:`init_stacked`); a user's network's parameters and buffers, from its own
+    initialisation run once per teacher under a generator seeded from (seed, teacher)
+    (:func:`teachers.user_models.teacher_states`). Either way teacher ``t``'s state depends
+    only on (seed, t)."""
+    if is_import_path(name):
+        return teacher_states(name, in_shape, num_classes, teacher_ids, seed)
+    return init_stacked(model, teacher_ids, seed)
 
 
 def init_stacked(model: nn.Module, teacher_ids: np.ndarray, seed: int
@@ -151,8 +175,10 @@ def init_stacked(model: nn.Module, teacher_ids: np.ndarray, seed: int
     """Initial parameters of the teachers ``teacher_ids``, stacked on a leading axis.
 
     Convolution and linear weights and biases are uniform in ±1/sqrt(fan_in), PyTorch's default
-    (``kaiming_uniform_(a=sqrt(5))``); normalisation layers start at scale 1, shift 0. Teacher
-    ``t``'s numbers depend only on (seed, t), never on the rest of its group.
+    (``kaiming_uniform_(a=sqrt(5))``); GroupNorm starts at scale 1, shift 0. Teacher ``t``'s
+    numbers depend only on (seed, t), never on the rest of its group. These are the built-in
+    models' layers; a parameter of any other layer is refused (ValueError): a user's network
+    initialises itself (:func:`initial_state`).
     """
     ids = np.asarray(teacher_ids, dtype=np.int64)
     out: dict[str, torch.Tensor] = {}
@@ -161,6 +187,9 @@ def init_stacked(model: nn.Module, teacher_ids: np.ndarray, seed: int
         shape = (len(ids), *p.shape)
         if isinstance(owner, nn.GroupNorm):
             value = np.full(shape, 1.0 if name.endswith("weight") else 0.0)
+        elif not isinstance(owner, nn.Linear | nn.modules.conv._ConvNd):
+            raise ValueError(f"no initialisation rule for {name} of a "
+                             f"{type(owner).__name__}")
         else:
             weight = owner.weight
             bound = 1.0 / math.sqrt(weight[0].numel())

@@ -17,8 +17,10 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
-# Stream identifiers: one per use, so that no two uses share numbers.
-INIT, ORDER, AUGMENT, MIXUP = 1, 2, 3, 4
+# Stream identifiers: one per use, so that no two uses share numbers. MODULE_INIT and FORWARD seed
+# torch's generator per teacher for a user's own network (:mod:`teachers.user_models`): its own
+# initialisation, and the random numbers its forward draws (dropout) when trained one at a time.
+INIT, ORDER, AUGMENT, MIXUP, MODULE_INIT, FORWARD = 1, 2, 3, 4, 5, 6
 
 
 def _mix(z: np.ndarray) -> np.ndarray:

@@ -6,26 +6,30 @@ over a batch of inputs with ``torch.func.vmap`` (one call per shard and batch, n
 teachers or examples). On a CPU small batches are much faster per prediction (measured on 2
 cores: 25 teachers x 16 rows 96 us per prediction, x 256 rows 177 us: the activations of a
 large batch overflow the caches), so the default batch there is 32 rows; on a GPU 1024.
+A user's own network that fails the vmap test in evaluation mode
+(:func:`teachers.user_models.vmap_problem`) votes one teacher at a time instead, after one warning
+line: the slower path, with the same votes.
 Votes are private (docs/design.md): callers write them with mode 0600.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.func import functional_call, vmap
-from tqdm import tqdm
 
-from pate.data.datasets import load_dataset, public_split
+from pate.data.task import load_task
 from pate.errors import UserError
 from pate.io import write_with_atomic
+from pate.progress import progress_bar
 from pate.rundir import RunDir
 from teachers import checkpoints
+from teachers.choices import is_import_path
 from teachers.models import build_model
+from teachers.user_models import vmap_problem, warn_one_at_a_time
 
 
 class Ensemble:
@@ -41,24 +45,41 @@ class Ensemble:
         self.device = torch.device(device)
         self.shards = shards
         self.num_teachers = sum(next(iter(p.values())).shape[0] for p in shards)
-        base = build_model(model, self.in_shape, num_classes, encoder).to(self.device).eval()
-        self._forward = vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
+        self._base = build_model(model, self.in_shape, num_classes, encoder).to(self.device)
+        self._vectorised = vmap(lambda p, xb: functional_call(self._base, p, (xb,)),
+                                in_dims=(0, None))
+        problem = (vmap_problem(model, self._base, shards[0], self.in_shape, num_classes,
+                                train=False) if is_import_path(model) and shards else None)
+        if problem is not None:
+            warn_one_at_a_time(model, problem, "voting with")
+        self._one_at_a_time = problem is not None
+        self._base.eval()
+
+    def _forward(self, params: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+        """Logits ``[K, b, C]`` of one shard's K teachers (``params`` stacked): vectorised, or
+        one teacher at a time for a user's network vmap cannot map (the slower path)."""
+        if not self._one_at_a_time:
+            return self._vectorised(params, xb)
+        k = next(iter(params.values())).shape[0]
+        return torch.stack([functional_call(self._base, {n: v[t] for n, v in params.items()},
+                                            (xb,)) for t in range(k)])
 
     def labels(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
                ) -> Iterator[torch.Tensor]:
         """For each batch of rows of ``x``, the labels ``[num_teachers, b]`` of every teacher;
-        with ``desc``, a progress bar when stderr is a terminal."""
-        if x.ndim != 4 or tuple(x.shape[1:]) != self.in_shape:
+        with ``desc``, its progress (``pate.progress``: a bar on a terminal, a line every 10 s
+        elsewhere)."""
+        if tuple(x.shape[1:]) != self.in_shape:
             raise UserError(f"inputs must have shape [n, {', '.join(map(str, self.in_shape))}],"
                             f" got {list(x.shape)}")
         batch_size = batch_size or (32 if self.device.type == "cpu" else 1024)
-        starts = tqdm(range(0, len(x), batch_size), desc=desc, unit="batch",
-                      disable=desc is None or not sys.stderr.isatty())
-        with torch.no_grad():
-            for i in starts:
+        with torch.no_grad(), progress_bar(desc or "", len(x), "row", every=10.0,
+                                           silent=desc is None) as bar:
+            for i in range(0, len(x), batch_size):
                 xb = torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
                                      dtype=torch.float32, device=self.device)
                 yield torch.cat([self._forward(p, xb).argmax(-1) for p in self.shards])
+                bar.update(len(xb))
 
     def vote(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
              ) -> np.ndarray:
@@ -103,15 +124,18 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     run_dir = Path(run_dir)
     ens = load_ensemble(run_dir, device)
     manifest = checkpoints.read_manifest(run_dir)
-    ds = load_dataset(manifest["dataset"], data_dir, need_train=False)
-    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, manifest.get("pool_size"))
-    votes = ens.vote(pool_x, batch_size, desc="votes on the pool")
-    acc = ens.accuracy(eval_x, eval_y, batch_size, desc="teacher accuracy")
+    task = load_task(checkpoints.data_source(manifest, data_dir), need_private=False)
+    votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
-        fh, votes=votes, pool_index=np.arange(len(pool_x), dtype=np.int64)), private=True)
-    manifest["accuracy"] = {
-        "split": "evaluation", "rows": len(eval_y), "mean": float(acc.mean()),
-        "min": float(acc.min()), "max": float(acc.max()), "per_teacher": acc.round(5).tolist(),
-        "pool_plurality": float((votes.argmax(1) == pool_y).mean())}
+        fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64)), private=True)
+    accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
+    if task.eval_x is not None and task.eval_y is not None:
+        acc = ens.accuracy(task.eval_x, task.eval_y, batch_size, desc="teacher accuracy")
+        accuracy.update({"rows": len(task.eval_y), "mean": float(acc.mean()),
+                         "min": float(acc.min()), "max": float(acc.max()),
+                         "per_teacher": acc.round(5).tolist()})
+    if task.pool_y is not None:  # a benchmark's pool labels (a user's are never read)
+        accuracy["pool_plurality"] = float((votes.argmax(1) == task.pool_y).mean())
+    manifest["accuracy"] = accuracy
     checkpoints.write_manifest(run_dir, manifest)
     return len(votes)

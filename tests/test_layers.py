@@ -49,6 +49,8 @@ LAYER_OF: Mapping[str, int] = {
     "pate.config": 4,
     "pate.presets": 4,
     "pate.audit": 4,
+    "pate.api": 4,
+    "pate.status": 4,
     "pate.__main__": 4,
 }
 # What analysis/ may import besides itself and the standard library.

@@ -34,6 +34,10 @@ _STEP_MEMO_LIMIT = 100_000
 # Largest per-pool table of data-dependent costs kept in memory (``Aggregator.tabulate``).
 TABLE_LIMIT_BYTES = 512 * 2**20
 
+# Queries whose data-dependent answer costs are computed together: the computation's temporaries
+# are several times its ``[queries, orders]`` result, so a large batch goes in slices.
+COST_SLICE = 1024
+
 # Student probabilities may be off a distribution by float rounding, not more.
 PROBABILITY_TOLERANCE = 1e-4
 
@@ -168,9 +172,21 @@ class Aggregator:
         v = np.asarray(pool_votes, np.float64)
         if v.shape[0] * self.orders.size * 8 > TABLE_LIMIT_BYTES:
             return False
-        self._table = self.steps.answer.rdp_dependent(v, self.orders)
+        self._table = self._answer_dependent(v)
         self._table_votes = v
         return True
+
+    def _answer_dependent(self, v: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Data-dependent RDP of the answering step on each row of ``v``, ``[rows, orders]``,
+        computed ``COST_SLICE`` rows at a time (each row's cost depends on that row alone)."""
+        answer = self.steps.answer
+        if v.shape[0] <= COST_SLICE:
+            return answer.rdp_dependent(v, self.orders)
+        out = np.empty((v.shape[0], self.orders.size))
+        for start in range(0, v.shape[0], COST_SLICE):
+            out[start:start + COST_SLICE] = answer.rdp_dependent(v[start:start + COST_SLICE],
+                                                                  self.orders)
+        return out
 
     def answer(self, votes: ArrayLike, student_probs: ArrayLike | None = None,
                pool_rows: NDArray[np.intp] | None = None) -> Answers:
@@ -213,7 +229,7 @@ class Aggregator:
         n = v.shape[0]
         if pool_rows is not None:
             return QueryCosts(n, ((self._table, np.where(answered, pool_rows, -1)),))
-        return QueryCosts(n, ((self.steps.answer.rdp_dependent(v[answered], self.orders),
+        return QueryCosts(n, ((self._answer_dependent(v[answered]),
                                np.where(answered, np.cumsum(answered) - 1, -1)),))
 
     def _thresholded(self, v: NDArray[np.float64], probs: NDArray[np.float64] | None,

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -21,6 +22,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -30,7 +32,10 @@ from pydantic_core import PydanticCustomError
 
 from pate.errors import BatchTooLarge, MalformedRequest, UserError
 
-MAX_QUERIES = 2**20   # the schema's ceiling on any list of queries (a server's own is lower)
+# The ceiling of --max-batch and of any list of queries: a request of that many queries keeps the
+# server within about 200 MB and 0.3 s of work even on a pool too large for its cost table
+# (docs/benchmarks.md, "Reliability of the service").
+MAX_QUERIES = 2**13
 MAX_CLASSES = 2**12   # the schema's ceiling on a row of student_probs
 SHOWN_ERRORS = 5      # schema violations listed in a 422 (then their count)
 
@@ -67,14 +72,72 @@ class Limits:
         return 4096 + self.max_batch * query_bytes
 
 
-def _checked_length(value: Any, info: ValidationInfo) -> Any:
-    """Refuse a list longer than the server's batch limit before its elements are validated
-    (``info.context["max_batch"]``; the schema's ``MAX_QUERIES`` without one)."""
+# one element of ``indices`` and of ``student_probs``
+PoolIndex = Annotated[StrictInt, Field(ge=0, lt=2**63)]
+ProbsRow = Annotated[list[StrictFloat], Field(max_length=MAX_CLASSES)]
+_POOL_INDEX = TypeAdapter(PoolIndex)
+_PROBS_ROW = TypeAdapter(ProbsRow)
+_NUMBERS = frozenset({int, float})  # what StrictFloat accepts (not bool, not str)
+
+
+def _indices_valid(values: list[Any]) -> bool:
+    """All of ``values`` are what ``PoolIndex`` accepts (a few passes at C speed)."""
+    return not values or (set(map(type, values)) == {int} and min(values) >= 0
+                          and max(values) < 2**63)
+
+
+def _index_valid(value: Any) -> bool:
+    """``value`` is what ``PoolIndex`` accepts."""
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _probs_valid(rows: list[Any]) -> bool:
+    """All of ``rows`` are what ``ProbsRow`` accepts (a few passes at C speed)."""
+    return (set(map(type, rows)) <= {list} and max(map(len, rows), default=0) <= MAX_CLASSES
+            and set(map(type, itertools.chain.from_iterable(rows))) <= _NUMBERS)
+
+
+def _row_valid(row: Any) -> bool:
+    """``row`` is what ``ProbsRow`` accepts."""
+    return type(row) is list and len(row) <= MAX_CLASSES and set(map(type, row)) <= _NUMBERS
+
+
+_SCREENS: dict[str, tuple[Callable[[list[Any]], bool], Callable[[Any], bool], TypeAdapter]] = {
+    "indices": (_indices_valid, _index_valid, _POOL_INDEX),
+    "student_probs": (_probs_valid, _row_valid, _PROBS_ROW),
+}
+
+
+def _screened(value: Any, info: ValidationInfo) -> Any:
+    """Bounded validation of a list of queries, before pydantic validates its elements one by
+    one (which keeps one error per bad element: hundreds of megabytes for a list of a million):
+    a list longer than the server's batch limit is refused (``info.context["max_batch"]``; the
+    schema's ``MAX_QUERIES`` without one); a list with bad elements is refused with the
+    schema's messages for the first ``SHOWN_ERRORS`` of them and their count
+    (``invalid_request`` lists them). A valid list costs a few passes at C speed."""
     limit = (info.context or {}).get("max_batch", MAX_QUERIES)
-    if isinstance(value, list) and len(value) > limit:
+    if not isinstance(value, list):
+        return value
+    if len(value) > limit:
         raise PydanticCustomError("batch_too_large", "at most {limit} queries per request",
                                   {"limit": limit})
-    return value
+    all_valid, valid, adapter = _SCREENS[info.field_name]
+    if all_valid(value):
+        return value
+    bad = (i for i, v in enumerate(value) if not valid(v))
+    first = list(itertools.islice(bad, SHOWN_ERRORS))
+    count = len(first) + sum(1 for _ in bad)
+    shown = []
+    for i in first:
+        try:
+            adapter.validate_python(value[i])
+        except ValidationError as exc:
+            e = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+            shown.append({"loc": [i, *e["loc"]], "msg": e["msg"]})
+    if not shown:  # only Python objects the screen does not know (not JSON): the schema decides
+        return value
+    raise PydanticCustomError("invalid_elements", "{count} invalid elements",
+                              {"count": count, "shown": shown})
 
 
 class InputsPayload(BaseModel):
@@ -93,17 +156,14 @@ class LabelsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     request_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")
-    indices: Annotated[list[Annotated[StrictInt, Field(ge=0, lt=2**63)]],
-                       Field(max_length=MAX_QUERIES)] | None = None
+    indices: Annotated[list[PoolIndex], Field(max_length=MAX_QUERIES)] | None = None
     inputs: InputsPayload | None = None
-    student_probs: Annotated[
-        list[Annotated[list[StrictFloat], Field(max_length=MAX_CLASSES)]],
-        Field(max_length=MAX_QUERIES)] | None = None
+    student_probs: Annotated[list[ProbsRow], Field(max_length=MAX_QUERIES)] | None = None
     fresh: StrictBool = Field(False, description=(
         "draw new noise for pool indices answered before, at a new charge (default: the "
         "earlier answer is replayed, free)"))
 
-    _lengths = field_validator("indices", "student_probs", mode="before")(_checked_length)
+    _bounded = field_validator("indices", "student_probs", mode="before")(_screened)
 
     @model_validator(mode="after")
     def _one_source(self) -> LabelsRequest:
@@ -112,8 +172,11 @@ class LabelsRequest(BaseModel):
         return self
 
     def digest(self) -> str:
-        """sha256 of the body's content without its request_id (what a retry must repeat)."""
-        return hashlib.sha256(self.model_dump_json(exclude={"request_id"}).encode()).hexdigest()
+        """sha256 of the body's content without its request_id (what a retry must repeat).
+        ``fresh`` enters only when true, so a request without it has the digest that ledgers of
+        schema 1 stored (``pate.aggregation.ledger``): retries across the upgrade still match."""
+        exclude = {"request_id"} if self.fresh else {"request_id", "fresh"}
+        return hashlib.sha256(self.model_dump_json(exclude=exclude).encode()).hexdigest()
 
     @classmethod
     def parse(cls, body: bytes | Mapping[str, Any], max_batch: int = MAX_QUERIES
@@ -126,23 +189,32 @@ class LabelsRequest(BaseModel):
                 return cls.model_validate_json(body, context=context)
             return cls.model_validate(body, context=context)
         except ValidationError as exc:
-            raise invalid_request(exc.errors(include_url=False, include_input=False,
-                                             include_context=False)) from None
+            raise invalid_request(exc.errors(include_url=False, include_input=False)) from None
 
 
 def invalid_request(errors: Iterable[Mapping[str, Any]]) -> UserError:
-    """The error for the schema violations ``errors`` (pydantic's ``errors()``): a body that is not
-    JSON is malformed (400), a list over the batch limit too large (413), anything else invalid
-    (422, the first ``SHOWN_ERRORS`` as ``{"loc", "msg"}`` and the count of the others)."""
+    """The error for the schema violations ``errors`` (pydantic's ``errors()``, with context): a
+    body that is not JSON is malformed (400), a list over the batch limit too large (413),
+    anything else invalid (422, the first ``SHOWN_ERRORS`` as ``{"loc", "msg"}`` and the count
+    of the others; a list's bad elements come screened, see ``_screened``)."""
     errors = list(errors)
     if any(e.get("type") == "json_invalid" for e in errors):
         return MalformedRequest("the body is not valid JSON")
     too_large = next((e for e in errors if e.get("type") == "batch_too_large"), None)
     if too_large is not None:
         return BatchTooLarge(too_large.get("msg", "too many queries"))
-    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")}
-              for e in errors[:SHOWN_ERRORS]]
-    more = len(errors) - len(detail)
+    found: list[dict[str, Any]] = []
+    unlisted = 0
+    for e in errors:
+        loc = list(e.get("loc", ()))
+        if e.get("type") == "invalid_elements":
+            shown = e["ctx"]["shown"]
+            found += [{"loc": loc + s["loc"], "msg": s["msg"]} for s in shown]
+            unlisted += e["ctx"]["count"] - len(shown)
+        else:
+            found.append({"loc": loc, "msg": e.get("msg", "")})
+    detail = found[:SHOWN_ERRORS]
+    more = len(found) - len(detail) + unlisted
     text = "; ".join(f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in detail)
     if more:
         text += f"; and {more} more"

@@ -82,6 +82,10 @@ class LabelService:
         self._tabulated = pool is not None and aggregator.tabulate(pool.votes)
         self._vote_lock = threading.Lock()
         self.body_limit = self.limits.body_bytes(self._query_bytes())
+        # the most commas a valid body holds: a separator per pool index and per probability,
+        # a few between fields and in inputs.shape (request ids and base64 hold none)
+        self._max_commas = 64 + self.limits.max_batch * (
+            1 + (self._classes() if self.aggregator.takes_student_probs else 0))
 
     def _query_bytes(self) -> int:
         """The most JSON bytes one query may take in a body: a pool index (up to 19 digits and a
@@ -89,14 +93,22 @@ class LabelService:
         base64 of one float32 input."""
         size = 21
         if self.aggregator.takes_student_probs:
-            classes = self.pool.classes if self.pool is not None else MAX_CLASSES
-            size += 4 + 26 * classes
+            size += 4 + 26 * self._classes()
         if self.ensemble is not None:
             size = max(size, 4 * -(-4 * int(np.prod(self.ensemble.in_shape)) // 3))
         return size
 
+    def _classes(self) -> int:
+        """Classes of a row of student_probs: the pool's, or the schema's ceiling."""
+        return self.pool.classes if self.pool is not None else MAX_CLASSES
+
     def parse(self, body: bytes) -> LabelsRequest:
-        """The request of a JSON body, lists checked against the batch limit first."""
+        """The request of a JSON body, lists checked against the batch limit first. A body
+        with more JSON values than ``max_batch`` queries can need is refused before it is
+        parsed (``PayloadTooLarge``): parsing costs time and memory per value."""
+        if body.count(b",") > self._max_commas:
+            raise PayloadTooLarge(f"the body holds more values than {self.limits.max_batch} "
+                                  f"queries (--max-batch) need")
         return LabelsRequest.parse(body, self.limits.max_batch)
 
     def budget(self) -> dict[str, Any]:

@@ -99,6 +99,7 @@ requests_table = sa.Table(
 
 _SELECT_BUDGET = sa.select(budget_table).where(budget_table.c.id == 1).with_for_update()
 _UPDATE_BUDGET = budget_table.update().where(budget_table.c.id == 1)
+_INSERT_REQUESTS = requests_table.insert().returning(requests_table.c.seq)
 _SELECT_STATE = sa.select(budget_table.c.epsilon_spent, budget_table.c.queries,
                           budget_table.c.answered).where(budget_table.c.id == 1)
 _ANSWER_COLUMNS = (requests_table.c.request_id, requests_table.c.body_digest,
@@ -305,9 +306,12 @@ class Ledger:
         self.basis = (f"data-independent RDP, {conversion} conversion at delta={self.delta:g}; "
                       "a batch is refused unless its worst case fits")
         # outcomes released so far, by mechanism then pool index (``_outcomes``); replicas
-        # learn each other's from the request rows after ``_synced_seq``
+        # learn each other's from the request rows after ``_synced_seq``. ``_rows_seen``: the
+        # request rows (the budget row's ``requests``) once synced, None before the first sync
+        # under the lock; while it holds, no other process has committed and the sync is skipped
         self._releases: dict[str, dict[int, int]] = {}
         self._synced_seq = 0
+        self._rows_seen: int | None = None
         try:
             self._writer, self._reader = _engines(url)
             self.url = self._writer.url.render_as_string(hide_password=True)
@@ -520,7 +524,9 @@ class Ledger:
                     (self._stored(row, retried=True), row.request_id.partition("/")[0])
                     for row in conn.execute(_SELECT_IDS,
                                             {"ids": sorted({c.key for c, _ in group})}))}
-                self._sync_releases(conn)
+                if total.requests != self._rows_seen:
+                    self._sync_releases(conn)
+                    self._rows_seen = total.requests
                 rows = []
                 for charge, fut in group:
                     outcome, spent, row = self._apply(charge, known, added, ind, dep, counts,
@@ -529,10 +535,9 @@ class Ledger:
                     if row is not None:
                         rows.append(row)
                 if rows:
-                    conn.execute(requests_table.insert(), rows)
-                    # under the lock, the rows just inserted are the last ones: the next sync
-                    # need not read them back
-                    synced = conn.execute(sa.select(sa.func.max(requests_table.c.seq))).scalar()
+                    # under the lock, the rows inserted are the last ones: the next sync need
+                    # not read them back
+                    synced = max(conn.execute(_INSERT_REQUESTS, rows).scalars())
                     conn.execute(_UPDATE_BUDGET, {
                         "requests": counts[0], "queries": counts[1], "answered": counts[2],
                         "epsilon_spent": spent, "rdp_independent": _blob(ind, _F64),
@@ -548,7 +553,7 @@ class Ledger:
                 fut.set_exception(err)
             return
         if rows:
-            self._synced_seq = synced
+            self._synced_seq, self._rows_seen = synced, counts[0]
         for fut, outcome in results:
             if isinstance(outcome, Exception):
                 fut.set_exception(outcome)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from analysis.rdp import CONVERSIONS
+from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
@@ -29,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                        "training split and evaluate it on the second half of "
                                        "the test split.")
     train.add_argument("--run", type=Path, required=True, metavar="DIR")
-    train.add_argument("--dataset", default="fashion-mnist")
-    train.add_argument("--data-dir", type=Path, default=None)
+    add_data_flags(train)
     noise = train.add_mutually_exclusive_group(required=True)
     noise.add_argument("--epsilon", type=float, metavar="E",
                        help="target epsilon; the noise multiplier is calibrated to it")
@@ -67,7 +67,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     run = RunDir(args.run)
     with progress_bar("DP-SGD", None, "step", every=10.0) as bar:
-        metrics = train_dpsgd_baseline(run, config, args.dataset, args.data_dir,
+        metrics = train_dpsgd_baseline(run, config, source_from_flags(args),
                                        lambda _step, total: bar.update(1, total))
     print(json.dumps(metrics) if args.json
           else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP), "

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from pate import __version__
 from pate.errors import PateError
@@ -23,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.dpsgd",
     "pate.cli.student",
     "pate.cli.audit",
+    "pate.cli.status",
 )
 
 
@@ -62,11 +66,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _warning_line
     if getattr(args, "quiet", False):
         set_quiet(True)
+    run = getattr(args, "run", None)
+    new_run = run is not None and not Path(run).exists()
     try:
         return int(args.handler(args) or 0)
     except PateError as exc:
         print(f"pate: error: {exc}", file=sys.stderr)
-        return 2
+        status = 2
     except KeyboardInterrupt:
         print("pate: interrupted", file=sys.stderr)
-        return 130
+        status = 130
+    if new_run:
+        _remove_empty_folders(Path(run))
+    return status
+
+
+def _remove_empty_folders(root: Path) -> None:
+    """Remove ``root`` and its folders if they hold no file: a failed command leaves no empty
+    run directory behind (never a file: a folder that holds one stays)."""
+    for folder, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)

@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8470, help="0 picks a free port (printed)")
     p.add_argument("--device", default="cpu", help="device of the teacher ensemble (inputs mode)")
-    p.add_argument("--max-batch", type=int, default=4096, help="queries per request")
+    p.add_argument("--max-batch", type=int, default=4096,
+                   help="queries per request (default 4096, at most 8192)")
     p.add_argument("--max-body-bytes", type=int, default=None,
                    help="largest request body (default: what --max-batch queries need)")
     p.add_argument("--body-timeout", type=float, default=10.0, metavar="S",

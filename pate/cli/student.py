@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
@@ -29,6 +30,7 @@ from pate.progress import progress_bar
 from pate.rundir import RunDir
 
 if TYPE_CHECKING:
+    from pate.data.task import DataSource
     from student.workflow import AggregatorSession
 
 
@@ -56,20 +58,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--budget-epsilon", type=float, help="epsilon budget of the private data")
     local.add_argument("--delta", type=float, default=1e-5)
     local.add_argument("--conversion", choices=("classic", "improved"), default="improved")
+    local.add_argument("--allow-large-delta", action="store_true",
+                       help="accept a delta of 1/n or more (n the run's private records)")
     local.add_argument("--ledger", metavar="URL",
                        help="SQLAlchemy URL (default: sqlite:///ledger.db next to the votes)")
-    data = p.add_argument_group("data")
-    data.add_argument("--dataset", default="fashion-mnist")
-    data.add_argument("--data-dir", type=Path, default=None)
-    data.add_argument("--pool-size", type=int, default=None,
-                      help="rows of the test split in the public pool (default: half)")
+    add_data_flags(p)
     rnd = p.add_argument_group("query round")
     rnd.add_argument("--queries", type=int, default=1000, help="pool rows to ask about")
     rnd.add_argument("--select", choices=SELECTIONS, default="first")
     rnd.add_argument("--request-size", type=int, default=512, help="queries per request")
     tr = p.add_argument_group("training")
-    tr.add_argument("--arch", choices=ARCHITECTURES, default=None,
-                    help="network (default: cnn; the GAN's wn-mlp discriminator)")
+    tr.add_argument("--arch", default=None, metavar="ARCH",
+                    help=f"network: {', '.join(ARCHITECTURES)}, or your own network's import "
+                         "path package.module:factory (importable from the working directory; "
+                         "factory(input_shape, num_classes) -> torch.nn.Module returning "
+                         "logits; not with gan); default: cnn, the GAN's wn-mlp discriminator")
     tr.add_argument("--width", type=int, default=32, help="cnn channels")
     tr.add_argument("--pool-encoder", type=Path, metavar="FILE",
                     help="cnn-hog-simclr: the frozen encoder learnt from the public pool "
@@ -105,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _session(args: argparse.Namespace) -> AggregatorSession:
     """The label source of the flags: the HTTP client of ``--server``, or the label service in
     this process over ``--votes`` (default the run's votes)."""
+    from pate.aggregation.delta_policy import check_delta
     from pate.aggregation.label_service import InProcessLabels, open_label_service
     from pate.service.client import LabelClient
     from student.workflow import AggregatorSession
@@ -126,6 +130,7 @@ def _session(args: argparse.Namespace) -> AggregatorSession:
         raise UserError(f"{votes}: no votes file (give --votes FILE or --server URL)")
     if args.budget_epsilon is None:
         raise UserError("the local aggregator needs --budget-epsilon")
+    check_delta(args.delta, RunDir(args.run).private_records(), args.allow_large_delta)
     service = open_label_service(mechanism_from_flags(args),
                                  epsilon_budget=args.budget_epsilon, delta=args.delta,
                                  votes_path=votes, ledger_url=args.ledger,
@@ -133,11 +138,20 @@ def _session(args: argparse.Namespace) -> AggregatorSession:
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 
+def _teachers_source(run: RunDir) -> DataSource | None:
+    """The data the run's teachers were trained on (their manifest), if any: the student's
+    pool must be the one they voted on."""
+    from teachers import checkpoints
+
+    manifest = checkpoints.read_manifest(run.root)
+    return None if not manifest or "data" not in manifest else checkpoints.data_source(manifest)
+
+
 def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
-    from student.workflow import DataOptions, StudentOptions, train_student
+    from student.workflow import StudentOptions, train_student
 
     if args.threads is not None:
         if args.threads < 1:
@@ -150,7 +164,7 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
         vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
-    data = DataOptions(args.dataset, args.data_dir, args.pool_size)
+    data = source_from_flags(args, _teachers_source(RunDir(args.run)))
     with progress_bar(f"student {args.method}", args.epochs, "epoch") as bar:
         try:
             metrics = train_student(RunDir(args.run), lambda: _session(args), options, data,

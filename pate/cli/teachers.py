@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.augment import AUGMENTATIONS
 from pate.rundir import RunDir
-from teachers.choices import MODELS
+from teachers.choices import DEFAULT_MODEL, MODELS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,13 +24,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            description="Partition the training split among the teachers and "
                            "train them on Ray; rerunning trains only missing shards.")
     train.add_argument("--run", required=True, type=Path, help="run directory")
-    train.add_argument("--dataset", default="fashion-mnist",
-                       help="fashion-mnist, mnist, svhn, cifar10, digits or glyphs")
     train.add_argument("--teachers", type=int, default=250, help="number of teachers")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the partition and of training (offline experiments only)")
     # None: the default of teachers.ensemble.TrainConfig (cnn, 20 epochs, batch 8, lr 6e-3).
-    train.add_argument("--model", choices=MODELS, help="default: cnn")
+    train.add_argument("--model", metavar="MODEL",
+                       help=f"{', '.join(MODELS)}, or your own network's import path "
+                            "package.module:factory (importable from the working directory; "
+                            "factory(input_shape, num_classes) -> torch.nn.Module); default: "
+                            "cnn for images, mlp for tabular data")
     train.add_argument("--epochs", type=int, help="default: 20")
     train.add_argument("--batch-size", type=int, help="default: 8")
     train.add_argument("--lr", type=float, help="peak learning rate (one-cycle); default: 6e-3")
@@ -48,9 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     train.add_argument("--gpus-per-shard", type=float, default=1.0,
                        help="GPU share of one shard on cuda (e.g. 0.25 packs four per GPU)")
-    train.add_argument("--data-dir", default=None, help="where the dataset files are")
-    train.add_argument("--pool-size", type=int, default=None,
-                       help="rows of the test split in the public pool (default: half)")
+    add_data_flags(train)
     train.set_defaults(handler=_train)
 
     votes = sub.add_parser("votes", help="vote on the public pool -> votes.npz",
@@ -66,16 +67,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from pate.data.task import Benchmark, data_kind
     from teachers.distributed import Cluster, TrainJob, train_teachers
     from teachers.ensemble import TrainConfig, augment_for
 
-    augment = augment_for(args.dataset, args.augment)
-    given = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
+    source = source_from_flags(args)
+    name = source.name if isinstance(source, Benchmark) else ""
+    augment = augment_for(name, args.augment)
+    given = {"model": args.model or DEFAULT_MODEL[data_kind(source)], "epochs": args.epochs,
+             "batch_size": args.batch_size,
              "lr": args.lr, "mixup": args.mixup}
     cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}, augment=augment,
                       seed=args.seed)
-    job = TrainJob(args.dataset, args.teachers, args.shard_size, cfg, args.pool_size,
-                   args.data_dir)
+    job = (TrainJob(source.name, args.teachers, args.shard_size, cfg, source.pool_size,
+                    source.data_dir) if isinstance(source, Benchmark)
+           else TrainJob(source, args.teachers, args.shard_size, cfg))
     cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
     t0 = time.time()
     result = train_teachers(args.run, job, cluster)

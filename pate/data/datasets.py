@@ -11,9 +11,10 @@ same for Debian's ``dataset-fashion-mnist`` and the upstream ``.gz`` files), MNI
 CIFAR-10 by the md5 sums torchvision publishes for them. The IDX format is Y. LeCun's, described
 at http://yann.lecun.com/exdb/mnist/.
 
-torchvision is an optional dependency (``pip install 'pate[datasets]'``): it downloads what is
-missing and reads SVHN and CIFAR-10. Fashion-MNIST, MNIST files already on disk, the digits and
-the glyphs load without it, so a CPU-only install needs no torchvision build matched to its torch.
+torchvision is an optional dependency (``pip install 'pate-ensembles[datasets]'``): it downloads
+what is missing and reads SVHN and CIFAR-10. Fashion-MNIST, MNIST files already on disk, the
+digits and the glyphs load without it, so a CPU-only install needs no torchvision build matched
+to its torch.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def _torchvision_datasets(what: str) -> ModuleType:
         import torchvision.datasets as tvd
     except ImportError as exc:
         raise UserError(f"{what} needs torchvision, which is not installed; install it with "
-                        "pip install 'pate[datasets]' (a build matched to your torch)") from exc
+                        "pip install 'pate-ensembles[datasets]' (a build matched to your torch)"
+                        ) from exc
     return tvd
 
 

@@ -57,6 +57,7 @@ class RunData:
     student: dict[str, Any] | None = None
     dpsgd: dict[str, Any] | None = None
     non_private_baseline: float | None = None
+    classes_from: str | None = None           # where the label set came from (public schema)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +84,7 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
     report: dict[str, Any] = {
         "run": data.name, "dataset": data.dataset, "delta": data.delta,
         "teachers": int(data.votes[0].sum()), "classes": int(data.votes.shape[1]),
+        "classes_from": data.classes_from,
         "pool_size": int(data.votes.shape[0]),
         "queries": {"asked": int(labels.size), "answered": int(answered.sum()),
                     "label_accuracy": label_accuracy,
@@ -309,14 +311,23 @@ def render_html(title: str, sections: list[tuple[str, str]], pngs: dict[str, byt
             f"<h1>{html.escape(title)}</h1>{body}<h2>Figures</h2>{figs}</body></html>")
 
 
+_CLASSES_FROM = {"config": "the config's classes", "test": "the test data's labels",
+                 "folders": "the image folder's class subfolders", "dataset": "the dataset"}
+
+
 def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     q, privacy = report["queries"], report["privacy"]
     details = [("Dataset", report["dataset"]), ("Teachers", report["teachers"]),
-               ("Classes", report["classes"]), ("Public pool", report["pool_size"]),
+               ("Classes", f"{report['classes']}, from "
+                           f"{_CLASSES_FROM.get(report.get('classes_from'), 'the dataset')}"),
+               ("Public pool", report["pool_size"]),
                ("Queries asked", q["asked"]), ("Queries answered", q["answered"]),
                ("Label accuracy of answered queries", q["label_accuracy"]),
                ("Ensemble plurality accuracy on the pool (no noise)",
                 report["ensemble"]["plurality_accuracy"])]
+    if report["student"] and report["student"].get("accuracy") is None:
+        details.append(("Student accuracy", "not measured: no test data was given (accuracy "
+                                            "is never measured on private data)"))
     if report["teacher_accuracy"]:
         t = report["teacher_accuracy"]
         details.append(("Teacher accuracy (mean ± std, min–max)",

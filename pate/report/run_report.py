@@ -13,6 +13,7 @@ import numpy as np
 from analysis.costs import steps
 from analysis.mechanisms import Mechanism, mechanism_from_dict
 from pate.config import RunConfig, parse_config
+from pate.data.task import Task, load_task
 from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
@@ -47,15 +48,12 @@ def round_mechanism(config: RunConfig, recorded: dict[str, Any]) -> Mechanism:
         raise UserError(f"student/rounds.json: {exc}") from None
 
 
-def _pool_labels(config: RunConfig, pool_index: np.ndarray) -> np.ndarray | None:
+def _public_task(config: RunConfig) -> Task | None:
+    """The run's public side (the pool, the label set), or None where its data is not here."""
     try:
-        from pate.data.datasets import load_dataset, public_split
-
-        ds = load_dataset(config.data.dataset, config.data.data_dir, need_train=False)
-        (_, pool_y), _ = public_split(ds, config.data.pool_size)
+        return load_task(config.data.source(), need_private=False)
     except UserError:
         return None
-    return pool_y[pool_index]
 
 
 def _teacher_accuracies(run: RunDir) -> np.ndarray | None:
@@ -103,15 +101,18 @@ def load_run_data(run_dir: str | Path) -> RunData:
         raise UserError(f"{run}: no votes.npz; run `pate teachers votes --run {run}`")
     votes, pool_index = load_votes_with_index(run.votes)
     segments = _segments(run, config, votes, pool_index) if run.labels.is_file() else []
+    task = _public_task(config)
+    pool_y = None if task is None or task.pool_y is None else task.pool_y[pool_index]
     return RunData(
-        name=run.root.resolve().name, dataset=config.data.dataset,
-        delta=config.aggregator.delta, votes=votes,
-        pool_labels=_pool_labels(config, pool_index), segments=segments,
+        name=run.root.resolve().name,
+        dataset=task.name if task is not None else str(config.data.dataset),
+        delta=config.aggregator.delta, votes=votes, pool_labels=pool_y, segments=segments,
         lnmax_scale=config.aggregator.lnmax_scale,
         teacher_accuracies=_teacher_accuracies(run),
         student=run.read_json(run.student_metrics),
         dpsgd=run.read_json(run.dpsgd_metrics),
         non_private_baseline=config.report.non_private_baseline,
+        classes_from=None if task is None else task.classes_from,
         extra={"config": json.loads(config.model_dump_json())})
 
 

@@ -8,9 +8,10 @@ be computed or recorded.
 
 Bounded work per request (docs/design.md, "The aggregation service"): the token is checked
 before the body is read; the body must arrive within ``Limits.body_timeout_s`` and fit the body
-limit, which is derived from ``--max-batch`` (``LabelService.body_limit``); a list longer than
-the batch limit is refused before its elements are validated; a 422 lists the first few schema
-violations and the count of the others.
+limit, which is derived from ``--max-batch`` (``LabelService.body_limit``); a body with more
+values than the batch needs is refused before it is parsed (``LabelService.parse``), a list
+longer than the batch limit before its elements are validated; a 422 lists the first few schema
+violations and the count of the others; heavy jobs run in a worker thread, one at a time.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ from pate.errors import (
 from pate.service.rate_limits import RateLimits
 from pate.service.tokens import TokenStore
 
-_PARSE_IN_THREAD_BYTES = 2**20  # larger bodies (inputs) are parsed off the event loop
+# Heavy work runs in a worker thread, one job at a time: parsing a body over 64 KiB, answering
+# more than 1 024 pool indices (on a pool too large for the cost table, ~25 us a query), voting
+# on new inputs. Pydantic holds the GIL while it parses, so jobs run back to back on the event
+# loop would stall it (and /healthz) for their sum, and their memory would add up.
+_PARSE_IN_THREAD_BYTES = 2**16
+_ANSWER_IN_THREAD_QUERIES = 1024
 
 log = logging.getLogger("pate.service.app")
 
@@ -220,6 +226,7 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
                               "ensemble, every cost recorded in a durable ledger.")
     limits = service.limits
     rates = RateLimits(limits.requests_per_s, limits.labels_per_min)
+    heavy_work = asyncio.Semaphore(1)
     app.add_middleware(_Guard, tokens=tokens, max_body=service.body_limit,
                        body_timeout_s=limits.body_timeout_s, rates=rates)
 
@@ -256,20 +263,22 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
         request asks for ``fresh`` noise (charged)."""
         raw = await request.body()
         if len(raw) > _PARSE_IN_THREAD_BYTES:
-            body = await run_in_threadpool(service.parse, raw)
+            async with heavy_work:
+                body = await run_in_threadpool(service.parse, raw)
         else:
             body = service.parse(raw)
         n = len(body.indices) if body.indices is not None else body.inputs.shape[0]
         rates.admit_labels(client_id, n)
         with _fail_closed("request failed, nothing released",
                           "no label was released; retry with the same request_id"):
-            # Pool rows are answered on the event loop (vectorised, a few ms at most); the
-            # teachers' forward pass runs in a worker thread. Either way the response waits
-            # for the ledger's commit without holding a thread.
-            if body.inputs is None:
+            # A few pool rows are answered on the event loop (vectorised, a few ms at most);
+            # more, and the teachers' forward pass, in a worker thread. Either way the response
+            # waits for the ledger's commit without holding a thread.
+            if body.inputs is None and n <= _ANSWER_IN_THREAD_QUERIES:
                 recorded = service.submit(body, client_id)
             else:
-                recorded = await run_in_threadpool(service.submit, body, client_id)
+                async with heavy_work:
+                    recorded = await run_in_threadpool(service.submit, body, client_id)
             with contextlib.suppress(Exception):  # conclude() sees the outcome, error or not
                 await asyncio.wrap_future(recorded)
             result = service.conclude(body, recorded)

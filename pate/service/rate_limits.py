@@ -43,10 +43,6 @@ class RateLimits:
         self._labels: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
 
-    @property
-    def active(self) -> bool:
-        return self.requests_per_s is not None or self.labels_per_min is not None
-
     def admit_request(self, client: str) -> None:
         """Count one request of ``client``; ``RateLimited`` (with ``retry_after``) if over."""
         if self.requests_per_s is not None:

@@ -26,7 +26,7 @@ from analysis.threshold import (
     threshold_rdp_dependent,
     threshold_rdp_independent,
 )
-from pate.aggregation.aggregators import NOISE, Aggregator, Branch
+from pate.aggregation.aggregators import COST_SLICE, NOISE, Aggregator, Branch
 
 ORDERS = default_orders()
 
@@ -200,6 +200,20 @@ def test_a_tabulated_pool_costs_the_same(params: Mechanism) -> None:
     np.testing.assert_allclose(out.total_independent(), plain.total_independent())
     with pytest.raises(ValueError, match="tabulated"):
         tabled.answer(pool[rows], pool_rows=rows + 1)
+
+
+@pytest.mark.parametrize("params", [GNMax(sigma=40.0), LNMax(scale=20.0)])
+def test_a_large_batch_is_costed_in_slices_to_the_same_values(params: Mechanism) -> None:
+    """Over ``COST_SLICE`` queries, the data-dependent costs are computed a slice at a time
+    (their temporaries bounded, issue 28) and equal the costs computed at once."""
+    v = plurality_votes(2 * COST_SLICE + 7, seed=17)
+    out = Aggregator(params).answer(v)
+    whole = steps(params).answer.rdp_dependent(v.astype(np.float64), ORDERS)
+    np.testing.assert_array_equal(out.rdp_dependent, whole)
+    table = Aggregator(params)
+    assert table.tabulate(v)
+    np.testing.assert_array_equal(table.answer(v[:3], pool_rows=np.arange(3)).rdp_dependent,
+                                  whole[:3])
 
 
 def test_every_step_of_every_mechanism_has_a_sampler() -> None:

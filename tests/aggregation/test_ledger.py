@@ -3,6 +3,7 @@ and fail-closed behaviour (docs/design.md, privacy rules 4-7)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import stat
@@ -16,6 +17,7 @@ from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
+from pate.aggregation.label_requests import LabelsRequest
 from pate.aggregation.ledger import SCHEMA_VERSION, Charge, Ledger, PerQueryCosts
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict
 
@@ -246,6 +248,9 @@ def test_a_schema_1_ledger_migrates_on_open(tmp_path: Path, agg: Aggregator) -> 
     """)
     out = agg.answer(VOTES)
     ind, dep = out.total_independent(), out.total_dependent()
+    # the schema-1 code's digest of the body {"request_id": "r1", "indices": [0, 1, 2, 3]}
+    old_digest = hashlib.sha256(b'{"indices":[0,1,2,3],"inputs":null,"student_probs":null}'
+                                ).hexdigest()
     meta = {"schema_version": "1", "orders": json.dumps(ORDERS.tolist()), "delta": repr(1e-5),
             "epsilon_budget": repr(2.0), "conversion": "improved"}
     con.executemany("INSERT INTO ledger_meta VALUES (?, ?)", meta.items())
@@ -255,15 +260,17 @@ def test_a_schema_1_ledger_migrates_on_open(tmp_path: Path, agg: Aggregator) -> 
                 (out.answered, spent, ind.tobytes(), dep.tobytes()))
     con.execute("INSERT INTO ledger_requests (request_id, body_digest, client, created, "
                 "mechanism, queries, answered, labels, branch, rdp_independent, rdp_dependent, "
-                "epsilon_after) VALUES ('r1', 'd', 'alice', 0, '{}', 4, ?, ?, ?, ?, ?, ?)",
-                (out.answered, labels, out.branch.astype(np.int8).tobytes(), ind.tobytes(),
-                 dep.tobytes(), spent))
+                "epsilon_after) VALUES ('r1', ?, 'alice', 0, '{}', 4, ?, ?, ?, ?, ?, ?)",
+                (old_digest, out.answered, labels, out.branch.astype(np.int8).tobytes(),
+                 ind.tobytes(), dep.tobytes(), spent))
     con.commit()
     con.close()
     ledger = open_ledger(db)
     assert ledger.lookup("alice", "r1").labels.tolist() == out.labels.tolist()
     assert ledger.lookup("bob", "r1") is None
-    again, budget = ledger.record(charge(agg, "r1", client="alice"))
+    # alice retries with the same body: the digest of today's request matches the stored one
+    digest = LabelsRequest.parse({"request_id": "r1", "indices": [0, 1, 2, 3]}).digest()
+    again, budget = ledger.record(charge(agg, "r1", digest, client="alice"))
     assert again.retried and budget.queries == 4
     _, budget = ledger.record(charge(agg, "r1", client="bob"))
     assert budget.queries == 8

@@ -82,7 +82,7 @@ def test_halved_sigma_fails(name: str) -> None:
     assert any("noise of scale" in t.test and not t.passed for t in audit.noise)
 
 
-@pytest.mark.parametrize("name", ["gnmax", "confident"])
+@pytest.mark.parametrize("name", list(DEFAULT_MECHANISMS))
 def test_reused_noise_fails(name: str) -> None:
     mechanism = DEFAULT_MECHANISMS[name]
     audit = audit_mechanism(mechanism, draws=20_000, aggregator=ReusedNoise(mechanism))

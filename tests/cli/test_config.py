@@ -69,24 +69,25 @@ def test_the_interactive_round_takes_its_own_parameters() -> None:
 
 
 def test_the_teacher_architectures_are_named_alike_everywhere() -> None:
-    from typing import get_args
-
     from pate.config import TeachersConfig
     from teachers.choices import MODELS
     from teachers.models import ARCHITECTURES
 
-    assert set(MODELS) == set(ARCHITECTURES) == set(get_args(
-        TeachersConfig.model_fields["model"].annotation))
+    assert set(MODELS) == set(ARCHITECTURES)
+    assert [TeachersConfig(model=name).model for name in MODELS] == list(MODELS)
+    assert TeachersConfig(model="mypkg.nets:factory").model == "mypkg.nets:factory"  # the form
+    with pytest.raises(ValueError, match="neither one of cnn, cnn-pool"):
+        TeachersConfig(model="cnn-big")
 
 
 def test_the_student_architectures_are_named_alike_everywhere() -> None:
-    from typing import get_args
-
     from pate.config import StudentConfig
     from student.choices import ARCHITECTURES
 
-    names, none = get_args(StudentConfig.model_fields["arch"].annotation)  # Literal | None
-    assert set(ARCHITECTURES) == set(get_args(names)) and none is type(None)
+    assert [StudentConfig(arch=name).arch for name in ARCHITECTURES] == list(ARCHITECTURES)
+    assert StudentConfig().arch is None
+    with pytest.raises(ValueError, match="neither one of cnn, cnn-hog"):
+        StudentConfig(arch="resnet")
 
 
 def test_the_student_section_reaches_the_student_workflow() -> None:

@@ -111,12 +111,15 @@ def test_interactive_needs_a_previous_student(run_dir: Path, capsys: pytest.Capt
 
 def test_a_round_stops_at_the_budget(run_dir: Path) -> None:
     agg = Aggregator(ConfidentGNMax(threshold=150, sigma1=40, sigma2=20))
-    # The worst case of one request of 40 queries fits; after it, no second one can.
+    # The worst case of one request of 40 queries fits; after it, no second one of 40 can, but
+    # the realised cost of the first (declined queries cost less) leaves room for smaller ones:
+    # the round asks again in halves until even one query is refused.
     budget = epsilon_from_rdp(agg.worst_case_rdp(40), agg.orders, 1e-5)[0] + 1e-9
     assert main(["student", "train", "--run", str(run_dir), "--budget-epsilon", str(budget),
                  *TRAIN, *CONFIDENT, "--queries", "200", "--request-size", "40"]) == 0
-    np.testing.assert_array_equal(Received.load(run_dir / "labels.npz").pool_index,
-                                  np.arange(40))
+    asked = Received.load(run_dir / "labels.npz").pool_index
+    assert 40 < asked.size < 80
+    np.testing.assert_array_equal(asked, np.arange(asked.size))
     assert _metrics(run_dir)["epsilon"]["data_independent"] <= budget
 
 

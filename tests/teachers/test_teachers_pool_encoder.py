@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pate.data.datasets import public_split
+from pate.data.task import load_task
 from pate.errors import UserError
 from teachers import checkpoints
 from teachers.distributed import Cluster, TrainJob, _pool_encoder, train_teachers
@@ -76,15 +77,16 @@ def test_build_model_demands_the_encoder_exactly_when_used():
 def test_encoder_reads_the_public_pool_only(tmp_path, digits):
     """Changing every private row and label leaves the encoder bit for bit the same."""
     job = TrainJob("digits", 4, 4, TrainConfig(model="cnn-pool-hog-simclr"))
-    other = dataclasses.replace(digits, train_x=np.ascontiguousarray(digits.train_x[::-1]),
-                                train_y=(digits.train_y + 1) % 10)
+    task = load_task(job.source)
+    other = dataclasses.replace(task, private_x=np.ascontiguousarray(task.private_x[::-1]),
+                                private_y=(task.private_y + 1) % 10)
     shas = []
-    for i, ds in enumerate([digits, other]):
+    for i, data in enumerate([task, other]):
         manifest = {"shards": {}}
         (tmp_path / str(i)).mkdir()
-        _pool_encoder(tmp_path / str(i), job, manifest, ds)
+        _pool_encoder(tmp_path / str(i), job, manifest, data)
         shas.append(manifest["pool_encoder"]["sha256"])
-        assert manifest["pool_encoder"]["pool_rows"] == len(public_split(ds)[0][1])
+        assert manifest["pool_encoder"]["pool_rows"] == len(public_split(digits)[0][1])
     assert shas[0] == shas[1]
 
 

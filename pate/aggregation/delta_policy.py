@@ -1,0 +1,30 @@
+"""How large a delta may be, as a stated policy (docs/design.md, privacy rule 8).
+
+An (epsilon, delta) guarantee may fail outright with probability delta; a mechanism that
+publishes each of n records in the clear with probability delta is (0, delta)-DP, so a delta of
+1/n or more protects nobody (C. Dwork, A. Roth, *The Algorithmic Foundations of Differential
+Privacy*, 2014, §2.3: delta should be less than the inverse of any polynomial in n). The service
+and the student refuse delta >= 1/n, n the private records, unless told otherwise, and warn
+above 1/(10 n).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from pate.errors import UserError
+
+
+def check_delta(delta: float, private_records: int | None, allow_large: bool = False) -> None:
+    """Refuse (``UserError``) ``delta >= 1/n`` unless ``allow_large``; warn above ``1/(10 n)``.
+    Without ``private_records`` (unknown here) nothing is checked."""
+    if private_records is None or private_records < 1:
+        return
+    n = private_records
+    if delta >= 1.0 / n and not allow_large:
+        raise UserError(f"delta {delta:g} is at least 1/n for the n = {n} private records: the "
+                        "guarantee would allow publishing a record in the clear; use a delta "
+                        f"below {1.0 / (10 * n):.3g} (or --allow-large-delta)")
+    if delta > 1.0 / (10 * n):
+        warnings.warn(f"delta {delta:g} is above 1/(10 n) = {1.0 / (10 * n):.3g} for the {n} "
+                      "private records; a delta well below 1/n is the usual choice", stacklevel=2)

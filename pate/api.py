@@ -1,0 +1,226 @@
+"""PATE from Python, on numpy arrays in memory, in the words of scikit-learn and Opacus.
+
+``Teachers`` are fitted on the private data (disjoint partitions, trained vectorised in this
+process), ``PrivateLabels`` answers the student's queries with a PATE mechanism against a
+privacy budget, charging the same durable ledger as ``pate serve`` (no HTTP), ``Student`` learns
+from the public pool and the answers, and ``PrivateLabels.epsilon`` gives the epsilons you may
+publish. ``load_student`` reads back the student of a ``pate run`` directory (or of
+``Student.save``). The README's example is run by the test suite (``tests/test_api.py``).
+
+Privacy: the votes, the ledger and the private arrays stay private; publish the student and
+the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike, NDArray
+
+from analysis.mechanisms import Mechanism
+from analysis.orders import default_orders
+from analysis.rdp import Conversion
+from analysis.votes_analysis import QuerySegment, analyze_segments
+from pate.aggregation.aggregators import Aggregator
+from pate.aggregation.label_service import InProcessLabels, LabelService
+from pate.aggregation.ledger import Ledger
+from pate.aggregation.vote_pool import VotePool
+from pate.errors import UserError
+from pate.rundir import RunDir
+from student.models import ModelSpec, build_classifier
+from student.rounds import Received, ask
+from student.training import (
+    FitConfig,
+    MethodConfig,
+    build_learner,
+    fit,
+    load_classifier,
+    predict_proba,
+    save_model,
+    seed_everything,
+)
+from teachers.distributed import shard_ranges, train_shard
+from teachers.ensemble import TrainConfig
+from teachers.partition import make_partition
+from teachers.votes import Ensemble
+
+__all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_student"]
+
+
+def _features(x: ArrayLike) -> NDArray[np.float32]:
+    """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
+    features ``[n, d]``."""
+    a = np.asarray(x, np.float32)
+    return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a)
+
+
+class Teachers:
+    """An ensemble of ``n_teachers`` teachers, each fitted on its own disjoint part of the
+    private rows (a seeded partition), ``shard_size`` at a time, vectorised.
+
+    ``model`` is a built-in architecture (``cnn``, ``cnn-pool``, ``resnet``, ``mlp``, ...) or a
+    ``"package.module:factory"``; ``n_classes`` is the label set's size (public schema: it is
+    never read from the private labels)."""
+
+    def __init__(self, n_teachers: int, n_classes: int, *, model: str = "cnn", epochs: int = 20,
+                 batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25, seed: int = 0
+                 ) -> None:
+        self.n_teachers, self.n_classes, self.shard_size = n_teachers, n_classes, shard_size
+        self.config = TrainConfig(model=model, epochs=epochs, batch_size=batch_size, lr=lr,
+                                  seed=seed)
+        self.ensemble_: Ensemble | None = None
+
+    def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
+        """Partition the private rows among the teachers and train them."""
+        xs, ys = _features(x), np.asarray(y, np.int64)
+        if ys.shape != (len(xs),) or ys.min() < 0 or ys.max() >= self.n_classes:
+            raise UserError(f"y must hold one label in [0, {self.n_classes}) per row of x")
+        part = make_partition(len(xs), self.n_teachers, self.config.seed)
+        min_size = int(part.sizes.min())
+        shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
+                              part.parts(teachers), min_size, "cpu", torch.get_num_threads())
+                  for teachers in shard_ranges(self.n_teachers, self.shard_size)]
+        self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
+                                  [{k: torch.from_numpy(v) for k, v in s.items()}
+                                   for s in shards])
+        return self
+
+    def vote(self, x: ArrayLike) -> NDArray[np.int32]:
+        """The teachers' vote histograms ``[rows, n_classes]`` on public rows (PRIVATE)."""
+        if self.ensemble_ is None:
+            raise UserError("fit the teachers first")
+        return self.ensemble_.vote(_features(x))
+
+
+@dataclass(frozen=True)
+class PublishableEpsilon:
+    """What may be published about the answers given so far, at ``delta``: the
+    data-independent epsilon (PATE 2018's Table 2 analysis of the asked queries), the
+    smooth-sensitivity-sanitised data-dependent one (None for LNMax), and what the ledger
+    charged (data-independent, realised, every client of the budget)."""
+
+    data_independent: float
+    smooth_sensitivity: float | None
+    ledger_spent: float
+    delta: float
+
+
+class PrivateLabels:
+    """The aggregator over the teachers' ``votes`` on the public pool (rows are pool indices),
+    with its durable privacy ledger: ``ledger`` is a file (SQLite) or a SQLAlchemy URL
+    (``postgresql://...``), the same a ``pate serve`` of this data would use: one budget per
+    body of private data. Noise comes from the operating system's
+    entropy; every answer is charged before it is returned, and a request whose worst case does
+    not fit the budget is refused (and asked again in halves by ``ask``)."""
+
+    def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
+                 delta: float, ledger: str | Path, conversion: Conversion = "improved") -> None:
+        self.pool = VotePool(np.asarray(votes))
+        self.mechanism = mechanism
+        url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
+        self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
+        self.service = LabelService(Aggregator(mechanism, self.ledger.orders), self.ledger,
+                                    self.pool, None)
+        self._source = InProcessLabels(self.service)
+        self.received = Received.empty()
+        self._probs: list[NDArray[np.float64]] = []
+
+    def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
+            request_size: int = 512) -> Received:
+        """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
+        the budget allows; Interactive-GNMax also takes the student's probabilities."""
+        index = np.asarray(indices, np.int64)
+        probs = None if student_probs is None else np.asarray(student_probs, np.float64)
+        got, _ = ask(self._source, index, probs, request_size)
+        self.received = self.received + got
+        if probs is not None:
+            self._probs.append(probs[:len(got)])
+        return got
+
+    def epsilon(self) -> PublishableEpsilon:
+        """The epsilons you may publish for every query asked so far."""
+        budget = self.ledger.budget()
+        if not len(self.received):
+            return PublishableEpsilon(0.0, 0.0, budget.epsilon_spent, budget.delta)
+        votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
+        baseline = (None if not self._probs
+                    else votes[0].sum() * np.concatenate(self._probs))
+        result = analyze_segments([QuerySegment(votes, self.mechanism, baseline)],
+                                  budget.delta, conversion=self.ledger.conversion)
+        sanitised = (None if result.smooth_sensitivity is None
+                     else result.smooth_sensitivity.epsilon)
+        return PublishableEpsilon(result.data_independent.epsilon, sanitised,
+                                  budget.epsilon_spent, budget.delta)
+
+    def close(self) -> None:
+        self.service.close()
+
+
+class Student:
+    """The student: ``method`` ``vat`` (Miyato et al. 2018), ``supervised`` or ``gan``
+    (Salimans et al. 2016), on ``arch`` (default per method; ``mlp`` suits features), trained
+    ``epochs`` passes over the public pool. ``seed`` seeds initialisation and order only."""
+
+    def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
+                 batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
+        try:
+            self.method = MethodConfig(method, arch, lr=lr)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
+                                    seed=seed)
+        self.model_: torch.nn.Module | None = None
+        self.spec_: ModelSpec | None = None
+
+    def fit(self, x_public: ArrayLike, labels: Received, n_classes: int) -> Student:
+        """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
+        its rows (``PrivateLabels.ask``)."""
+        x = _features(x_public)
+        answered = labels.answered
+        if not answered.any():
+            raise UserError("no answered labels to learn from")
+        self.spec_ = self.method.spec(x.shape[1:], n_classes)
+        seed_everything(self.fit_config.seed)
+        self.model_ = build_classifier(self.spec_)
+        fit(build_learner(self.method, self.model_, self.spec_),
+            x[labels.pool_index[answered]], labels.label[answered], x, self.fit_config)
+        return self
+
+    def predict_proba(self, x: ArrayLike) -> NDArray[np.float64]:
+        """Class probabilities ``[rows, classes]``."""
+        if self.model_ is None:
+            raise UserError("fit or load the student first")
+        return predict_proba(self.model_, _features(x))
+
+    def predict(self, x: ArrayLike) -> NDArray[np.int64]:
+        return self.predict_proba(x).argmax(axis=1)
+
+    def score(self, x: ArrayLike, y: ArrayLike) -> float:
+        """Accuracy on labelled rows (measure it on data you may: a test set, never the
+        private data)."""
+        return float(np.mean(self.predict(x) == np.asarray(y)))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``model.safetensors`` and ``model.json`` (the network) into ``directory``."""
+        if self.model_ is None or self.spec_ is None:
+            raise UserError("fit the student first")
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        save_model(self.model_, self.spec_, out)
+        return out
+
+
+def load_student(path: str | Path) -> Student:
+    """The student saved in a run directory (``pate run``, ``pate student train``) or a folder
+    written by ``Student.save``; ready to ``predict``."""
+    root = Path(path)
+    folder = RunDir(root).student if (RunDir(root).student / "model.json").is_file() else root
+    loaded = load_classifier(folder)
+    if loaded is None:
+        raise UserError(f"{root}: no saved student (model.safetensors and model.json)")
+    student = Student("supervised", arch=loaded[1].arch)
+    student.model_, student.spec_ = loaded
+    return student

@@ -1,0 +1,727 @@
+"""``pate audit models``: membership inference against a run's models, with randomised membership,
+so that the attacks' success gives a sound lower bound on epsilon.
+
+An empirical epsilon is a lower bound only when membership is random and unknown to the attack
+(T. Steinke, M. Nasr, M. Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023).
+A run's own teachers were trained on every row of the private training split, so no record of the
+run is an unseen one; the audit therefore retrains, inside itself, each audited model exactly as
+the run trained it, with audit records ("canaries") each included by an independent fair coin:
+
+* **teacher** (the teachers' leakage): ``teachers`` teachers of the run, chosen at random, each
+  retrained with the run's architecture, training settings, teacher id (so the same initial
+  weights) and number of steps on its own partition, of which a fraction ``canary_fraction`` is
+  set aside as canaries and each canary kept by a coin flip. A canary can only ever be in its own
+  teacher's data, so the retrained teachers together are as private as one (parallel
+  composition): all their canaries count in one audit.
+* **student** (the published model): the same retrained teachers replace the run's in the
+  ensemble (the others' votes are the run's, ``votes.npz``), every round of the run is answered
+  again on the rows the student asked (``labels.npz``, ``student/rounds.json``) by the round's
+  real aggregator (``pate.aggregation``, noise from the operating system), and the student is
+  trained again on the answers with the run's method, network and settings (from
+  ``student/metrics.json``; ``student_epochs`` may shorten it). This is the whole path a private
+  record can take to the student, so the retrained student is (epsilon, delta)-DP for every
+  canary with the run's analytic epsilon: the run answers the same number of queries with the
+  same mechanisms, and the student is post-processing of the answers.
+* **nonprivate** (the model the data holder would publish without PATE): the teachers' network
+  and training settings on ``nonprivate_rows`` private rows in one piece (no partition, no
+  noise), plus ``nonprivate_canaries`` canaries by coin flips; its accuracy is measured too.
+* **control** (positive control): the same network, without privacy, on the included canaries
+  of ``control_canaries`` (a few hundred records), trained ``control_epochs`` epochs. Its audit
+  must find epsilon > 1, or the audit could not have found a leak and fails.
+
+Canaries are rows of the private training split; the non-private model's and the control's come
+from outside the audited teachers' partitions and from each other's. The attacks see the trained
+model and public data only: the loss-threshold attack (Yeom et al. 2018) and the offline
+likelihood-ratio attack (Carlini et al. 2022) whose reference models are trained the same way on
+disjoint subsets of the public pool (its published labels; the student's reference is the
+student's method on the true labels of the rows it asked), never on a private row. The coin flips
+are used only to count correct guesses (``analysis.membership``).
+
+Everything about private records (canary rows, coin flips, per-record scores) is written 0600 to
+``DIR/audit/`` (``models-<UTC time>-records.npz``), with the summary (``models-<UTC time>.json``);
+what is returned and printed are aggregate figures only (AUC, TPR at low FPR, the epsilon lower
+bound). The models trained here are discarded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch.func import functional_call, vmap
+
+from analysis.mechanisms import Mechanism, mechanism_from_dict
+from analysis.membership import (
+    OneRunBound,
+    auc,
+    logit_confidence,
+    loss_scores,
+    offline_lira,
+    one_run_audit,
+    tpr_at_fpr,
+)
+from pate.aggregation.aggregators import Aggregator
+from pate.audit.model_options import TARGETS, ModelsAuditOptions
+from pate.config import parse_config
+from pate.data.task import Benchmark, DataSource, load_task, source_from_record
+from pate.errors import UserError
+from pate.io import ensure_dir, write_json_atomic, write_with_atomic
+from pate.rundir import RunDir
+from student.models import POOL_FEATURE_ARCHS, ModelSpec, PoolFeatures, build_classifier
+from student.rounds import Received
+from student.training import (
+    FitConfig,
+    MethodConfig,
+    build_learner,
+    fit,
+    load_classifier,
+    predict_proba,
+    seed_everything,
+)
+from teachers import checkpoints
+from teachers.ensemble import TrainConfig, train_group
+from teachers.models import build_model
+from teachers.partition import make_partition
+
+ATTACKS: tuple[str, ...] = ("loss", "lira")
+FPRS: tuple[float, ...] = (0.001, 0.01)
+CONTROL_THRESHOLD = 1.0          # the positive control's lower bound must exceed this
+# Each audit's files, named by when it started (UTC), so that no audit overwrites another's.
+RECORDS_FILE = "models-{stamp}-records.npz"
+SUMMARY_FILE = "models-{stamp}.json"
+_REFERENCE_ID = 1_000_000        # teacher ids of reference models: never a run's teacher
+
+
+@dataclass(frozen=True)
+class AttackResult:
+    """One attack on one model: ROC figures and the one-run epsilon lower bound."""
+
+    attack: str
+    auc: float
+    tpr_at_fpr: dict[float, float]
+    bound: OneRunBound
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.bound
+        return {"attack": self.attack, "auc": self.auc,
+                "tpr_at_fpr": {f"{k:g}": v for k, v in self.tpr_at_fpr.items()},
+                "epsilon_lower": b.epsilon_lower, "guesses": b.guesses,
+                "correct_guesses": b.correct, "guessed_members": b.k_plus,
+                "guessed_non_members": b.k_minus, "tests_corrected_for": b.tests}
+
+
+@dataclass(frozen=True)
+class TargetAudit:
+    """The audit of one model. ``epsilon_analytic`` is None for a model trained without privacy
+    (no finite bound); ``accuracy`` is on the run's evaluation rows."""
+
+    target: str
+    description: str
+    canaries: int
+    members: int
+    training_rows: int
+    references: int
+    accuracy: float | None
+    epsilon_analytic: float | None
+    epsilon_analytic_basis: str | None
+    attacks: list[AttackResult]
+    seconds: float
+
+    @property
+    def epsilon_lower(self) -> float:
+        """The best attack's bound: every attack's was corrected for all of them."""
+        return max(a.bound.epsilon_lower for a in self.attacks)
+
+    @property
+    def failures(self) -> list[str]:
+        out = []
+        if self.epsilon_analytic is not None and self.epsilon_lower > self.epsilon_analytic:
+            out.append(f"privacy bug: {self.target}'s epsilon lower bound "
+                       f"{self.epsilon_lower:.4g} exceeds its analytic epsilon "
+                       f"{self.epsilon_analytic:.4g}")
+        if self.target == "control" and not self.epsilon_lower > CONTROL_THRESHOLD:
+            out.append(f"positive control failed: its epsilon lower bound "
+                       f"{self.epsilon_lower:.4g} is not above {CONTROL_THRESHOLD:g}, so this "
+                       "audit could not have found a leak")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "description": self.description,
+                "canaries": self.canaries, "members": self.members,
+                "training_rows": self.training_rows, "reference_models": self.references,
+                "accuracy": self.accuracy, "epsilon_lower": self.epsilon_lower,
+                "epsilon_analytic": self.epsilon_analytic,
+                "epsilon_analytic_basis": self.epsilon_analytic_basis,
+                "attacks": [a.to_dict() for a in self.attacks], "seconds": self.seconds,
+                "passed": not self.failures, "failures": self.failures}
+
+
+@dataclass(frozen=True)
+class ModelsAudit:
+    """Every audited model, at one delta and confidence (each target's bound holds with that
+    confidence)."""
+
+    run: str
+    delta: float
+    confidence: float
+    targets: list[TargetAudit]
+    options: ModelsAuditOptions
+    seconds: float
+    records: Path | None = None
+    summary: Path | None = None
+
+    @property
+    def failures(self) -> list[str]:
+        return [f for t in self.targets for f in t.failures]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary: aggregate figures only (no record, no score, no coin flip)."""
+        return {"run": self.run, "delta": self.delta, "confidence": self.confidence,
+                "method": "one training run (Steinke, Nasr, Jagielski 2023), Bonferroni over "
+                          "the guess counts and the attacks",
+                "targets": [t.to_dict() for t in self.targets],
+                "options": {k: (list(v) if isinstance(v, tuple) else v)
+                            for k, v in asdict(self.options).items()},
+                "seconds": self.seconds, "passed": self.passed, "failures": self.failures}
+
+
+# -- models of the teachers' kind, trained and evaluated in one vectorised group -----------------
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the run trains a teacher: the network, its settings, the frozen pool encoder of the
+    architectures that use one, and the input shape and number of classes."""
+
+    train: TrainConfig
+    in_shape: tuple[int, int, int]
+    num_classes: int
+    encoder: dict[str, torch.Tensor] | None
+    device: str = "cpu"
+
+
+def train_models(recipe: Recipe, data: Sequence[tuple[NDArray[np.float32], NDArray[np.int64]]],
+                 ids: Sequence[int], min_size: int) -> dict[str, torch.Tensor]:
+    """Train one model per ``(x, y)`` of ``data`` with ``teachers.ensemble.train_group`` (the
+    run's teacher training, vectorised over the models), model j with teacher id ``ids[j]`` (its
+    initial weights) and ``epochs * ceil(min_size / batch_size)`` steps. Returns the stacked
+    parameters."""
+    x = np.concatenate([d[0] for d in data]).astype(np.float32)
+    y = np.concatenate([d[1] for d in data]).astype(np.int64)
+    ends = np.cumsum([len(d[1]) for d in data])
+    parts = [np.arange(end - len(d[1]), end) for d, end in zip(data, ends, strict=True)]
+    device = torch.device(recipe.device)
+    return train_group(recipe.train, torch.as_tensor(x, device=device),
+                       torch.as_tensor(y, device=device), recipe.num_classes,
+                       np.asarray(ids, np.int64), parts, min_size, recipe.encoder)
+
+
+@torch.no_grad()
+def stacked_log_probs(recipe: Recipe, params: dict[str, torch.Tensor], x: NDArray[np.float32],
+                      batch_size: int = 512) -> NDArray[np.float64]:
+    """Log-probabilities ``[models, n, classes]`` of stacked teacher-kind models on ``x``."""
+    base = build_model(recipe.train.model, recipe.in_shape, recipe.num_classes,
+                       recipe.encoder).to(recipe.device).eval()
+    forward = vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
+    out = [torch.log_softmax(forward(params, torch.as_tensor(
+        np.ascontiguousarray(x[i:i + batch_size]), device=recipe.device)).double(), -1).cpu()
+        for i in range(0, len(x), batch_size)]
+    models = next(iter(params.values())).shape[0]
+    return (torch.cat(out, 1).numpy() if out
+            else np.zeros((models, 0, recipe.num_classes)))
+
+
+def _select(params: dict[str, torch.Tensor], rows: slice | list[int]) -> dict[str, torch.Tensor]:
+    return {k: v[rows] for k, v in params.items()}
+
+
+# -- attacks -----------------------------------------------------------------------------------
+
+
+def attack_results(target_log_probs: NDArray[np.float64],
+                   reference_log_probs: NDArray[np.float64] | None, labels: NDArray[np.int64],
+                   members: NDArray[np.bool_], delta: float, confidence: float
+                   ) -> tuple[list[AttackResult], dict[str, NDArray[np.float64]]]:
+    """Both attacks on the canaries (``[n, classes]`` log-probabilities of the audited model,
+    ``[references, n, classes]`` of the reference models, or None for the loss attack alone),
+    each attack's one-run bound corrected for the attacks run. Returns the results and the
+    per-canary scores (private)."""
+    scores = {"loss": loss_scores(target_log_probs, labels)}
+    if reference_log_probs is not None and len(reference_log_probs):
+        scores["lira"] = offline_lira(logit_confidence(target_log_probs, labels),
+                                      logit_confidence(reference_log_probs, labels)).scores
+    results = []
+    for name, s in scores.items():
+        rates = tpr_at_fpr(s, members, FPRS)
+        results.append(AttackResult(
+            name, auc(s, members), {f: float(r) for f, r in zip(FPRS, rates, strict=True)},
+            one_run_audit(s, members, delta, confidence, other_tests=len(scores))))
+    return results, scores
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What the audit reads of a run directory. ``pool_y`` is None for a user's files (their
+    public labels are never read: no reference model can be trained), ``eval_*`` without test
+    data (no accuracy)."""
+
+    dir: RunDir
+    manifest: dict[str, Any]
+    recipe: Recipe
+    train_x: NDArray[np.float32]
+    train_y: NDArray[np.int64]
+    pool_x: NDArray[np.float32]
+    pool_y: NDArray[np.int64] | None
+    eval_x: NDArray[np.float32] | None
+    eval_y: NDArray[np.int64] | None
+    parts: list[NDArray[np.int64]]
+    config: Any | None
+
+
+def _source(manifest: dict[str, Any], config: Any | None) -> DataSource:
+    """Where the run's data comes from: the config's section, else the teachers' manifest."""
+    if config is not None:
+        return config.data.source()
+    if "data" in manifest:
+        return source_from_record(manifest["data"])
+    return Benchmark(manifest["dataset"], None, manifest.get("pool_size"))
+
+
+def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
+    """The run's teachers' manifest and recipe, its data and its partition (recomputed and
+    checked against ``partition.json``); UserError when the run is not trained."""
+    run = RunDir(run_dir)
+    manifest = checkpoints.read_manifest(run.root)
+    if manifest is None or not manifest.get("done"):
+        raise UserError(f"{run} has no fully trained teachers; run `pate run` or `pate teachers "
+                        "train` first")
+    config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
+              else None)
+    task = load_task(_source(manifest, config))
+    assert task.private_x is not None and task.private_y is not None
+    train = TrainConfig(**manifest["train"])
+    part = make_partition(len(task.private_y), int(manifest["num_teachers"]), train.seed)
+    recorded = run.read_json(run.partition)
+    if recorded is not None and recorded.get("sha256") != part.sha256:
+        raise UserError(f"{run.partition} does not match the partition the run's settings give; "
+                        "cannot audit this run")
+    encoder = (checkpoints.load_encoder(run.root, manifest["pool_encoder"]["sha256"], device)
+               if "pool_encoder" in manifest else None)
+    recipe = Recipe(train, tuple(manifest["in_shape"]), int(manifest["num_classes"]), encoder,
+                    device)
+    return Run(run, manifest, recipe, task.private_x, task.private_y, task.pool_x, task.pool_y,
+               task.eval_x, task.eval_y, part.parts(), config)
+
+
+def _accuracy(run: Run, predict: Callable[[NDArray[np.float32]], NDArray[np.float64]]
+              ) -> float | None:
+    """Accuracy on the run's evaluation rows of ``predict`` (log-probabilities or
+    probabilities ``[..., n, classes]``; the mean over leading axes), None without test data."""
+    if run.eval_x is None or run.eval_y is None:
+        return None
+    return float((predict(run.eval_x).argmax(-1) == run.eval_y).mean())
+
+
+def _reference_sets(rng: np.random.Generator, x: NDArray[np.float32],
+                    y: NDArray[np.int64] | None, size: int, wanted: int
+                    ) -> list[tuple[NDArray[np.float32], NDArray[np.int64]]]:
+    """Up to ``wanted`` disjoint random subsets of ``size`` labelled public rows (as many as
+    fit; none when the public labels are unknown)."""
+    if y is None:
+        return []
+    count = min(wanted, len(y) // max(size, 1))
+    order = rng.permutation(len(y))[:count * size].reshape(count, size)
+    return [(x[o], y[o]) for o in order]
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """Audit records: ``rows`` of the private training split, ``members`` their coin flips,
+    ``owner`` which audited model each could join."""
+
+    rows: NDArray[np.int64]
+    members: NDArray[np.bool_]
+    owner: NDArray[np.int64]
+
+
+def _flip(rng: np.random.Generator, rows: NDArray[np.int64], owner: NDArray[np.int64]
+          ) -> Canaries:
+    """Independent fair coins for ``rows``, the rows shuffled (the attack's ties fall by
+    position, which must not depend on the coins)."""
+    order = rng.permutation(len(rows))
+    return Canaries(rows[order], rng.random(len(rows)) < 0.5, owner[order])
+
+
+def _finish(target: str, description: str, canaries: Canaries, training_rows: int,
+            references: int, accuracy: float | None, analytic: tuple[float | None, str | None],
+            target_lp: NDArray[np.float64], reference_lp: NDArray[np.float64] | None,
+            labels: NDArray[np.int64], delta: float, confidence: float, started: float,
+            records: dict[str, NDArray[Any]]) -> TargetAudit:
+    results, scores = attack_results(target_lp, reference_lp, labels, canaries.members, delta,
+                                     confidence)
+    records[f"{target}_rows"] = canaries.rows
+    records[f"{target}_members"] = canaries.members
+    records[f"{target}_owner"] = canaries.owner
+    records.update({f"{target}_{k}_scores": v for k, v in scores.items()})
+    return TargetAudit(target, description, len(canaries.rows), int(canaries.members.sum()),
+                       training_rows, references, accuracy, *analytic, results,
+                       time.perf_counter() - started)
+
+
+# -- the targets -------------------------------------------------------------------------------
+
+
+@dataclass
+class RetrainedTeachers:
+    """The audited teachers retrained with their canaries: ids, stacked parameters, canaries
+    (``owner`` = position in ``ids``) and each one's number of training rows."""
+
+    ids: NDArray[np.int64]
+    params: dict[str, torch.Tensor]
+    canaries: Canaries
+    sizes: NDArray[np.int64]
+    references: dict[str, torch.Tensor] | None
+
+
+def retrain_teachers(run: Run, options: ModelsAuditOptions, rng: np.random.Generator,
+                     with_references: bool) -> RetrainedTeachers:
+    """``options.teachers`` random teachers, each on its partition less its canaries plus the
+    canaries its coins keep, with the run's id, settings and number of steps; with
+    ``with_references``, reference models of the same kind on disjoint public subsets of the
+    teachers' mean size, trained in the same group."""
+    k = int(run.manifest["num_teachers"])
+    ids = np.sort(rng.choice(k, options.teachers, replace=False))
+    rows, owner, data = [], [], []
+    for j, t in enumerate(ids):
+        part = rng.permutation(run.parts[t])
+        c = int(options.canary_fraction * len(part))
+        if c < 1 or c == len(part):
+            raise UserError(f"--canary-fraction {options.canary_fraction} leaves teacher {t} "
+                            "no canary or no base row")
+        rows.append(part[:c])
+        owner.append(np.full(c, j))
+    canaries = _flip(rng, np.concatenate(rows), np.concatenate(owner))
+    for j, t in enumerate(ids):
+        mine = canaries.rows[(canaries.owner == j) & canaries.members]
+        keep = np.concatenate([np.setdiff1d(run.parts[t], canaries.rows[canaries.owner == j]),
+                               mine])
+        data.append((run.train_x[keep], run.train_y[keep]))
+    sizes = np.array([len(d[1]) for d in data])
+    refs = (_reference_sets(rng, run.pool_x, run.pool_y, int(sizes.mean().round()),
+                            options.references) if with_references else [])
+    params = train_models(run.recipe, data + refs,
+                          [*ids.tolist(), *(_REFERENCE_ID + np.arange(len(refs))).tolist()],
+                          int(run.manifest["min_size"]))
+    a = len(ids)
+    return RetrainedTeachers(ids, _select(params, slice(0, a)), canaries, sizes,
+                             _select(params, slice(a, None)) if refs else None)
+
+
+def audit_teacher(run: Run, retrained: RetrainedTeachers, delta: float, confidence: float,
+                  records: dict[str, NDArray[Any]], started: float) -> TargetAudit:
+    """Target (a): each canary attacked on its own retrained teacher."""
+    c = retrained.canaries
+    x, y = run.train_x[c.rows], run.train_y[c.rows]
+    lp = stacked_log_probs(run.recipe, retrained.params, x)
+    target_lp = lp[c.owner, np.arange(len(c.rows))]
+    ref_lp = (None if retrained.references is None
+              else stacked_log_probs(run.recipe, retrained.references, x))
+    acc = _accuracy(run, lambda x: stacked_log_probs(run.recipe, retrained.params, x))
+    desc = (f"{len(retrained.ids)} of the run's {run.manifest['num_teachers']} teachers, each "
+            f"retrained on its own partition ({run.recipe.train.model}, "
+            f"{run.recipe.train.epochs} epochs) with its canaries by coin flips")
+    return _finish("teacher", desc, c, int(retrained.sizes.mean()),
+                   0 if ref_lp is None else len(ref_lp), acc,
+                   (None, "no privacy (one teacher)"), target_lp, ref_lp, y, delta, confidence,
+                   started, records)
+
+
+def _free_rows(run: Run, used: NDArray[np.int64]) -> NDArray[np.int64]:
+    return np.setdiff1d(np.arange(len(run.train_y)), used)
+
+
+def audit_supervised(run: Run, target: str, base_rows: int, canary_count: int, epochs: int,
+                     references: int, rng: np.random.Generator, used: NDArray[np.int64],
+                     delta: float, confidence: float, records: dict[str, NDArray[Any]],
+                     started: float, mislabel: bool = False
+                     ) -> tuple[TargetAudit, NDArray[np.int64]]:
+    """Targets (b) and the positive control: the teachers' network and settings (``epochs``
+    epochs) without privacy on ``base_rows`` private rows plus the kept canaries of
+    ``canary_count``, all from rows not in ``used``; references of the same kind on disjoint
+    public subsets of its size. With ``mislabel`` each canary carries a random wrong label (in
+    training and in the attack): a model can fit such a record only by memorising it, so a
+    non-private model surely reveals its membership. Returns the audit and the rows it used."""
+    free = rng.permutation(_free_rows(run, used))
+    if base_rows + canary_count > len(free):
+        raise UserError(f"{target}: {base_rows + canary_count} rows asked for, "
+                        f"{len(free)} private rows left")
+    canaries = _flip(rng, free[:canary_count], np.zeros(canary_count, np.int64))
+    c = run.recipe.num_classes
+    labels = run.train_y[canaries.rows]
+    if mislabel:
+        labels = (labels + rng.integers(1, c, len(labels))) % c
+    base = free[canary_count:canary_count + base_rows]
+    x_train = np.concatenate([run.train_x[base], run.train_x[canaries.rows[canaries.members]]])
+    y_train = np.concatenate([run.train_y[base], labels[canaries.members]])
+    refs = _reference_sets(rng, run.pool_x, run.pool_y, len(y_train), references)
+    recipe = replace(run.recipe, train=replace(run.recipe.train, epochs=epochs))
+    k = int(run.manifest["num_teachers"])
+    params = train_models(recipe, [(x_train, y_train), *refs],
+                          [k, *(_REFERENCE_ID + k + np.arange(len(refs))).tolist()],
+                          len(y_train))
+    lp = stacked_log_probs(recipe, params, run.train_x[canaries.rows])
+    acc = _accuracy(run, lambda x: stacked_log_probs(recipe, _select(params, slice(0, 1)), x))
+    what = ("positive control: " if target == "control" else "") + (
+        f"{run.recipe.train.model} without privacy on {len(y_train)} private rows "
+        f"({base_rows} fixed, the rest {'mislabelled ' if mislabel else ''}canaries by coin "
+        f"flips), {epochs} epochs")
+    records[f"{target}_labels"] = labels
+    audit = _finish(target, what, canaries, len(y_train), len(refs), acc,
+                    (None, "no privacy"), lp[0], lp[1:] if refs else None, labels, delta,
+                    confidence, started, records)
+    return audit, np.concatenate([canaries.rows, base])
+
+
+# -- the student -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StudentRecipe:
+    """How the run trained its student: method and network, the loop's settings, the pool
+    features of ``cnn-hog-simclr`` (from the published student: public), its rounds and the
+    answers' rows in order."""
+
+    method: MethodConfig
+    spec: ModelSpec
+    fit: FitConfig
+    features: PoolFeatures | None
+    rounds: list[tuple[Mechanism, NDArray[np.int64]]]
+    epsilon: float
+    epsilon_basis: str
+    delta: float
+
+
+def student_recipe(run: Run, epochs: int | None, device: str) -> StudentRecipe:
+    """Read ``student/metrics.json``, ``model.json``, ``rounds.json`` and ``labels.npz``; a
+    round whose parameters were not recorded (a remote service) takes the run config's."""
+    d = run.dir
+    metrics = d.read_json(d.student_metrics)
+    published = load_classifier(d.student)
+    rounds = d.read_json(d.rounds)
+    if metrics is None or published is None or not rounds or not d.labels.is_file():
+        raise UserError(f"{d} has no trained student (student/metrics.json, model, rounds.json, "
+                        "labels.npz); audit without the student target or run the student")
+    model, spec = published
+    training = metrics.get("training", {})
+    method = MethodConfig(metrics["method"], spec.arch, spec.width, training.get("lr"),
+                          training.get("vat_eps", 2.0), training.get("entmin", False))
+    names = {f.name for f in fields(FitConfig)}
+    fit_config = FitConfig(**{k: v for k, v in training.items() if k in names})
+    fit_config = replace(fit_config, device=device,
+                         epochs=fit_config.epochs if epochs is None else epochs)
+    features = model.experts[1][0] if spec.arch in POOL_FEATURE_ARCHS else None
+    received = Received.load(d.labels)
+    if sum(r["queries"] for r in rounds) != len(received):
+        raise UserError(f"{d.rounds} does not account for every row of {d.labels}")
+    out, start = [], 0
+    for r in rounds:
+        record = r["mechanism"]
+        if len(record) > 1:
+            mechanism = mechanism_from_dict(record)
+        elif run.config is not None:
+            mechanism = run.config.aggregator.round_mechanism(record["mechanism"])
+        else:
+            raise UserError(f"{d.rounds}: a round's parameters are unknown (no config.toml)")
+        out.append((mechanism, received.pool_index[start:start + r["queries"]]))
+        start += r["queries"]
+    eps = metrics.get("epsilon", {})
+    if eps.get("data_independent") is None:
+        raise UserError(f"{d.student_metrics} records no data-independent epsilon")
+    return StudentRecipe(method, spec, fit_config, features, out,
+                         float(eps["data_independent"]), "data-independent (the ledger's)",
+                         float(eps.get("delta", 0.0)))
+
+
+def train_student(recipe: StudentRecipe, pool_x: NDArray[np.float32],
+                  answer: Callable[[int, NDArray[np.float64] | None], NDArray[np.int64]]
+                  ) -> torch.nn.Module:
+    """The student of the run's rounds: round i's labels are ``answer(i, probs)`` (probs: the
+    current student's on the round's rows, for Interactive-GNMax, else None); after each round
+    the student is trained on every label so far, continuing from the previous round's weights
+    (``pate student train``). Rows answered -1 are not used."""
+    seed_everything(recipe.fit.seed)
+    model = build_classifier(recipe.spec, recipe.features).to(recipe.fit.device)
+    index, label = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    for i, (mechanism, rows) in enumerate(recipe.rounds):
+        probs = (predict_proba(model, pool_x[rows], recipe.fit.device) if i
+                 and Aggregator(mechanism).takes_student_probs else None)
+        index = np.concatenate([index, rows])
+        label = np.concatenate([label, answer(i, probs)])
+        ok = label >= 0
+        if not ok.any():
+            continue
+        fit(build_learner(recipe.method, model, recipe.spec), pool_x[index[ok]], label[ok],
+            pool_x, recipe.fit)
+    return model
+
+
+@torch.no_grad()
+def _classifier_log_probs(model: torch.nn.Module, x: NDArray[np.float32], device: str
+                          ) -> NDArray[np.float64]:
+    return np.log(np.clip(predict_proba(model, x, device), 1e-300, None))
+
+
+def audit_student(run: Run, recipe: StudentRecipe, retrained: RetrainedTeachers,
+                  options: ModelsAuditOptions, delta: float, records: dict[str, NDArray[Any]],
+                  started: float) -> TargetAudit:
+    """Target (c): the rounds answered again over the ensemble with the retrained teachers, the
+    student trained again; references: the student's method on the true public labels of the
+    rows it asked, each with its own seed."""
+    with np.load(run.dir.votes, allow_pickle=False) as f:
+        votes, vote_pool = f["votes"].astype(np.int64), f["pool_index"].astype(np.int64)
+    order = np.argsort(vote_pool)
+    asked = np.concatenate([rows for _, rows in recipe.rounds])
+    at = order[np.searchsorted(vote_pool, asked, sorter=order)]
+    if not np.array_equal(vote_pool[at], asked):
+        raise UserError(f"{run.dir.votes} lacks rows the student asked")
+    x_asked = run.pool_x[asked]
+    old = _run_teachers(run, retrained.ids)
+    old_votes = stacked_log_probs(run.recipe, old, x_asked).argmax(-1)
+    new_votes = stacked_log_probs(run.recipe, retrained.params, x_asked).argmax(-1)
+    c = run.recipe.num_classes
+    swap = (np.eye(c, dtype=np.int64)[new_votes] - np.eye(c, dtype=np.int64)[old_votes]).sum(0)
+    ensemble = votes[at] + swap
+    if (ensemble < 0).any() or (votes[at] - np.eye(c, dtype=np.int64)[old_votes].sum(0) < 0).any():
+        raise UserError(f"{run.dir.votes} does not hold the votes of the run's teachers")
+    bounds = np.cumsum([0, *(len(rows) for _, rows in recipe.rounds)])
+
+    def answer(i: int, probs: NDArray[np.float64] | None) -> NDArray[np.int64]:
+        v = ensemble[bounds[i]:bounds[i + 1]]
+        return Aggregator(recipe.rounds[i][0]).answer(v, probs).labels
+
+    student = train_student(recipe, run.pool_x, answer)
+    pool_y = run.pool_y
+    refs = [] if pool_y is None else [
+        train_student(replace(recipe, fit=replace(recipe.fit, seed=recipe.fit.seed + 1 + j)),
+                      run.pool_x, lambda i, _probs: pool_y[recipe.rounds[i][1]])
+        for j in range(options.student_references)]
+    cx, cy = run.train_x[retrained.canaries.rows], run.train_y[retrained.canaries.rows]
+    device = recipe.fit.device
+    ref_lp = (np.stack([_classifier_log_probs(m, cx, device) for m in refs]) if refs else None)
+    acc = _accuracy(run, lambda x: predict_proba(student, x, device))
+    desc = (f"the student ({recipe.method.method}, {recipe.spec.arch}, {recipe.fit.epochs} "
+            f"epochs), retrained on the run's {len(asked)} queries answered again by "
+            f"{', '.join(m.name for m, _ in recipe.rounds)} over the ensemble with the "
+            f"{len(retrained.ids)} retrained teachers")
+    return _finish("student", desc, retrained.canaries, int(retrained.sizes.mean()), len(refs),
+                   acc, (recipe.epsilon, recipe.epsilon_basis),
+                   _classifier_log_probs(student, cx, device), ref_lp, cy, delta,
+                   options.confidence, started, records)
+
+
+def _run_teachers(run: Run, ids: NDArray[np.int64]) -> dict[str, torch.Tensor]:
+    """The run's own (published to nobody) parameters of teachers ``ids``, stacked."""
+    picked: list[dict[str, torch.Tensor]] = []
+    for t in ids:
+        for i, shard in run.manifest["shards"].items():
+            start, stop = shard["teachers"]
+            if start <= t < stop:
+                params = checkpoints.load_shard(run.dir.root, int(i), shard["sha256"])
+                picked.append({k: v[t - start] for k, v in params.items()})
+                break
+        else:
+            raise UserError(f"teacher {t} is in no shard of {run.dir.manifest}")
+    return {k: torch.stack([p[k] for p in picked]).to(run.recipe.device) for k in picked[0]}
+
+
+# -- the audit ---------------------------------------------------------------------------------
+
+
+def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
+    """Refuse, before any training, an audit that needs more teachers or private rows than the
+    run has."""
+    k = int(run.manifest["num_teachers"])
+    if {"teacher", "student"} & set(options.targets) and options.teachers > k:
+        raise UserError(f"--teachers {options.teachers}: the run has {k} teachers")
+    sizes = np.sort([len(p) for p in run.parts])[::-1]
+    need = (int(sizes[:options.teachers].sum())
+            if {"teacher", "student"} & set(options.targets) else 0)
+    need += ((options.nonprivate_rows + options.nonprivate_canaries)
+             if "nonprivate" in options.targets else 0)
+    need += options.control_canaries if "control" in options.targets else 0
+    if need > len(run.train_y):
+        raise UserError(f"the audit needs up to {need} private rows (audited teachers' "
+                        f"partitions, non-private rows and canaries, control canaries), the run "
+                        f"has {len(run.train_y)}: ask for fewer")
+
+
+def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
+                 ) -> ModelsAudit:
+    """Audit the models of ``options.targets`` (module docstring); write the per-record results
+    and the summary 0600 to ``run_dir/audit/`` (``models-<UTC time>-records.npz`` and
+    ``models-<UTC time>.json``) and return the summary."""
+    started, stamped = time.perf_counter(), time.time()
+    options = ModelsAuditOptions() if options is None else options
+    run = load_run(run_dir, options.device)
+    delta = options.delta
+    if delta is None:
+        delta = run.config.aggregator.delta if run.config is not None else 1e-5
+    _check_rows(run, options)
+    rng = np.random.default_rng(options.seed)
+    records: dict[str, NDArray[Any]] = {}
+    audits: list[TargetAudit] = []
+    used = np.zeros(0, np.int64)
+    student = None
+    if "student" in options.targets:
+        student = student_recipe(run, options.student_epochs, options.device)
+        if not math.isclose(student.delta, delta, rel_tol=1e-12):
+            raise UserError(f"the student's epsilon is at delta {student.delta:g}, the audit's "
+                            f"at {delta:g}: give --delta {student.delta:g}")
+    if "teacher" in options.targets or "student" in options.targets:
+        t0 = time.perf_counter()
+        retrained = retrain_teachers(run, options, rng, "teacher" in options.targets
+                                     and options.references > 0)
+        used = np.concatenate([run.parts[t] for t in retrained.ids])
+        if "teacher" in options.targets:
+            audits.append(audit_teacher(run, retrained, delta, options.confidence, records, t0))
+        if student is not None:
+            audits.append(audit_student(run, student, retrained, options, delta, records,
+                                        time.perf_counter()))
+    if "nonprivate" in options.targets:
+        audit, rows = audit_supervised(
+            run, "nonprivate", options.nonprivate_rows, options.nonprivate_canaries,
+            run.recipe.train.epochs, options.references, rng, used, delta, options.confidence,
+            records, time.perf_counter())
+        audits.append(audit)
+        used = np.concatenate([used, rows])
+    if "control" in options.targets:
+        audit, _ = audit_supervised(
+            run, "control", 0, options.control_canaries, options.control_epochs,
+            options.references, rng, used, delta, options.confidence, records,
+            time.perf_counter(), mislabel=options.control_labels == "mislabelled")
+        audits.append(audit)
+    audits.sort(key=lambda a: TARGETS.index(a.target))
+    folder = ensure_dir(run.dir.audit, private=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(stamped))
+    result = ModelsAudit(str(run.dir), delta, options.confidence, audits, options,
+                         time.perf_counter() - started, folder / RECORDS_FILE.format(stamp=stamp),
+                         folder / SUMMARY_FILE.format(stamp=stamp))
+    assert result.records is not None and result.summary is not None
+    write_with_atomic(result.records, lambda fh: np.savez(fh, **records), private=True)
+    write_json_atomic(result.summary, result.to_dict(), private=True)
+    return result
+

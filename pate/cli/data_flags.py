@@ -1,0 +1,58 @@
+"""The command line's data flags: a built-in dataset (``--dataset``, ``--data-dir``,
+``--pool-size``) or a user's files (``--private``, ``--public``, ``--test``, ``--label``,
+``--classes``), read into one ``pate.data.task.DataSource`` (docs/cli.md, "Your own data")."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from pate.data.task import Benchmark, DataFiles, DataSource
+from pate.errors import UserError
+
+DEFAULT_DATASET = "fashion-mnist"
+
+
+def add_data_flags(parser: argparse.ArgumentParser, *, files: bool = True) -> None:
+    """The data flags, in a group of their own."""
+    group = parser.add_argument_group("data (a built-in dataset, or your own files)")
+    group.add_argument("--dataset", default=None,
+                       help=f"fashion-mnist, mnist, svhn, cifar10, digits or glyphs (default: "
+                            f"the run's teachers', else {DEFAULT_DATASET})")
+    group.add_argument("--data-dir", default=None, help="where the dataset's files are")
+    group.add_argument("--pool-size", type=int, default=None,
+                       help="rows of the test split in the public pool (default: half)")
+    if not files:
+        return
+    group.add_argument("--private", metavar="PATH",
+                       help="your private labelled data: .npz (x, y), .csv or a folder of class "
+                            "subfolders of images")
+    group.add_argument("--public", metavar="PATH",
+                       help="your public unlabelled pool, in the same format")
+    group.add_argument("--test", metavar="PATH",
+                       help="labelled evaluation data, in the same format (optional)")
+    group.add_argument("--label", help="a .csv's label column")
+    group.add_argument("--classes", nargs="+", metavar="C",
+                       help="the label set (public schema; default: the test labels)")
+
+
+def source_from_flags(args: argparse.Namespace, default: DataSource | None = None
+                      ) -> DataSource:
+    """The source the flags name; without any, ``default`` (the run's teachers' data), else
+    the default dataset. Mixing a dataset with files is an error."""
+    given_files = [getattr(args, k, None) for k in ("private", "public", "test", "label",
+                                                    "classes")]
+    if any(v is not None for v in given_files):
+        if args.dataset is not None or args.pool_size is not None:
+            raise UserError("give --dataset (a built-in dataset) or --private/--public (your "
+                            "files), not both")
+        if not (args.private and args.public):
+            raise UserError("your own data needs --private and --public")
+        return DataFiles(args.private, args.public, args.test, args.label,
+                         None if args.classes is None else tuple(args.classes))
+    if args.dataset is None and args.pool_size is None and default is not None:
+        if isinstance(default, Benchmark) and args.data_dir is not None:
+            return replace(default, data_dir=str(args.data_dir))
+        return default
+    return Benchmark(args.dataset or DEFAULT_DATASET,
+                     None if args.data_dir is None else str(args.data_dir), args.pool_size)

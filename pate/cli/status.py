@@ -1,0 +1,40 @@
+"""``pate status``: a run's stages and privacy budget (``pate.status``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pate.status import run_status
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "status", help="a run's stages and the privacy budget spent and left",
+        description="The stages of a run directory (done, running or interrupted, pending) and "
+                    "its ledger's budget: the data-independent epsilon spent and left. Works "
+                    "while the run goes on.")
+    p.add_argument("--run", required=True, metavar="DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    status = run_status(args.run)
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    print(f"run {status['run']}" + (f" ({status['name']})" if status["name"] else ""))
+    for s in status["stages"]:
+        seconds = f" ({s['seconds']:.1f} s)" if "seconds" in s else ""
+        print(f"  {s['stage']:<20} {s['state']}{seconds}")
+    b = status["budget"]
+    if b is None:
+        print("  budget: no ledger yet")
+    else:
+        print(f"  budget: epsilon {b['epsilon_spent']:.4g} spent of {b['epsilon_budget']:g}, "
+              f"{b['epsilon_left']:.4g} left, at delta {b['delta']:g} (data-independent); "
+              f"{b['queries']} queries, {b['answered']} answered")
+    if status["last_log"]:
+        print(f"  last: {status['last_log']}")
+    return 0

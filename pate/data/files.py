@@ -1,0 +1,156 @@
+"""Reading a user's data files as they are: ``.npz`` arrays, ``.csv`` tables and folders of
+images. Nothing here learns anything from the data; ``pate.data.task`` turns what is read into a
+task, with preprocessing fitted on the public data only.
+
+- ``.npz``: an array ``x`` (features ``[n, d]`` or images ``[n, H, W]`` / ``[n, C, H, W]``) and,
+  where labels are needed, ``y`` (integers or strings).
+- ``.csv``: a header row; numeric and string columns; ``?``, ``NA`` or an empty field is a missing
+  value; the label column is named by the config (``label``).
+- a folder: PNG or JPEG images in one subfolder per class (the folder's name is the class), or,
+  for the unlabelled public pool, images directly in the folder.
+
+Every mistake is one ``UserError`` line naming the file, never a value of a private file.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from pate.errors import UserError
+
+MISSING_VALUES = ("?", "", "NA", "N/A", "NaN", "nan", "null", "None")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def kind_of(path: str | Path) -> str:
+    """``npz``, ``csv`` or ``folder``, from the path (the format is chosen by it)."""
+    p = Path(path)
+    if p.is_dir():
+        return "folder"
+    suffix = p.suffix.lower()
+    if suffix in (".npz", ".csv"):
+        return suffix[1:]
+    raise UserError(f"{p}: a data file is a .npz, a .csv or a folder of images")
+
+
+def _exists(path: Path) -> None:
+    if not path.exists():
+        raise UserError(f"{path}: no such file or folder")
+
+
+def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | None]:
+    """``x`` and (if ``need_labels``, required; else ``None``) ``y`` of an ``.npz``."""
+    p = Path(path)
+    _exists(p)
+    try:
+        with np.load(p, allow_pickle=False) as data:
+            names = list(data.files)
+            if "x" not in names:
+                raise UserError(f"{p}: expected an array named 'x', found {names}")
+            if need_labels and "y" not in names:
+                raise UserError(f"{p}: expected the labels as an array named 'y', found {names}")
+            x = data["x"]
+            y = data["y"] if need_labels else None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{p}: not a readable .npz file ({exc.__class__.__name__})") from None
+    if x.ndim not in (2, 3, 4) or x.shape[0] == 0 or 0 in x.shape:
+        raise UserError(f"{p}: x must be [n, d] features or [n, H, W] / [n, C, H, W] images "
+                        f"with n > 0, got shape {list(x.shape)}")
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise UserError(f"{p}: x must be numeric, got dtype {x.dtype}")
+    if y is not None and y.shape != (x.shape[0],):
+        raise UserError(f"{p}: y must be 1-d with one label per row of x, got shape "
+                        f"{list(y.shape)} for {x.shape[0]} rows")
+    return x, y
+
+
+def read_csv(path: str | Path, label: str | None, need_labels: bool
+             ) -> tuple[pd.DataFrame, NDArray | None]:
+    """The feature columns and (if ``need_labels``) the ``label`` column of a ``.csv``. A label
+    column in a file that needs none (the public pool's) is dropped unread."""
+    p = Path(path)
+    _exists(p)
+    if label is None:
+        raise UserError(f"{p}: a .csv needs data.label (--label), the name of its label column")
+    try:
+        frame = pd.read_csv(p, na_values=list(MISSING_VALUES), keep_default_na=True,
+                            skipinitialspace=True)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{p}: not a readable .csv file ({exc.__class__.__name__})") from None
+    if frame.empty:
+        raise UserError(f"{p}: no rows")
+    frame.columns = [str(c).strip() for c in frame.columns]
+    labels = None
+    if label in frame.columns:
+        labels = frame.pop(label).to_numpy() if need_labels else None
+        if not need_labels:
+            frame = frame.drop(columns=[label], errors="ignore")
+    elif need_labels:
+        raise UserError(f"{p}: no label column {label!r} (columns: {', '.join(frame.columns)})")
+    if labels is not None and pd.isna(labels).any():
+        raise UserError(f"{p}: the label column {label!r} has missing values")
+    if frame.shape[1] == 0:
+        raise UserError(f"{p}: no feature columns besides the label")
+    return frame, labels
+
+
+def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
+    """Image files of ``folder`` and their class (its subfolder's name), or ``None`` classes
+    when the images lie directly in the folder."""
+    subfolders = sorted(d for d in folder.iterdir() if d.is_dir())
+    if subfolders:
+        files, names = [], []
+        for d in subfolders:
+            found = sorted(f for f in d.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+            files += found
+            names += [d.name] * len(found)
+        return files, names
+    return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES), None
+
+
+def image_folder_classes(path: str | Path) -> list[str]:
+    """The class subfolders of an image folder (its label set), sorted."""
+    return sorted(d.name for d in Path(path).iterdir() if d.is_dir())
+
+
+def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
+                      size: tuple[int, int] | None = None
+                      ) -> tuple[NDArray[np.float32], NDArray | None, str, tuple[int, int]]:
+    """Images ``float32 [n, C, H, W]`` in [0, 1], their class names (if ``need_labels``), and
+    the colour mode and size (W, H) used. ``mode`` (``L`` or ``RGB``) and ``size`` default to
+    those of the folder: grey if every image is, and the first image's size; every image is
+    converted and resized to them (bilinear)."""
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path)
+    _exists(p)
+    if not p.is_dir():
+        raise UserError(f"{p}: not a folder of images")
+    files, names = _image_files(p)
+    if not files:
+        raise UserError(f"{p}: no .png or .jpg images")
+    if need_labels and names is None:
+        raise UserError(f"{p}: labelled images go in one subfolder per class")
+    images = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                im.load()
+                images.append(im.copy())
+        except (OSError, UnidentifiedImageError) as exc:
+            raise UserError(f"{f}: unreadable image ({exc.__class__.__name__})") from None
+    if mode is None:
+        mode = "L" if all(im.mode in ("1", "L", "I;16", "I") for im in images) else "RGB"
+    if size is None:
+        size = images[0].size
+    arrays = [np.asarray(im.convert(mode).resize(size, Image.BILINEAR), np.float32)
+              for im in images]
+    x = np.stack(arrays) / np.float32(255.0)
+    x = x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
+    labels = np.asarray(names, dtype=object) if need_labels and names is not None else None
+    return np.ascontiguousarray(x, np.float32), labels, mode, size

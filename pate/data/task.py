@@ -1,0 +1,302 @@
+"""A learning task as every stage sees it: the private labelled rows the teachers are partitioned
+over, the public pool the student may query, the optional evaluation rows, and the label set.
+
+Where the data comes from is described as data (``DataSource``) and interpreted in one place,
+``load_task``:
+
+- ``Benchmark(name)``: a built-in dataset (``pate.data.datasets``) with the papers' protocol: the
+  training split is private; the test split's first half (``pool_size`` rows) is the public pool,
+  the rest the evaluation rows.
+- ``DataFiles(private, public, test)``: a user's files (``pate.data.files``).
+
+Privacy rules of preprocessing (docs/design.md, "Your own data"): every statistic a model sees
+(scaling, category vocabularies, image size and colour mode) is fitted on the public pool or
+taken from the config, never from the private file; a category the public data never showed maps
+to an "other" slot, a missing number to the public mean. The label set is schema, treated as
+public: ``classes`` from the config, else the labels of ``test``, else the class subfolders of
+an image folder; a private label outside it is an error. Accuracy is measured only on ``test``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from pate.data import files
+from pate.data.datasets import load_dataset, public_split
+from pate.errors import UserError
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A built-in dataset by name; ``pool_size`` rows of its test split are the public pool."""
+
+    name: str
+    data_dir: str | None = None
+    pool_size: int | None = None
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """A user's files: ``private`` (labelled), ``public`` (the pool; labels unused), ``test``
+    (optional, labelled). ``label``: a CSV's label column; ``classes``: the label set;
+    ``image_size``: (height, width) images are resized to (default the public images')."""
+
+    private: str
+    public: str
+    test: str | None = None
+    label: str | None = None
+    classes: tuple[str, ...] | None = None
+    image_size: tuple[int, int] | None = None
+
+
+DataSource = Benchmark | DataFiles
+
+
+def source_record(source: DataSource) -> dict[str, Any]:
+    """The JSON record of a source (the teachers' manifest keeps it, so later stages reload the
+    same data)."""
+    kind = "benchmark" if isinstance(source, Benchmark) else "files"
+    return {"kind": kind, **{k: (list(v) if isinstance(v, tuple) else v)
+                             for k, v in asdict(source).items()}}
+
+
+def source_from_record(record: dict[str, Any]) -> DataSource:
+    """The source of a ``source_record``."""
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in record.items()
+              if k != "kind"}
+    return Benchmark(**fields) if record.get("kind") == "benchmark" else DataFiles(**fields)
+
+
+@dataclass(frozen=True)
+class Task:
+    """The arrays of one task. ``private_*`` are None unless asked for; ``pool_y`` is known for
+    benchmarks only (a user's public labels are never read); ``eval_*`` are None without test
+    data. ``classes_from`` says where the label set came from; ``preprocessing`` describes,
+    publicly, how features were made."""
+
+    name: str
+    kind: str                      # "image" or "tabular"
+    classes: tuple[str, ...]
+    classes_from: str              # "dataset", "config", "test" or "folders"
+    pool_x: NDArray[np.float32]
+    pool_y: NDArray[np.int64] | None
+    eval_x: NDArray[np.float32] | None
+    eval_y: NDArray[np.int64] | None
+    private_x: NDArray[np.float32] | None = None
+    private_y: NDArray[np.int64] | None = None
+    preprocessing: dict[str, Any] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.pool_x.shape[1:])
+
+
+def data_kind(source: DataSource) -> str:
+    """``image`` or ``tabular``, read from the public data's shape (the public file only)."""
+    if isinstance(source, Benchmark):
+        return "image"
+    kind = files.kind_of(source.public)
+    if kind == "npz":
+        return "tabular" if files.read_npz(source.public, False)[0].ndim == 2 else "image"
+    return "tabular" if kind == "csv" else "image"
+
+
+def load_task(source: DataSource, need_private: bool = True) -> Task:
+    """The task of ``source`` (``need_private=False`` leaves the private rows unread)."""
+    if isinstance(source, Benchmark):
+        return _benchmark(source, need_private)
+    return _files(source, need_private)
+
+
+def _benchmark(source: Benchmark, need_private: bool) -> Task:
+    ds = load_dataset(source.name, source.data_dir, need_train=need_private)
+    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, source.pool_size)
+    kind = "image" if pool_x.ndim == 4 else "tabular"
+    return Task(ds.name, kind, tuple(str(c) for c in range(ds.num_classes)), "dataset",
+                pool_x, pool_y, eval_x, eval_y, ds.train_x, ds.train_y)
+
+
+# --- a user's files -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TabularEncoder:
+    """Features of a table, fitted on the public pool: numeric columns standardised with the
+    pool's mean and standard deviation (a missing value becomes the mean, 0); string columns
+    one-hot over the pool's values plus one "other" slot (unseen values and missing ones)."""
+
+    numeric: tuple[str, ...]
+    means: tuple[float, ...]
+    stds: tuple[float, ...]
+    categorical: tuple[str, ...]
+    vocabularies: tuple[tuple[str, ...], ...]
+
+    @classmethod
+    def fit(cls, public: pd.DataFrame) -> TabularEncoder:
+        numeric = tuple(c for c in public.columns if pd.api.types.is_numeric_dtype(public[c]))
+        categorical = tuple(c for c in public.columns if c not in numeric)
+        values = public[list(numeric)].to_numpy(np.float64)
+        means = np.nan_to_num(np.nanmean(values, axis=0)) if numeric else np.zeros(0)
+        stds = np.nan_to_num(np.nanstd(values, axis=0)) if numeric else np.zeros(0)
+        stds[stds == 0] = 1.0
+        vocab = tuple(tuple(sorted(public[c].dropna().astype(str).unique())) for c in categorical)
+        return cls(numeric, tuple(means.tolist()), tuple(stds.tolist()), categorical, vocab)
+
+    @property
+    def width(self) -> int:
+        return len(self.numeric) + sum(len(v) + 1 for v in self.vocabularies)
+
+    def transform(self, frame: pd.DataFrame, what: str) -> NDArray[np.float32]:
+        """``float32 [rows, width]``; the columns must be the pool's (any order)."""
+        expected = set(self.numeric) | set(self.categorical)
+        if set(frame.columns) != expected:
+            missing = sorted(expected - set(frame.columns))
+            extra = sorted(set(frame.columns) - expected)
+            raise UserError(f"{what}: its columns differ from the public data's"
+                            + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; not in the public data: {', '.join(extra)}" if extra else ""))
+        parts = []
+        if self.numeric:
+            raw = frame[list(self.numeric)]
+            numbers = raw.apply(pd.to_numeric, errors="coerce")
+            bad = [c for c in self.numeric if (numbers[c].isna() & raw[c].notna()).any()]
+            if bad:
+                raise UserError(f"{what}: column {bad[0]} is numeric in the public data but "
+                                "holds text here")
+            z = (numbers.to_numpy(np.float64) - np.asarray(self.means)) / np.asarray(self.stds)
+            parts.append(np.nan_to_num(z, nan=0.0))
+        for column, vocab in zip(self.categorical, self.vocabularies, strict=True):
+            values = frame[column]
+            codes = pd.Index(vocab).get_indexer(values.astype(str).where(values.notna()))
+            codes[codes < 0] = len(vocab)  # unseen or missing: the "other" slot
+            parts.append(np.eye(len(vocab) + 1)[codes])
+        return np.concatenate(parts, axis=1).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        """Public description: column names, the pool's statistics and vocabularies."""
+        return {"fitted_on": "public", "numeric": list(self.numeric),
+                "means": list(self.means), "stds": list(self.stds),
+                "categorical": {c: list(v) for c, v in zip(self.categorical, self.vocabularies,
+                                                           strict=True)},
+                "features": self.width}
+
+
+def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[str, ...], str]:
+    if source.classes:
+        return tuple(str(c) for c in source.classes), "config"
+    if test_labels is not None:
+        return tuple(sorted({str(v) for v in test_labels.tolist()})), "test"
+    if files.kind_of(source.private) == "folder":
+        return tuple(files.image_folder_classes(source.private)), "folders"
+    raise UserError("the label set is unknown: give data.classes (--classes) or labelled test "
+                    "data (the label set is public schema, never read from the private labels)")
+
+
+def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: str,
+                   private: bool) -> NDArray[np.int64]:
+    """Labels as indices into ``classes``: integer labels are indices themselves when the set
+    came from the config (``indices``), otherwise every label is matched by its name."""
+    if not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "OUS"):
+        raise UserError(f"{what}: labels must be integers or strings, got dtype {y.dtype}")
+    if indices and np.issubdtype(y.dtype, np.integer):
+        codes = y.astype(np.int64)
+        outside = (codes < 0) | (codes >= len(classes))
+    else:
+        codes = pd.Index(classes).get_indexer(pd.Series(y).astype(str)).astype(np.int64)
+        outside = codes < 0
+    if outside.any():
+        if private:  # name no private value
+            raise UserError(f"{what}: {int(outside.sum())} label(s) outside the label set "
+                            f"({len(classes)} classes)")
+        unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
+        raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}")
+    return codes
+
+
+def _standardiser(pool: NDArray[np.float32]) -> tuple[NDArray, NDArray]:
+    mean = pool.mean(axis=0)
+    std = pool.std(axis=0)
+    std[std == 0] = 1.0
+    return mean, std
+
+
+def _as_features(x: NDArray, what: str) -> NDArray[np.float32]:
+    """``.npz`` arrays as float32: integer images scaled to [0, 1], ``[n, H, W]`` given a
+    channel axis."""
+    if np.issubdtype(x.dtype, np.integer) and x.ndim > 2:
+        x = x / 255.0
+    x = np.asarray(x, np.float32)
+    if not np.isfinite(x).all():
+        raise UserError(f"{what}: x holds NaN or infinite values")
+    return x[:, None] if x.ndim == 3 else x
+
+
+def _files(source: DataFiles, need_private: bool) -> Task:
+    kinds = {files.kind_of(p) for p in (source.private, source.public, source.test) if p}
+    if len(kinds) != 1:
+        raise UserError(f"data.private, public and test must be of one format, got "
+                        f"{', '.join(sorted(kinds))}")
+    kind = kinds.pop()
+    name = Path(source.private).stem
+    reads: dict[str, tuple[NDArray, NDArray | None]] = {}
+    preprocessing: dict[str, Any] = {"format": kind}
+    wanted = {"public": (source.public, False), "test": (source.test, True),
+              "private": (source.private, True)}
+    if not need_private:
+        del wanted["private"]
+    if kind == "csv":
+        frames = {role: files.read_csv(path, source.label, labelled)
+                  for role, (path, labelled) in wanted.items() if path}
+        encoder = TabularEncoder.fit(frames["public"][0])
+        reads = {role: (encoder.transform(frame, str(wanted[role][0])), y)
+                 for role, (frame, y) in frames.items()}
+        preprocessing.update(encoder.describe())
+    elif kind == "npz":
+        raw = {role: files.read_npz(path, labelled)
+               for role, (path, labelled) in wanted.items() if path}
+        reads = {role: (_as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
+        if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics
+            mean, std = _standardiser(reads["public"][0])
+            reads = {role: (((x - mean) / std).astype(np.float32), y)
+                     for role, (x, y) in reads.items()}
+            preprocessing.update({"fitted_on": "public", "standardised": True})
+    else:
+        size = None if source.image_size is None else (source.image_size[1],
+                                                       source.image_size[0])
+        x, _, mode, size = files.read_image_folder(source.public, False, None, size)
+        reads["public"] = (x, None)
+        for role in ("test", "private"):
+            if role in wanted and wanted[role][0]:
+                x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size)
+                reads[role] = (x, y)
+        preprocessing.update({"mode": mode, "height": size[1], "width": size[0],
+                              "fitted_on": "public"})
+    pool_x = reads["public"][0]
+    for role, (x, _) in reads.items():
+        if x.shape[1:] != pool_x.shape[1:]:
+            raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
+                            f"the public data's {list(pool_x.shape[1:])}")
+    test_y_raw = reads["test"][1] if "test" in reads else None
+    classes, classes_from = _label_set(source, test_y_raw)
+    if len(classes) < 2:
+        raise UserError(f"the label set has {len(classes)} class(es); a task needs at least 2")
+    indices = classes_from == "config"
+    eval_x = eval_y = private_x = private_y = None
+    if "test" in reads:
+        eval_x = reads["test"][0]
+        eval_y = _encode_labels(reads["test"][1], classes, indices, str(source.test), False)
+    if "private" in reads:
+        private_x = reads["private"][0]
+        private_y = _encode_labels(reads["private"][1], classes, indices, str(source.private),
+                                   True)
+    return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
+                pool_x, None, eval_x, eval_y, private_x, private_y, preprocessing)

@@ -1,0 +1,218 @@
+"""A user's own network, named by its import path ``package.module:factory``.
+
+``factory(input_shape, num_classes)`` returns a ``torch.nn.Module`` for inputs ``[n, C, H, W]``
+(``input_shape`` is ``(C, H, W)``) whose forward returns logits ``[n, num_classes]``. The teachers
+(``teachers.model``) and the student (``student.arch``) both resolve the name here. The module is
+imported with the current working directory on ``sys.path`` (as ``python -m`` has it), so a file
+``./mymodels.py`` is ``mymodels:factory``; :func:`ray_runtime_env` ships its package to the Ray
+workers that train the teachers.
+
+A teacher's initial state is the module's own initialisation: the factory is called once per
+teacher under torch's global generator seeded from (seed, teacher) (:func:`teacher_states`), so
+teacher ``t``'s weights depend only on (seed, t) as long as the factory draws its random numbers
+from torch's global generator (``torch.nn``'s layers do). The state holds the parameters and the
+buffers, stacked on a leading teacher axis, so each teacher keeps its own buffers (BatchNorm's
+running statistics, say).
+
+Whether the teachers train vectorised, like the built-in models, is tested rather than assumed
+(:func:`vmap_problem`): two teachers run a tiny batch through ``torch.func.vmap(functional_call)``
+and one at a time, and their outputs, gradients and buffers must agree. A forward that draws
+random numbers (dropout), branches on tensor values, or otherwise has no vmap rule fails it, and
+its teachers are trained one at a time instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import sysconfig
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from pate.errors import UserError
+from teachers import rng
+from teachers.choices import is_import_path
+
+# The project's own packages: the Ray workers import them already, nothing to ship.
+PROJECT_PACKAGES = frozenset({"analysis", "pate", "teachers", "student"})
+# Rows of the batch the vmap test runs, per teacher.
+PROBE_ROWS = 3
+
+
+def _describe(exc: BaseException, limit: int = 200) -> str:
+    """``Class: message`` on one line, at most ``limit`` characters of message."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_factory(name: str, what: str = "model") -> Callable[..., object]:
+    """The callable ``name`` (``package.module:factory``) names, imported with the working
+    directory on ``sys.path``; ``what`` names the setting in the errors (one line each)."""
+    module_name, _, attr = name.partition(":")
+    if not is_import_path(name):
+        raise UserError(f"{what} {name!r} is not an import path package.module:factory")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    importlib.invalidate_caches()
+    try:
+        found: object = importlib.import_module(module_name)
+    except Exception as exc:  # whatever the user's module raises while it is imported
+        raise UserError(f"{what} {name!r}: cannot import {module_name} ({_describe(exc)})"
+                        ) from None
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise UserError(f"{what} {name!r}: {module_name} has no attribute {attr}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise UserError(f"{what} {name!r}: {attr} is not callable")
+    return found
+
+
+def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
+                     what: str = "model") -> nn.Module:
+    """``factory(in_shape, num_classes)`` of the import path ``name``, checked to be a module."""
+    factory = load_factory(name, what)
+    shape = tuple(int(s) for s in in_shape)
+    try:
+        model = factory(shape, num_classes)
+    except Exception as exc:  # the user's code: any failure is reported in one line
+        raise UserError(f"{what} {name!r}: the factory failed for input shape {shape} and "
+                        f"{num_classes} classes ({_describe(exc)})") from None
+    if not isinstance(model, nn.Module):
+        raise UserError(f"{what} {name!r}: the factory returned {type(model).__name__}, not a "
+                        "torch.nn.Module")
+    return model
+
+
+def module_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's parameters and buffers by name, detached."""
+    return {name: t.detach() for name, t in (*model.named_parameters(),
+                                             *model.named_buffers())}
+
+
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], index: int) -> None:
+    """Copy teacher ``index`` of the stacked ``state`` into ``model``'s parameters and
+    buffers (those ``state`` names)."""
+    with torch.no_grad():
+        for name, t in (*model.named_parameters(), *model.named_buffers()):
+            if name in state:
+                t.copy_(state[name][index])
+
+
+@contextmanager
+def seeded(seed: int, teacher: int, stream: int, device: torch.device) -> Iterator[None]:
+    """Torch's global generator (and ``device``'s) seeded from (seed, teacher, stream) inside,
+    restored after."""
+    devices = [] if device.type != "cuda" else [
+        device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(rng.bits(seed, np.array([teacher]), stream)[0]))
+        yield
+
+
+def teacher_states(name: str, in_shape: tuple[int, ...], num_classes: int,
+                   teacher_ids: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
+    """Initial parameters and buffers of the teachers ``teacher_ids``, stacked: the factory's
+    own initialisation, run once per teacher under a generator seeded from (seed, teacher)."""
+    states = []
+    for t in np.asarray(teacher_ids, dtype=np.int64):
+        with seeded(seed, int(t), rng.MODULE_INIT, torch.device("cpu")):
+            states.append(module_state(build_user_model(name, in_shape, num_classes)))
+    return {k: torch.stack([s[k] for s in states]) for k in states[0]}
+
+
+def vmap_problem(name: str, model: nn.Module, state: dict[str, torch.Tensor],
+                 in_shape: tuple[int, ...], num_classes: int, train: bool) -> str | None:
+    """Why ``model`` cannot be mapped over the stacked ``state`` with
+    ``vmap(functional_call)``, or None when it can: a batch of :data:`PROBE_ROWS` rows runs
+    through two teachers (one if ``state`` holds one) vectorised and one at a time, in training
+    (with gradients) or evaluation mode; outputs, gradients and buffers must agree. A forward
+    that fails even one teacher at a time, or returns no ``[n, num_classes]`` logits, is the
+    model's fault: UserError. ``model`` is left in that mode; neither ``state`` nor the global
+    generator is changed."""
+    first = next(iter(state.values()))
+    k = min(2, first.shape[0])
+    x = torch.randn((k, PROBE_ROWS, *in_shape),
+                    generator=torch.Generator().manual_seed(0)).to(first.device)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    model.train(train)
+
+    def copy() -> dict[str, torch.Tensor]:
+        return {n: v[:k].detach().clone().requires_grad_(train and n in trainable)
+                for n, v in state.items()}
+
+    weight = torch.randn((k, PROBE_ROWS, num_classes),
+                         generator=torch.Generator().manual_seed(1)).to(first.device)
+
+    def run(forward: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[torch.Tensor]]:
+        params = copy()
+        with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(train):
+            out = forward(params)
+            grads = []
+            if train:
+                leaves = [params[n] for n in sorted(trainable & params.keys())]
+                score = (out.reshape(k, PROBE_ROWS, -1, num_classes)
+                         * weight[:, :, None]).sum()
+                grads = list(torch.autograd.grad(score, leaves, allow_unused=True))
+        return out.detach(), {n: v.detach() for n, v in params.items()}, grads
+
+    try:
+        ref = run(lambda p: torch.stack([functional_call(model, {n: v[i] for n, v in p.items()},
+                                                         (x[i],)) for i in range(k)]))
+    except Exception as exc:  # the user's network fails on its own
+        raise UserError(f"model {name!r}: its forward fails on a batch of shape "
+                        f"{[PROBE_ROWS, *x.shape[2:]]} ({_describe(exc)})") from None
+    if ref[0].dim() not in (3, 4) or ref[0].shape[-1] != num_classes:
+        raise UserError(f"model {name!r}: its forward returns shape {list(ref[0].shape[1:])} "
+                        f"for a batch of {PROBE_ROWS}; expected [{PROBE_ROWS}, {num_classes}]")
+    try:
+        vec = run(lambda p: vmap(lambda q, xb: functional_call(model, q, (xb,)))(p, x))
+    except Exception as exc:  # no vmap rule, random numbers, data-dependent control flow, ...
+        return _describe(exc)
+    same = (torch.allclose(ref[0], vec[0], rtol=1e-4, atol=1e-5)
+            and all(torch.allclose(ref[1][n].double(), vec[1][n].double(), rtol=1e-4, atol=1e-5)
+                    for n in ref[1])
+            and all((a is None) == (b is None) and (a is None or torch.allclose(
+                a, b, rtol=1e-4, atol=1e-5)) for a, b in zip(ref[2], vec[2], strict=True)))
+    return None if same else "its outputs, gradients or buffers differ from one teacher's"
+
+
+def warn_one_at_a_time(name: str, problem: str, doing: str) -> None:
+    """The one warning line saying the teachers of ``name`` are ``doing`` (trained, voting) one
+    at a time because of ``problem`` (:func:`vmap_problem`); Python shows it once per process."""
+    warnings.warn(f"model {name!r} does not run under torch.func.vmap ({problem}); {doing} its "
+                  "teachers one at a time (slower)", stacklevel=1)
+
+
+def ray_runtime_env(name: str) -> dict | None:
+    """Ray's ``runtime_env`` that ships the top-level package (or single-file module) of the
+    user's model ``name`` to the workers as ``py_modules``
+    (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html); None for a built-in
+    model, this project's own packages and installed ones (the workers import those as the
+    driver does)."""
+    if not is_import_path(name):
+        return None
+    load_factory(name)
+    top = name.partition(":")[0].split(".")[0]
+    if top in PROJECT_PACKAGES:
+        return None
+    module = sys.modules[top]
+    locations = list(getattr(module, "__path__", []))
+    path = Path(locations[0] if locations else getattr(module, "__file__", "") or "")
+    if not (path.is_dir() or path.suffix == ".py"):
+        return None
+    installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    if installed & set(path.resolve().parents):
+        return None
+    return {"py_modules": [str(path)]}

@@ -1,0 +1,155 @@
+"""``pate audit models`` on scikit-learn's digits: the positive control finds epsilon > 1, the
+per-record results are private files, nothing private is printed, and bad requests are one error
+line. The student's path (votes, aggregators, the student retrained) runs on a real
+``pate run digits-tiny`` in the slow test."""
+
+import json
+import stat
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pate.audit.model_options import ModelsAuditOptions
+from pate.audit.models import audit_models
+from pate.cli.main import main
+from pate.data.task import Benchmark, source_record
+from pate.io import write_json_atomic
+from teachers.ensemble import TrainConfig
+from teachers.partition import make_partition
+
+TEACHERS = 10
+
+
+@pytest.fixture()
+def digits_run(tmp_path: Path, digits) -> Path:
+    """A run directory whose teachers' manifest says how the run trained them (10 teachers of
+    the digits, the digits-tiny recipe): all the teacher, non-private and control targets read."""
+    run = tmp_path / "run"
+    part = make_partition(len(digits.train_y), TEACHERS, 0)
+    write_json_atomic(run / "teachers" / "manifest.json", {
+        "dataset": "digits", "data": source_record(Benchmark("digits")), "done": True,
+        "num_teachers": TEACHERS, "min_size": int(part.sizes.min()), "in_shape": [1, 8, 8],
+        "num_classes": 10, "model": "cnn", "shards": {},
+        "train": asdict(TrainConfig(model="cnn", epochs=5, batch_size=8))}, private=True)
+    return run
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_positive_control_finds_a_leak(digits_run: Path, digits) -> None:
+    audit = audit_models(digits_run, ModelsAuditOptions(
+        targets=("control",), control_canaries=300, control_epochs=20, references=0, seed=0))
+    (control,) = audit.targets
+    assert control.epsilon_lower > 1.0 and audit.passed
+    assert control.canaries == 300 and 0 < control.members < 300
+    assert control.training_rows == control.members          # only its kept canaries
+    assert control.epsilon_analytic is None
+    folder = digits_run / "audit"
+    assert _mode(folder) == 0o700 and audit.records.parent == folder
+    assert _mode(audit.records) == 0o600 and _mode(audit.summary) == 0o600
+    with np.load(audit.records) as records:
+        rows, members = records["control_rows"], records["control_members"]
+        assert len(np.unique(rows)) == 300 and rows.max() < 1297
+        assert members.dtype == bool and int(members.sum()) == control.members
+        assert np.isfinite(records["control_loss_scores"]).all()
+        labels = records["control_labels"]
+    assert not np.any(labels == digits.train_y[rows])         # every canary mislabelled
+
+
+def test_control_without_a_leak_fails_the_audit(digits_run: Path) -> None:
+    # One epoch of a few canaries: nothing is memorised, the audit must say it saw no leak.
+    audit = audit_models(digits_run, ModelsAuditOptions(
+        targets=("control",), control_canaries=40, control_epochs=1, references=0, seed=1))
+    assert not audit.passed
+    assert any(f.startswith("positive control failed") for f in audit.failures)
+
+
+def _lists(obj) -> list[list]:
+    if isinstance(obj, list):
+        return [obj, *(x for item in obj for x in _lists(item))]
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _lists(v)]
+    return []
+
+
+def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["audit", "models", "--run", str(digits_run), "--targets", "teacher", "nonprivate",
+            "--teachers", "2", "--nonprivate-rows", "100", "--nonprivate-canaries", "100",
+            "--references", "1", "--seed", "2"]
+    assert main([*args, "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out)
+    assert summary["passed"] is True
+    assert [t["target"] for t in summary["targets"]] == ["teacher", "nonprivate"]
+    teacher, nonprivate = summary["targets"]
+    assert 128 <= teacher["canaries"] <= 130    # half of two partitions of 129 or 130 rows
+    assert nonprivate["canaries"] == 100 and nonprivate["training_rows"] == 100 + \
+        nonprivate["members"]
+    assert teacher["epsilon_analytic"] is None and teacher["reference_models"] == 1
+    assert {a["attack"] for a in teacher["attacks"]} == {"loss", "lira"}
+    for a in teacher["attacks"]:
+        assert 0.0 <= a["auc"] <= 1.0 and set(a["tpr_at_fpr"]) == {"0.001", "0.01"}
+    # Nothing per record: no list longer than the targets', no canary row printed.
+    assert max(len(x) for x in _lists(summary)) <= 4
+    (records_file,) = (digits_run / "audit").glob("models-*-records.npz")
+    (summary_file,) = (digits_run / "audit").glob("models-*Z.json")
+    with np.load(records_file) as records:
+        assert records["teacher_rows"].size == teacher["canaries"]
+        assert records["teacher_lira_scores"].size == teacher["canaries"]
+    assert json.loads(summary_file.read_text())["targets"] == summary["targets"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[1].startswith("teacher")
+    assert lines[2].startswith("nonprivate")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--control-canaries", "5000"], "private rows"),
+    (["--teachers", "11"], "the run has 10 teachers"),
+    (["--canary-fraction", "1.5"], "--canary-fraction"),
+])
+def test_cli_refuses_in_one_line(digits_run: Path, capsys: pytest.CaptureFixture,
+                                 extra: list[str], message: str) -> None:
+    assert main(["audit", "models", "--run", str(digits_run), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pate: error:") and message in err and "\n" not in err
+    assert not (digits_run / "audit").exists()
+
+
+def test_cli_needs_trained_teachers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["audit", "models", "--run", str(tmp_path / "none")]) == 2
+    assert "no fully trained teachers" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_student_audit_on_a_real_run(tmp_path: Path) -> None:
+    """``pate run digits-tiny`` then every target: the student's bound stays below its analytic
+    epsilon, the teachers' canaries are the student's."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "pate", "run", "digits-tiny", "--run",
+                           str(run)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    audit = subprocess.run(
+        [sys.executable, "-m", "pate", "audit", "models", "--run", str(run), "--teachers", "3",
+         "--nonprivate-rows", "200", "--nonprivate-canaries", "300", "--control-canaries",
+         "300", "--control-epochs", "20", "--references", "1", "--json"],
+        capture_output=True, text=True, timeout=900)
+    assert audit.returncode == 0, audit.stderr[-3000:]
+    targets = {t["target"]: t for t in json.loads(audit.stdout)["targets"]}
+    assert set(targets) == {"teacher", "nonprivate", "student", "control"}
+    student = targets["student"]
+    metrics = json.loads((run / "student" / "metrics.json").read_text())
+    assert student["epsilon_analytic"] == metrics["epsilon"]["data_independent"]
+    assert student["epsilon_lower"] <= student["epsilon_analytic"]
+    assert student["canaries"] == targets["teacher"]["canaries"]
+    assert student["accuracy"] > 0.5
+    (records_file,) = (run / "audit").glob("models-*-records.npz")
+    with np.load(records_file) as records:
+        assert np.array_equal(records["student_rows"], records["teacher_rows"])
+

@@ -1,0 +1,141 @@
+"""Mistakes a new user made, each refused in one line (exit 2) before anything is charged, and
+leaving no half-written artifact: votes that are not the pool's, a budget that covers no query, a
+threshold above the number of teachers, a run directory that cannot be created, an empty run
+directory left by a failed command, and `pate run --help` naming every preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.orders import default_orders
+from pate.aggregation.ledger import Ledger
+from pate.cli.main import build_parser, main
+from pate.config import preset_names
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "pate" / "examples" / "votes-synthetic-640x250.npy"
+
+
+def _one_error_line(capsys: pytest.CaptureFixture, message: str) -> None:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pate: error: ") and message in err[0], err
+
+
+def _student(run: Path, votes: Path, *extra: str) -> list[str]:
+    return ["student", "train", "--run", str(run), "--votes", str(votes), "--dataset", "digits",
+            "--method", "supervised", "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+            "--queries", "50", "--epochs", "1", *extra]
+
+
+def _spent(votes: Path, budget: float) -> float:
+    ledger = Ledger(f"sqlite:///{votes.parent / 'ledger.db'}", default_orders(), 1e-5, budget)
+    try:
+        return ledger.budget().epsilon_spent
+    finally:
+        ledger.close()
+
+
+def test_votes_that_are_not_the_pools_are_refused_before_any_charge(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    votes = tmp_path / "votes.npz"  # 300 rows of 2 classes against digits' 10-class pool
+    np.savez(votes, votes=rng.multinomial(20, [0.5, 0.5], size=300))
+    run = tmp_path / "run"
+    assert main(_student(run, votes, "--budget-epsilon", "100")) == 2
+    _one_error_line(capsys, "the votes have 2 classes, the data 10")
+    assert not (run / "labels.npz").exists() and _spent(votes, 100.0) == 0.0
+
+
+def test_a_budget_that_covers_no_query_is_one_line_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(1)
+    votes = tmp_path / "votes.npz"  # the digits pool: 250 rows, 10 classes, 20 teachers
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    run = tmp_path / "run"
+    assert main(_student(run, votes, "--budget-epsilon", "0.01")) == 2
+    _one_error_line(capsys, "does not cover even one query")
+    assert not (run / "labels.npz").exists() and _spent(votes, 0.01) == 0.0
+
+
+def test_a_request_larger_than_the_budget_allows_is_split(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(2)
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
+    run = tmp_path / "run"
+    # one query of GNMax sigma 4 costs about eps 1.5 at delta 1e-5; 512 of them would not fit
+    assert main(_student(run, votes, "--budget-epsilon", "6", "--request-size", "512")) == 0
+    with np.load(run / "labels.npz") as f:
+        asked = f["pool_index"].size
+    assert 0 < asked < 50 and _spent(votes, 6.0) <= 6.0
+    assert "budget exhausted after" in capsys.readouterr().err
+
+
+def test_a_threshold_above_the_number_of_teachers_is_refused(
+        capsys: pytest.CaptureFixture) -> None:
+    assert main(["analyze", "--votes", str(EXAMPLE), "--mechanism", "confident",
+                 "--threshold", "300", "--sigma1", "150", "--sigma2", "40",
+                 "--delta", "1e-5"]) == 2
+    _one_error_line(capsys, "--threshold 300 exceeds the number of teachers (250)")
+
+
+@pytest.mark.parametrize("command", [
+    ["teachers", "train", "--dataset", "digits", "--teachers", "2"],
+    ["student", "train", "--method", "supervised", "--mechanism", "gnmax", "--sigma", "4",
+     "--budget-epsilon", "1", "--dataset", "digits"],
+])
+def test_a_run_directory_that_cannot_be_created_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture, command: list[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main([*command[:2], "--run", str(blocker / "run"), *command[2:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pate: error: ") and "Traceback" not in err[0]
+
+
+def test_a_failed_command_leaves_no_empty_run_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "new-run"
+    assert main(_student(run, tmp_path / "missing.npz", "--budget-epsilon", "1")) == 2
+    _one_error_line(capsys, "no votes file")
+    assert not run.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main(_student(kept, tmp_path / "missing.npz", "--budget-epsilon", "1")) == 2
+    assert kept.is_dir()  # a directory the user made stays
+
+
+def test_pate_run_help_names_every_preset() -> None:
+    parser = build_parser()
+    run = next(a for a in parser._subparsers._group_actions[0].choices.items()
+               if a[0] == "run")[1]
+    text = run.format_help().replace("\n", " ").replace("- ", "-")
+    for name in preset_names():
+        assert name in text, name
+
+
+def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    from pate.rundir import RunDir
+
+    rng = np.random.default_rng(3)
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    run = RunDir(tmp_path / "run").create()
+    run.write_json(run.partition, {"num_rows": 1297})  # as the teachers' stage records it
+    args = _student(run.root, votes, "--budget-epsilon", "100")
+    args[args.index("--delta") + 1] = "0.01"
+    assert main(args) == 2
+    _one_error_line(capsys, "delta 0.01 is at least 1/n for the n = 1297 private records")
+    assert not run.labels.exists() and not (tmp_path / "ledger.db").exists()
+    args[args.index("--delta") + 1] = "5e-4"  # below 1/n, above 1/(10 n): a warning
+    assert main([*args, "--queries", "5"]) == 0
+    assert "pate: warning: delta 0.0005 is above 1/(10 n)" in capsys.readouterr().err
+    other = tmp_path / "b" / "votes.npz"  # a new ledger: told to, it accepts a large delta
+    other.parent.mkdir()
+    other.write_bytes(votes.read_bytes())
+    args[args.index("--votes") + 1] = str(other)
+    args[args.index("--delta") + 1] = "0.01"
+    assert main([*args, "--queries", "5", "--allow-large-delta"]) == 0

@@ -1,0 +1,166 @@
+"""``pate run my.toml`` on a user's own files, generated here: images in ``.npz``, a census-like
+CSV (string categories, numbers, missing values) and a folder of class subfolders of PNGs. Each
+run goes through every stage for real (Ray teachers, the HTTP service, the student, the report)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pate.cli.main import main
+from pate.data.task import DataFiles, load_task
+from pate.errors import UserError
+
+TINY = """
+[teachers]
+count = 4
+epochs = 3
+[aggregator]
+threshold = 2
+sigma1 = 1.0
+sigma2 = 1.0
+budget_epsilon = 1000.0
+delta = 1e-5
+[student]
+method = "supervised"
+queries = 40
+epochs = 40
+unlabelled_batch_size = 32
+"""
+
+
+def _images(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """8x8 grey images: class 1 is bright on the left half, class 0 on the right."""
+    y = rng.integers(0, 2, n)
+    x = rng.integers(0, 60, (n, 8, 8)).astype(np.uint8)
+    x[y == 1, :, :4] += 180
+    x[y == 0, :, 4:] += 180
+    return x, y
+
+
+def census(n: int, rng: np.random.Generator, unseen: bool = False) -> str:
+    """A CSV like UCI Adult: numbers, string categories, '?' for missing; the label follows
+    hours and education."""
+    rows = ["age,hours,workclass,education,income"]
+    work = ["Private", "State-gov", "Self-emp"] + (["Never-seen"] if unseen else [])
+    for _ in range(n):
+        age = rng.integers(18, 80)
+        hours = rng.normal(40, 10)
+        edu = rng.choice(["HS-grad", "Bachelors", "Masters"])
+        rich = hours + 15 * (edu != "HS-grad") + rng.normal(0, 3) > 50
+        rows.append(",".join([
+            "?" if rng.random() < 0.05 else str(age), f"{hours:.1f}",
+            "?" if rng.random() < 0.05 else str(rng.choice(work)), str(edu),
+            ">50K" if rich else "<=50K"]))
+    return "\n".join(rows) + "\n"
+
+
+def _run(tmp_path: Path, data: str, capsys: pytest.CaptureFixture) -> dict:
+    cfg = tmp_path / "my.toml"
+    cfg.write_text(f'name = "mine"\n[data]\n{data}\n' + TINY)
+    run = tmp_path / "run"
+    assert main(["--quiet", "run", str(cfg), "--run", str(run)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (run / "report" / "report.html").is_file()
+    metrics = json.loads((run / "student" / "metrics.json").read_text())
+    assert out["summary"][0]["queries_answered"] == metrics["answered"] > 0
+    return metrics
+
+
+def test_npz_images(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    for name, n in (("private", 300), ("public", 120), ("test", 80)):
+        x, y = _images(n, rng)
+        np.savez(tmp_path / f"{name}.npz", x=x, y=y)
+    metrics = _run(tmp_path, 'private = "private.npz"\npublic = "public.npz"\n'
+                             'test = "test.npz"', capsys)
+    assert metrics["classes"] == ["0", "1"] and metrics["classes_from"] == "test"
+    assert metrics["accuracy"] > 0.8 and metrics["label_accuracy"] is None
+
+
+def test_census_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(1)
+    (tmp_path / "private.csv").write_text(census(400, rng, unseen=True))
+    (tmp_path / "public.csv").write_text(census(150, rng))
+    (tmp_path / "test.csv").write_text(census(100, rng))
+    metrics = _run(tmp_path, 'private = "private.csv"\npublic = "public.csv"\n'
+                             'test = "test.csv"\nlabel = "income"\n'
+                             'classes = ["<=50K", ">50K"]', capsys)
+    assert metrics["arch"] == "mlp" and metrics["classes_from"] == "config"
+    manifest = json.loads((tmp_path / "run" / "teachers" / "manifest.json").read_text())
+    assert manifest["model"] == "mlp"  # the default for tabular data
+    assert metrics["accuracy"] > 0.7
+
+
+def test_image_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(2)
+    for role, n in (("private", 200), ("public", 100), ("test", 60)):
+        x, y = _images(n, rng)
+        for i, (image, label) in enumerate(zip(x, y, strict=True)):
+            folder = tmp_path / role / ("" if role == "public" else ["dark", "bright"][label])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image, "L").save(folder / f"{i}.png")
+    metrics = _run(tmp_path, 'private = "private"\npublic = "public"\ntest = "test"', capsys)
+    assert metrics["classes"] == ["bright", "dark"] and metrics["accuracy"] > 0.8
+
+
+def test_preprocessing_is_fitted_on_public_data_only(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    (tmp_path / "private.csv").write_text(census(200, rng, unseen=True))
+    (tmp_path / "public.csv").write_text(census(100, rng))
+    source = DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                       label="income", classes=(">50K", "<=50K"))
+    task = load_task(source)
+    public = task.preprocessing
+    assert public["fitted_on"] == "public"
+    assert "Never-seen" not in public["categorical"]["workclass"]  # a private-only category
+    # the private rows of the unseen category land in the "other" slot of workclass
+    width = len(public["categorical"]["workclass"]) + 1
+    start = len(public["numeric"])
+    other = task.private_x[:, start + width - 1]
+    assert other.sum() > 0 and task.private_x.shape[1] == public["features"]
+    assert np.allclose(task.pool_x[:, :start].mean(axis=0), 0, atol=1e-6)
+    assert task.classes == (">50K", "<=50K") and set(task.private_y.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"label": None}, "needs data.label"),
+    ({"label": "salary"}, "no label column 'salary'"),
+    ({"classes": ("<=50K", "unknown")}, "label(s) outside the label set"),
+    ({"classes": None}, "the label set is unknown"),
+])
+def test_bad_files_are_one_line(tmp_path: Path, change: dict, message: str) -> None:
+    rng = np.random.default_rng(4)
+    (tmp_path / "private.csv").write_text(census(50, rng))
+    (tmp_path / "public.csv").write_text(census(50, rng))
+    base = {"private": str(tmp_path / "private.csv"), "public": str(tmp_path / "public.csv"),
+            "label": "income", "classes": ("<=50K", ">50K")}
+    with pytest.raises(UserError, match=re.escape(message)) as info:
+        load_task(DataFiles(**{**base, **change}))
+    assert "\n" not in str(info.value)
+    if "outside" in message:  # a private label is never named
+        assert ">50K" not in str(info.value).split("(")[0]
+
+
+def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    x, y = _images(30, rng)
+    np.savez(tmp_path / "private.npz", x=x, y=y)
+    np.savez(tmp_path / "public.npz", x=x[:, :4])
+    np.savez(tmp_path / "test.npz", x=x, y=np.where(y == 1, "a", "c"))
+    with pytest.raises(UserError, match="differ from the public data's"):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")),
+                  need_private=True)
+    np.savez(tmp_path / "public.npz", x=x)
+    with pytest.raises(UserError, match="unknown to the label set: c"):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
+                            str(tmp_path / "test.npz"), classes=("a", "b")))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "x.png").write_bytes(b"not a png")
+    with pytest.raises(UserError, match="unreadable image"):
+        load_task(DataFiles(str(tmp_path / "broken"), str(tmp_path / "broken")))

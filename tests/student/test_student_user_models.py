@@ -1,0 +1,115 @@
+"""A user's own student network by import path (``student.arch = "package.module:factory"``):
+built by the teachers' resolver, trained by vat and supervised, refused with the GAN and with a
+bad path in one line, and saved with its arch string so that it loads again."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from student_support import one_thread
+
+from pate.cli.main import main
+from pate.config import StudentConfig
+from pate.data.datasets import Dataset
+from pate.errors import UserError
+from student.models import ModelSpec, build_classifier
+from student.training import (
+    FitConfig,
+    MethodConfig,
+    accuracy,
+    build_learner,
+    fit,
+    load_classifier,
+    predict_proba,
+    save_model,
+    seed_everything,
+)
+
+NAME = "user_nets_student"
+ARCH = f"{NAME}:small"
+NETS = textwrap.dedent('''
+    import math
+
+    from torch import nn
+
+
+    class Small(nn.Module):
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 64),
+                                     nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, num_classes))
+
+        def forward(self, x):
+            return self.net(x)
+
+
+    def small(input_shape, num_classes):
+        return Small(input_shape, num_classes)
+''')
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nets(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nets")
+    (folder / f"{NAME}.py").write_text(NETS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(folder))
+        yield folder
+
+
+def test_user_arch_is_built_by_the_resolver() -> None:
+    spec = MethodConfig("vat", ARCH).spec((1, 8, 8), 10)
+    assert spec == ModelSpec(ARCH, (1, 8, 8), 10)
+    model = build_classifier(spec)
+    assert type(model).__name__ == "Small" and type(model).__module__ == NAME
+    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_gan_and_bad_paths_are_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="GAN student's network is its own discriminator") as exc:
+        MethodConfig("gan", ARCH)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(UserError) as exc:
+        MethodConfig("supervised", "nosuch_student_nets:f")
+    assert str(exc.value) == ("arch 'nosuch_student_nets:f': cannot import nosuch_student_nets "
+                              "(ModuleNotFoundError: No module named 'nosuch_student_nets')")
+    with pytest.raises(UserError, match=f"arch '{NAME}:nothing': {NAME} has no attribute"):
+        MethodConfig("vat", f"{NAME}:nothing")
+    with pytest.raises(ValueError, match="neither one of cnn, cnn-hog"):
+        MethodConfig("vat", "resnet")
+    assert StudentConfig(method="vat", arch=ARCH).arch == ARCH
+    with pytest.raises(ValueError, match="its own discriminator"):
+        StudentConfig(method="gan", arch=ARCH)
+
+
+def test_cli_bad_arch_is_one_error_line(tmp_path, capsys) -> None:
+    argv = ["student", "train", "--run", str(tmp_path / "run"), "--method", "vat",
+            "--mechanism", "confident", "--dataset", "digits", "--arch", "nosuch_student_nets:f"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "pate: error: arch 'nosuch_student_nets:f': cannot import nosuch_student_nets "
+        "(ModuleNotFoundError: No module named 'nosuch_student_nets')"]
+
+
+@pytest.mark.parametrize("method", ["supervised", "vat"])
+def test_user_arch_trains_saves_and_loads(digits: Dataset, tmp_path, method: str) -> None:
+    seed_everything(0)
+    config = MethodConfig(method, ARCH)
+    spec = config.spec(digits.train_x.shape[1:], digits.num_classes)
+    model = build_classifier(spec)
+    pick = np.random.default_rng(0).choice(len(digits.train_y), 200, replace=False)
+    fit(build_learner(config, model, spec), digits.train_x[pick], digits.train_y[pick],
+        digits.train_x, FitConfig(epochs=3))
+    assert accuracy(model, digits.test_x, digits.test_y) > 0.7
+
+    save_model(model, spec, tmp_path)
+    assert json.loads((tmp_path / "model.json").read_text())["arch"] == ARCH
+    loaded = load_classifier(tmp_path)
+    assert loaded is not None and loaded[1] == spec
+    np.testing.assert_array_equal(predict_proba(loaded[0], digits.test_x),
+                                  predict_proba(model, digits.test_x))

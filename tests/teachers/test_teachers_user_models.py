@@ -1,0 +1,265 @@
+"""A user's own teacher network by import path (teachers.user_models): resolved from the working
+directory with one-line errors, trained vectorised when vmap maps it (the same teachers as one by
+one) and one teacher at a time after one warning line when it does not, voting either way, and
+shipped to real Ray workers from a module that is not installed."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from pate.cli.main import main
+from pate.config import TeachersConfig
+from pate.errors import UserError
+from teachers import checkpoints
+from teachers.distributed import Cluster, TrainJob, train_teachers
+from teachers.ensemble import TrainConfig, train_group, train_one
+from teachers.models import build_model, initial_state
+from teachers.partition import make_partition
+from teachers.user_models import (
+    build_user_model,
+    load_state,
+    module_state,
+    ray_runtime_env,
+)
+from teachers.votes import Ensemble, load_ensemble
+
+NETS = textwrap.dedent('''
+    import math
+
+    import torch
+    from torch import nn
+
+
+    class Gain(nn.Module):
+        """A parameter of a layer no built-in initialisation rule knows."""
+
+        def __init__(self, n):
+            super().__init__()
+            self.gain = nn.Parameter(1 + 0.1 * torch.randn(n))
+
+        def forward(self, x):
+            return x * self.gain
+
+
+    def functional(input_shape, num_classes):
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 24, bias=False),
+                             nn.BatchNorm1d(24), nn.ReLU(), Gain(24), nn.Linear(24, num_classes))
+
+
+    class Branchy(nn.Module):
+        """Dropout, and a branch on a tensor's value: vmap maps neither."""
+
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 24),
+                                      nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, num_classes))
+
+        def forward(self, x):
+            h = self.body(x)
+            return h if bool(torch.isfinite(h).all()) else torch.zeros_like(h)
+
+
+    def not_a_module(input_shape, num_classes):
+        return 42
+
+
+    def broken(input_shape, num_classes):
+        raise ValueError("no such\\nshape")
+
+
+    NOT_CALLABLE = 3
+''')
+NAME = "user_nets_teachers"
+MODEL = f"{NAME}:functional"
+SETTINGS = {"epochs": 1, "batch_size": 16, "lr": 3e-3, "seed": 4}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nets(tmp_path_factory):
+    """The module ``user_nets_teachers`` in a folder on sys.path (not installed)."""
+    folder = tmp_path_factory.mktemp("nets")
+    (folder / f"{NAME}.py").write_text(NETS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def data(digits):
+    part = make_partition(len(digits.train_y), 8, SETTINGS["seed"])
+    return (torch.as_tensor(digits.train_x), torch.as_tensor(digits.train_y), part,
+            int(part.sizes.min()))
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
+
+
+def test_import_path_is_resolved_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "user_nets_cwd.py").write_text(NETS)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    model = build_model("user_nets_cwd:functional", (1, 8, 8), 10)
+    assert isinstance(model, torch.nn.Module) and model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("nosuch_pkg.nets:f", "model 'nosuch_pkg.nets:f': cannot import nosuch_pkg.nets "
+                          "(ModuleNotFoundError"),
+    (f"{NAME}:missing", f"{NAME} has no attribute missing"),
+    (f"{NAME}:NOT_CALLABLE", "NOT_CALLABLE is not callable"),
+    (f"{NAME}:not_a_module", "the factory returned int, not a torch.nn.Module"),
+    (f"{NAME}:broken", "the factory failed for input shape (1, 8, 8) and 10 classes "
+                       "(ValueError: no such shape)"),
+    ("cnn-big", "'cnn-big' is neither one of cnn, cnn-pool, "),
+])
+def test_bad_models_are_one_line_errors(name, message):
+    with pytest.raises(UserError) as exc:
+        build_user_model(name, (1, 8, 8), 10) if ":" in name else build_model(name, (1, 8, 8),
+                                                                              10)
+    assert message in _one_line(exc)
+
+
+def test_config_and_train_config_check_the_name():
+    with pytest.raises(UserError) as exc:
+        TrainConfig(model="nosuch_pkg:f")
+    assert "cannot import nosuch_pkg (ModuleNotFoundError" in _one_line(exc)
+    with pytest.raises(UserError, match="neither one of"):
+        TrainConfig(model="a.b")
+    assert TeachersConfig(model=MODEL).model == MODEL
+    with pytest.raises(ValueError, match="neither one of cnn"):
+        TeachersConfig(model="mymodels.py")
+
+
+def test_cli_bad_import_path_is_one_error_line(tmp_path, capsys):
+    argv = ["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
+            "--model", "nosuch_pkg.nets:f"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pate: error: model 'nosuch_pkg.nets:f': cannot import nosuch_pkg.nets "
+                   "(ModuleNotFoundError: No module named 'nosuch_pkg')"]
+
+
+def test_user_init_depends_only_on_seed_and_teacher():
+    name = MODEL
+    base = build_model(name, (1, 8, 8), 10)
+    group = initial_state(name, base, (1, 8, 8), 10, np.array([0, 1, 2]), 4)
+    alone = initial_state(name, base, (1, 8, 8), 10, np.array([2]), 4)
+    other = initial_state(name, base, (1, 8, 8), 10, np.array([2]), 5)
+    assert set(group) == set(module_state(base))  # parameters and buffers
+    assert all(torch.equal(group[k][2], alone[k][0]) for k in group)
+    assert not torch.equal(group["4.gain"][0], group["4.gain"][1])
+    assert not torch.equal(alone["4.gain"][0], other["4.gain"][0])
+
+
+def test_functional_user_model_trains_vectorised_like_one_by_one(data):
+    x, y, part, min_size = data
+    cfg = TrainConfig(model=MODEL, **SETTINGS)
+    ids = [0, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the vectorised path: no warning
+        group = train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size)
+    assert group["2.running_mean"].shape == (2, 24)  # each teacher's own BatchNorm statistics
+    ens = Ensemble(MODEL, (1, 8, 8), 10, [group])
+    assert not ens._one_at_a_time
+    with torch.no_grad():
+        logits = ens._forward(group, x[:100])
+    for k, t in enumerate(ids):
+        alone = train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size)
+        for name, value in module_state(alone).items():
+            torch.testing.assert_close(group[name][k], value, rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            torch.testing.assert_close(logits[k], alone.eval()(x[:100]), rtol=1e-3, atol=1e-3)
+
+
+def _per_teacher_votes(name: str, shards: list[dict[str, torch.Tensor]], x: torch.Tensor
+                       ) -> np.ndarray:
+    """The vote histogram from every teacher's own module, one at a time."""
+    labels = []
+    for shard in shards:
+        for t in range(next(iter(shard.values())).shape[0]):
+            model = build_user_model(name, (1, 8, 8), 10)
+            load_state(model, shard, t)
+            with torch.no_grad():
+                labels.append(model.eval()(x).argmax(1))
+    return torch.nn.functional.one_hot(torch.stack(labels), 10).sum(0).numpy()
+
+
+def test_unmappable_user_model_falls_back_with_one_warning(data, digits):
+    x, y, part, min_size = data
+    cfg = TrainConfig(model=f"{NAME}:Branchy", **SETTINGS)
+    ids = [0, 1]
+    with pytest.warns(UserWarning) as caught:
+        group = train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size)
+    assert len(caught) == 1
+    assert re.fullmatch(rf"model '{NAME}:Branchy' does not run under torch\.func\.vmap "
+                        r"\(RuntimeError: vmap: [^\n]*random[^\n]*\); training its teachers "
+                        r"one at a time \(slower\)", str(caught[0].message))
+    alone = train_one(cfg, x, y, 10, 1, part.parts([1])[0], min_size)
+    assert all(torch.equal(group[k][1], v) for k, v in module_state(alone).items())
+    assert not torch.equal(group["body.1.weight"][0], group["body.1.weight"][1])
+
+    with pytest.warns(UserWarning, match="voting with its teachers one at a time") as caught:
+        ens = Ensemble(cfg.model, (1, 8, 8), 10, [group, group])
+    assert len(caught) == 1 and ens._one_at_a_time and ens.num_teachers == 4
+    test_x = digits.test_x[:120]
+    np.testing.assert_array_equal(ens.vote(test_x, batch_size=50),
+                                  _per_teacher_votes(cfg.model, [group, group],
+                                                     torch.as_tensor(test_x)))
+
+
+def test_runtime_env_ships_only_what_the_workers_lack(nets):
+    assert ray_runtime_env("cnn") is None
+    assert ray_runtime_env("teachers.models:hog_linear") is None  # this project's own
+    assert ray_runtime_env(MODEL) == {"py_modules": [str(nets / f"{NAME}.py")]}
+
+
+def test_ray_workers_train_a_module_that_is_not_installed(tmp_path, monkeypatch, digits,
+                                                          capsys):
+    """A package only on the driver's sys.path (not the workers', not their working directory)
+    reaches them through the runtime_env; the unmappable network trains one teacher at a time
+    in the workers, the driver shows the one warning line, and the CLI prints one line when the
+    teachers vote."""
+    package = tmp_path / "src" / "user_pkg_ray"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(NETS)
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    name = "user_pkg_ray.nets:Branchy"
+    assert ray_runtime_env(name) == {"py_modules": [str(package)]}
+    cfg = TrainConfig(model=name, epochs=1, batch_size=16, seed=2)
+    job = TrainJob("digits", num_teachers=4, shard_size=2, train=cfg)
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match="training its teachers one at a time") as caught:
+        assert train_teachers(run, job, Cluster(workers=1))["trained"] == [0, 1]
+    assert len(caught) == 1
+    manifest = checkpoints.read_manifest(run)
+    assert manifest["done"] and manifest["model"] == name
+
+    capsys.readouterr()
+    assert main(["teachers", "votes", "--run", str(run)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("pate: warning:")]
+    assert len(warned) == 1
+    assert re.fullmatch(rf"pate: warning: model '{re.escape(name)}' does not run under "
+                        r"torch\.func\.vmap \(RuntimeError: vmap: [^\n]*control flow[^\n]*\); "
+                        r"voting with its teachers one at a time \(slower\)", warned[0])
+    with np.load(run / "votes.npz") as f:
+        assert (f["votes"].sum(1) == 4).all()
+
+    part = make_partition(len(digits.train_y), 4, cfg.seed)
+    alone = train_one(cfg, torch.as_tensor(digits.train_x), torch.as_tensor(digits.train_y), 10,
+                      3, part.parts([3])[0], int(part.sizes.min()))
+    with pytest.warns(UserWarning, match="voting with"):
+        shards = load_ensemble(run).shards
+    for k, v in module_state(alone).items():
+        torch.testing.assert_close(shards[1][k][1], v, rtol=1e-4, atol=1e-5)
