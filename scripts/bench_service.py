@@ -10,7 +10,11 @@ memory limit, as a real pool of that size would. Prints one JSON object per case
 all to results/bench_service.json.
 
     python scripts/bench_service.py [--seconds 5] [--pool 150000] [--batches 1 100 1000]
-                                    [--clients 1 8]
+                                    [--clients 1 8] [--rounds 1] [--baseline DIR]
+
+With ``--baseline DIR`` (another checkout, e.g. ``git worktree add /tmp/before COMMIT``) every
+run of a case is run on both servers, in alternating order, so that a busy machine weighs on
+both alike.
 """
 
 from __future__ import annotations
@@ -45,13 +49,16 @@ def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10,
                            ).astype(np.int32)
 
 
-def start_server(workdir: Path, case: str) -> tuple[subprocess.Popen[str], str]:
-    """A ``pate serve`` on the pool of ``workdir`` with a new ledger of its own."""
+def start_server(workdir: Path, case: str, code: Path = ROOT
+                 ) -> tuple[subprocess.Popen[str], str]:
+    """A ``pate serve`` of the checkout ``code`` on the pool of ``workdir`` with a new ledger of
+    its own."""
     cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / "votes.npy"),
            *MECHANISM, "--budget-epsilon", "1e9", "--delta", "1e-5",
            "--token-file", str(workdir / "tokens.txt"), "--port", "0",
            "--ledger", f"sqlite:///{workdir / case}.db"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
         m = re.search(r"listening on (http://[\d.]+:\d+)", line)
@@ -86,7 +93,8 @@ async def client(url: str, batch: int, unasked: list[int], until: float, warm_un
                                                     "indices": indices})
             t1 = time.perf_counter()
             sent += 1
-            if r.status_code != 200 or any(r.json()["replayed"]):
+            # (a server from before replays answers without "replayed")
+            if r.status_code != 200 or any(r.json().get("replayed", ())):
                 errors += 1
             elif now >= warm_until:
                 latencies.append(t1 - t0)
@@ -133,7 +141,15 @@ def main() -> None:
                         help="rows of the synthetic pool (each index asked once per case)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 100, 1000])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each case, each with its own server and ledger")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="another checkout of the repository (e.g. a git worktree of an "
+                             "older commit): each run of a case also runs its server, the two "
+                             "in alternating order, and a summary compares the medians")
     args = parser.parse_args()
+    codes = {"current": ROOT} | ({} if args.baseline is None
+                                else {"baseline": args.baseline.resolve()})
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -142,20 +158,41 @@ def main() -> None:
         (workdir / "tokens.txt").chmod(0o600)
         for batch in args.batches:
             for clients in args.clients:
-                proc, url = start_server(workdir, f"ledger-{batch}-{clients}")
-                try:
-                    case = asyncio.run(run_case(url, proc.pid, batch, clients, args.pool,
-                                                args.seconds))
-                finally:
-                    proc.terminate()
-                    proc.wait(30)
-                case.update(cpus=os.cpu_count(), machine=platform.machine(),
-                            load_average_1min=round(os.getloadavg()[0], 2))
-                print(json.dumps(case), flush=True)
-                cases.append(case)
+                for r in range(args.rounds):
+                    order = list(codes.items())
+                    for name, code in order[r % 2:] + order[:r % 2]:
+                        proc, url = start_server(workdir, f"{name}-{batch}-{clients}-{r}",
+                                                 code)
+                        try:
+                            case = asyncio.run(run_case(url, proc.pid, batch, clients,
+                                                        args.pool, args.seconds))
+                        finally:
+                            proc.terminate()
+                            proc.wait(30)
+                        case.update(code=name, round=r, cpus=os.cpu_count(),
+                                    machine=platform.machine(),
+                                    load_average_1min=round(os.getloadavg()[0], 2))
+                        print(json.dumps(case), flush=True)
+                        cases.append(case)
+                if len(codes) > 1 or args.rounds > 1:
+                    print(json.dumps(summary(cases, batch, clients, list(codes))), flush=True)
     out = ROOT / "results" / "bench_service.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(cases, indent=2) + "\n")
+
+
+def summary(cases: list[dict], batch: int, clients: int, codes: list[str]) -> dict:
+    """The medians over the runs of a case, per code, and current / baseline."""
+    out: dict = {"summary": "median over runs", "batch": batch, "clients": clients}
+    for name in codes:
+        runs = [c for c in cases
+                if (c["code"], c["batch"], c["clients"]) == (name, batch, clients)]
+        for key in ("labels_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_request"):
+            out[f"{name}_{key}"] = round(float(np.median([c[key] for c in runs])), 2)
+    if "baseline" in codes:
+        out["labels_per_s_ratio"] = round(out["current_labels_per_s"]
+                                          / out["baseline_labels_per_s"], 3)
+    return out
 
 
 if __name__ == "__main__":

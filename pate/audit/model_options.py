@@ -25,6 +25,7 @@ class ModelsAuditOptions:
     canary_fraction: float = 0.5
     nonprivate_rows: int = 2000
     nonprivate_canaries: int = 2000
+    control_rows: int = 200
     control_canaries: int = 500
     control_epochs: int = 40
     control_labels: str = "mislabelled"
@@ -44,10 +45,10 @@ class ModelsAuditOptions:
         if not 0.0 < self.canary_fraction < 1.0:
             raise UserError("--canary-fraction must be in (0, 1)")
         if min(self.teachers, self.nonprivate_canaries, self.control_canaries,
-               self.control_epochs) < 1 or min(self.nonprivate_rows, self.references,
-                                              self.student_references) < 0:
+               self.control_epochs) < 1 or min(self.nonprivate_rows, self.control_rows,
+                                              self.references, self.student_references) < 0:
             raise UserError("--teachers, the canary counts and --control-epochs must be >= 1; "
-                            "--nonprivate-rows and the reference counts >= 0")
+                            "--nonprivate-rows, --control-rows and the reference counts >= 0")
         if self.control_labels not in CONTROL_LABELS:
             raise UserError(f"--control-labels must be one of {', '.join(CONTROL_LABELS)}")
         if self.student_epochs is not None and self.student_epochs < 1:

@@ -25,9 +25,11 @@ the run trained it, with audit records ("canaries") each included by an independ
 * **nonprivate** (the model the data holder would publish without PATE): the teachers' network
   and training settings on ``nonprivate_rows`` private rows in one piece (no partition, no
   noise), plus ``nonprivate_canaries`` canaries by coin flips; its accuracy is measured too.
-* **control** (positive control): the same network, without privacy, on the included canaries
-  of ``control_canaries`` (a few hundred records), trained ``control_epochs`` epochs. Its audit
-  must find epsilon > 1, or the audit could not have found a leak and fails.
+* **control** (positive control): the same network, without privacy, on ``control_rows``
+  private rows and the included canaries of ``control_canaries`` (a few hundred records in all),
+  trained ``control_epochs`` epochs; by default its canaries carry a random wrong label, which a
+  model can fit only by memorising it. Its audit must find epsilon > 1, or the audit could not
+  have found a leak and fails.
 
 Canaries are rows of the private training split; the non-private model's and the control's come
 from outside the audited teachers' partitions and from each other's. The attacks see the trained
@@ -662,7 +664,8 @@ def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
             if {"teacher", "student"} & set(options.targets) else 0)
     need += ((options.nonprivate_rows + options.nonprivate_canaries)
              if "nonprivate" in options.targets else 0)
-    need += options.control_canaries if "control" in options.targets else 0
+    need += ((options.control_rows + options.control_canaries)
+             if "control" in options.targets else 0)
     if need > len(run.train_y):
         raise UserError(f"the audit needs up to {need} private rows (audited teachers' "
                         f"partitions, non-private rows and canaries, control canaries), the run "
@@ -710,7 +713,8 @@ def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
         used = np.concatenate([used, rows])
     if "control" in options.targets:
         audit, _ = audit_supervised(
-            run, "control", 0, options.control_canaries, options.control_epochs,
+            run, "control", options.control_rows, options.control_canaries,
+            options.control_epochs,
             options.references, rng, used, delta, options.confidence, records,
             time.perf_counter(), mislabel=options.control_labels == "mislabelled")
         audits.append(audit)

@@ -83,8 +83,11 @@ def _register_models(sub: argparse._SubParsersAction) -> None:
     models.add_argument("--nonprivate-canaries", type=int, default=d.nonprivate_canaries,
                         metavar="N", help="canaries of the non-private model "
                                           f"(default: {d.nonprivate_canaries})")
+    models.add_argument("--control-rows", type=int, default=d.control_rows, metavar="N",
+                        help="fixed private rows of the positive control "
+                             f"(default: {d.control_rows})")
     models.add_argument("--control-canaries", type=int, default=d.control_canaries,
-                        metavar="N", help="canaries of the positive control, its only data "
+                        metavar="N", help="canaries of the positive control "
                                           f"(default: {d.control_canaries})")
     models.add_argument("--control-epochs", type=int, default=d.control_epochs, metavar="N",
                         help=f"the positive control's epochs (default: {d.control_epochs})")
@@ -157,7 +160,8 @@ def run_models(args: argparse.Namespace) -> int:
     options = ModelsAuditOptions(
         targets=tuple(dict.fromkeys(args.targets)), teachers=args.teachers,
         canary_fraction=args.canary_fraction, nonprivate_rows=args.nonprivate_rows,
-        nonprivate_canaries=args.nonprivate_canaries, control_canaries=args.control_canaries,
+        nonprivate_canaries=args.nonprivate_canaries, control_rows=args.control_rows,
+        control_canaries=args.control_canaries,
         control_epochs=args.control_epochs, control_labels=args.control_labels,
         references=args.references,
         student_references=args.student_references, student_epochs=args.student_epochs,

@@ -44,18 +44,20 @@ def _mode(path: Path) -> int:
 
 def test_positive_control_finds_a_leak(digits_run: Path, digits) -> None:
     audit = audit_models(digits_run, ModelsAuditOptions(
-        targets=("control",), control_canaries=300, control_epochs=20, references=0, seed=0))
+        targets=("control",), control_rows=200, control_canaries=200, control_epochs=20,
+        references=0, seed=0))
     (control,) = audit.targets
     assert control.epsilon_lower > 1.0 and audit.passed
-    assert control.canaries == 300 and 0 < control.members < 300
-    assert control.training_rows == control.members          # only its kept canaries
+    assert control.canaries == 200 and 0 < control.members < 200
+    assert control.training_rows == 200 + control.members    # its rows and kept canaries
+    assert control.accuracy > 0.5                              # it learnt the digits too
     assert control.epsilon_analytic is None
     folder = digits_run / "audit"
     assert _mode(folder) == 0o700 and audit.records.parent == folder
     assert _mode(audit.records) == 0o600 and _mode(audit.summary) == 0o600
     with np.load(audit.records) as records:
         rows, members = records["control_rows"], records["control_members"]
-        assert len(np.unique(rows)) == 300 and rows.max() < 1297
+        assert len(np.unique(rows)) == 200 and rows.max() < 1297
         assert members.dtype == bool and int(members.sum()) == control.members
         assert np.isfinite(records["control_loss_scores"]).all()
         labels = records["control_labels"]
@@ -65,7 +67,8 @@ def test_positive_control_finds_a_leak(digits_run: Path, digits) -> None:
 def test_control_without_a_leak_fails_the_audit(digits_run: Path) -> None:
     # One epoch of a few canaries: nothing is memorised, the audit must say it saw no leak.
     audit = audit_models(digits_run, ModelsAuditOptions(
-        targets=("control",), control_canaries=40, control_epochs=1, references=0, seed=1))
+        targets=("control",), control_rows=0, control_canaries=40, control_epochs=1,
+        references=0, seed=1))
     assert not audit.passed
     assert any(f.startswith("positive control failed") for f in audit.failures)
 
@@ -137,8 +140,8 @@ def test_student_audit_on_a_real_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     audit = subprocess.run(
         [sys.executable, "-m", "pate", "audit", "models", "--run", str(run), "--teachers", "3",
-         "--nonprivate-rows", "200", "--nonprivate-canaries", "300", "--control-canaries",
-         "300", "--control-epochs", "20", "--references", "1", "--json"],
+         "--nonprivate-rows", "200", "--nonprivate-canaries", "300", "--control-rows", "100",
+         "--control-canaries", "300", "--control-epochs", "20", "--references", "1", "--json"],
         capture_output=True, text=True, timeout=900)
     assert audit.returncode == 0, audit.stderr[-3000:]
     targets = {t["target"]: t for t in json.loads(audit.stdout)["targets"]}
