@@ -72,6 +72,7 @@ def _run(tmp_path: Path, data: str, capsys: pytest.CaptureFixture) -> dict:
     return metrics
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_npz_images(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rng = np.random.default_rng(0)
     for name, n in (("private", 300), ("public", 120), ("test", 80)):
@@ -97,6 +98,7 @@ def test_census_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert metrics["accuracy"] > 0.7
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_image_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rng = np.random.default_rng(2)
     for role, n in (("private", 200), ("public", 100), ("test", 60)):

@@ -101,6 +101,7 @@ def check_ledger(ledger_url: str, results: dict[str, tuple[int, list[int]]],
     return ledger
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_16_clients_x_200_requests_share_one_budget(workdir: Path) -> None:
     url = f"sqlite:///{workdir / 'concurrent.db'}"
     results: dict[str, tuple[int, list[int]]] = {}
@@ -122,6 +123,7 @@ def test_16_clients_x_200_requests_share_one_budget(workdir: Path) -> None:
     check_ledger(url, results).close()
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_kill_9_under_load_then_restart(workdir: Path) -> None:
     url = f"sqlite:///{workdir / 'crash.db'}"
     results: dict[str, tuple[int, list[int]]] = {}

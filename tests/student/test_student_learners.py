@@ -34,6 +34,7 @@ def _accuracy(digits: Dataset, method: MethodConfig, config: FitConfig) -> float
     return accuracy(model, digits.test_x, digits.test_y)
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_vat_beats_supervised(digits: Dataset) -> None:
     config = FitConfig(epochs=20)
     supervised = _accuracy(digits, MethodConfig("supervised", "mlp"), config)

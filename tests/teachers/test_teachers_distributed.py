@@ -57,6 +57,7 @@ def test_train_checkpoint_and_resume(tmp_path):
         train_teachers(run, TrainJob("digits", 12, 6, CFG), Cluster())
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_killed_run_loses_only_shards_in_flight(tmp_path):
     run = tmp_path / "run"
     args = [sys.executable, "-m", "pate", "teachers", "train", "--run", str(run),

@@ -90,6 +90,7 @@ def test_encoder_reads_the_public_pool_only(tmp_path, digits):
     assert shas[0] == shas[1]
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_run_records_reuses_and_guards_its_encoder(tmp_path, digits):
     run = tmp_path / "run"
     job = TrainJob("digits", 12, 6, TrainConfig(model="cnn-pool-hog-simclr", epochs=8))

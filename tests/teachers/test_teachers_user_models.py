@@ -223,6 +223,7 @@ def test_runtime_env_ships_only_what_the_workers_lack(nets):
     assert ray_runtime_env(MODEL) == {"py_modules": [str(nets / f"{NAME}.py")]}
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_ray_workers_train_a_module_that_is_not_installed(tmp_path, monkeypatch, digits,
                                                           capsys):
     """A package only on the driver's sys.path (not the workers', not their working directory)
