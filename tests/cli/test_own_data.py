@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from pate.cli.main import main
 from pate.data.task import DataFiles, load_task
 from pate.errors import UserError
 
@@ -64,8 +65,10 @@ def _run(tmp_path: Path, data: str, capsys: pytest.CaptureFixture) -> dict:
     cfg = tmp_path / "my.toml"
     cfg.write_text(f'name = "mine"\n[data]\n{data}\n' + TINY)
     run = tmp_path / "run"
-    assert main(["--quiet", "run", str(cfg), "--run", str(run)]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    proc = subprocess.run([sys.executable, "-m", "pate", "--quiet", "run", str(cfg), "--run",
+                           str(run)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (run / "report" / "report.html").is_file()
     metrics = json.loads((run / "student" / "metrics.json").read_text())
     assert out["summary"][0]["queries_answered"] == metrics["answered"] > 0
