@@ -459,15 +459,16 @@ def heavy_bodies(limit: int, max_batch: int, pool: int, interactive: bool
                  ) -> list[tuple[str, bytes, bool]]:
     """(name, body, chunked) of the heaviest requests a server of body limit ``limit`` and
     ``--max-batch`` ``max_batch`` can be sent: the finding of issue 28 (4 million invalid
-    indices, 16 MB) with and without a Content-Length, lists one over the batch limit, lists
+    indices, 16 MB) with and without a Content-Length, a list one over the batch limit, lists
     of invalid elements filling the batch or the body limit, a string filling the body limit,
     and the largest valid request (``max_batch`` distinct indices of a pool of ``pool``
     rows)."""
     finding = labels_json(b"-1," * 4_000_000 + b"-1")
     bodies = [("4M invalid indices", finding, False),
               ("4M invalid indices, chunked", finding, True),
-              ("max_batch + 1 strings", labels_json(b",".join([b'"a"'] * (max_batch + 1))),
-               False),
+              ("max_batch + 1 invalid indices",
+               labels_json(b",".join([b"-1"] * (max_batch + 1))), False),
+              ("max_batch strings", labels_json(b",".join([b'"a"'] * max_batch)), False),
               ("max_batch invalid indices", labels_json(b",".join([b"-1"] * max_batch)), False),
               ("string filling the limit", labels_json(b"1", b',"pad":"' + b"x" * (
                   limit - 64) + b'"'), False)]
@@ -477,12 +478,12 @@ def heavy_bodies(limit: int, max_batch: int, pool: int, interactive: bool
         row = b"[" + b",".join([b"0.1"] * CLASSES) + b"]"
         bodies.append(("largest valid request", labels_json(
             valid, b',"student_probs":[' + b",".join([row] * rows) + b"]"), False))
-        bad_numbers = b"[" + b",".join([b"[]"] * CLASSES) + b"]"
-        bodies.append(("student_probs of invalid numbers", labels_json(
+        bad_numbers = b"[" + b",".join([b"true"] * CLASSES) + b"]"
+        bodies.append(("student_probs of booleans", labels_json(
             valid, b',"student_probs":[' + b",".join([bad_numbers] * rows) + b"]"), False))
         per_row = (limit - len(labels_json(valid)) - 64) // rows
         bad_row = b"[" + b",".join([b"[]"] * ((per_row - 3) // 3)) + b"]"
-        bodies.append(("student_probs of invalid numbers filling the limit", labels_json(
+        bodies.append(("student_probs of empty lists filling the limit", labels_json(
             valid, b',"student_probs":[' + b",".join([bad_row] * rows) + b"]"), False))
     else:
         bodies.append(("largest valid request", labels_json(valid), False))

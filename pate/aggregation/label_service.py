@@ -82,10 +82,12 @@ class LabelService:
         self._tabulated = pool is not None and aggregator.tabulate(pool.votes)
         self._vote_lock = threading.Lock()
         self.body_limit = self.limits.body_bytes(self._query_bytes())
-        # the most commas a valid body holds: a separator per pool index and per probability,
-        # a few between fields and in inputs.shape (request ids and base64 hold none)
-        self._max_commas = 64 + self.limits.max_batch * (
-            1 + (self._classes() if self.aggregator.takes_student_probs else 0))
+        # The most of each JSON token a valid body holds: a comma per pool index and per
+        # probability, a bracket per row of probabilities, a few more between the fields, in
+        # inputs.shape and around the few strings (request ids, base64 and numbers hold none).
+        rows = self.limits.max_batch if self.aggregator.takes_student_probs else 0
+        self._max_tokens = {b",": 64 + self.limits.max_batch + rows * self._classes(),
+                            b"[": 16 + rows, b"{": 16, b'"': 64}
 
     def _query_bytes(self) -> int:
         """The most JSON bytes one query may take in a body: a pool index (up to 19 digits and a
@@ -104,11 +106,12 @@ class LabelService:
 
     def parse(self, body: bytes) -> LabelsRequest:
         """The request of a JSON body, lists checked against the batch limit first. A body
-        with more JSON values than ``max_batch`` queries can need is refused before it is
-        parsed (``PayloadTooLarge``): parsing costs time and memory per value."""
-        if body.count(b",") > self._max_commas:
-            raise PayloadTooLarge(f"the body holds more values than {self.limits.max_batch} "
-                                  f"queries (--max-batch) need")
+        with more JSON values, arrays, objects or strings than a request of ``max_batch``
+        queries holds is refused before it is parsed (``PayloadTooLarge``): parsing costs time
+        and memory per value, most for arrays, objects and strings."""
+        if any(body.count(token) > most for token, most in self._max_tokens.items()):
+            raise PayloadTooLarge(f"the body holds more JSON values than a request of "
+                                  f"{self.limits.max_batch} queries (--max-batch)")
         return LabelsRequest.parse(body, self.limits.max_batch)
 
     def budget(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from concurrent.futures import Future
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request, Security
@@ -100,6 +101,12 @@ def _fail_closed(what: str, detail: str) -> Iterator[None]:
             raise
         log.error("%s (%s)", what, type(exc).__name__)
         raise PateError(detail) from None
+
+
+async def _settled(future: Future[Any]) -> None:
+    """Wait for ``future`` to resolve, whatever its outcome (the caller reads it)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wrap_future(future)
 
 
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]],
@@ -272,15 +279,16 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
         with _fail_closed("request failed, nothing released",
                           "no label was released; retry with the same request_id"):
             # A few pool rows are answered on the event loop (vectorised, a few ms at most);
-            # more, and the teachers' forward pass, in a worker thread. Either way the response
-            # waits for the ledger's commit without holding a thread.
+            # more, and the teachers' forward pass, in a worker thread, one job at a time until
+            # its charge is committed (its costs stay in memory until then). Either way the
+            # response waits for the ledger's commit without holding a thread.
             if body.inputs is None and n <= _ANSWER_IN_THREAD_QUERIES:
                 recorded = service.submit(body, client_id)
+                await _settled(recorded)
             else:
                 async with heavy_work:
                     recorded = await run_in_threadpool(service.submit, body, client_id)
-            with contextlib.suppress(Exception):  # conclude() sees the outcome, error or not
-                await asyncio.wrap_future(recorded)
+                    await _settled(recorded)
             result = service.conclude(body, recorded)
         return Response(json.dumps(result), media_type="application/json")
 

@@ -69,8 +69,9 @@ def test_huge_invalid_bodies_get_a_small_quick_refusal(server: Server) -> None:
     # the bodies are built before the probe starts: building them holds this process's GIL
     huge = b'{"request_id":"x","indices":[' + b"-1," * 4_000_000 + b"-1]}"  # 12 MB
     many = json.dumps({"request_id": "x", "indices": ["a"] * 20_000}).encode()
-    over = json.dumps({"request_id": "x", "indices": ["a"] * 4097}).encode()
-    invalid = json.dumps({"request_id": "x", "indices": ["a"] * 4096}).encode()
+    strings = json.dumps({"request_id": "x", "indices": ["a"] * 4096}).encode()
+    over = json.dumps({"request_id": "x", "indices": [-1] * 4097}).encode()
+    invalid = json.dumps({"request_id": "x", "indices": [-1] * 4096}).encode()
     Path(f"/proc/{server.proc.pid}/clear_refs").write_text("5")  # reset the peak (VmHWM)
     before = status_kib(server.proc.pid, "VmRSS")
     stalls: list[float] = []
@@ -90,10 +91,11 @@ def test_huge_invalid_bodies_get_a_small_quick_refusal(server: Server) -> None:
         r = post_raw(server, huge)
         assert r.status_code == 413 and len(r.content) < 1000
         assert time.perf_counter() - t0 < 5
-        # under the derived body limit but more values than --max-batch (4096) queries need:
-        # refused before it is parsed
-        r = post_raw(server, many)
-        assert r.status_code == 413 and r.json()["error"] == "payload_too_large", r.text
+        # under the derived body limit but more values (or strings) than a request of
+        # --max-batch (4096) queries holds: refused before it is parsed
+        for body in (many, strings):
+            r = post_raw(server, body)
+            assert r.status_code == 413 and r.json()["error"] == "payload_too_large", r.text
         # one query over --max-batch: refused before its elements are validated
         r = post_raw(server, over)
         assert r.status_code == 413 and r.json()["error"] == "batch_too_large", r.text
