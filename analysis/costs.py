@@ -159,6 +159,19 @@ def steps(mechanism: Mechanism) -> Steps:
     raise TypeError(f"not a mechanism: {mechanism!r}")
 
 
+def realised_rdp_independent(mechanism: Mechanism, asked: int, answered: int,
+                             orders: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Data-independent RDP of ``asked`` queries of which ``answered`` got a label: the
+    selection step on every query and the answering step on each answer, composed by addition
+    (Mironov 2017, Proposition 1). It reads only public counts, as the ledger charges. Counting
+    an Interactive-GNMax answer of the student's own label as a teachers' answer only raises the
+    figure (an upper bound)."""
+    plan = steps(mechanism)
+    select = (np.zeros_like(orders) if plan.select is None
+              else plan.select.rdp_independent(orders))
+    return asked * select + answered * plan.answer.rdp_independent(orders)
+
+
 def check_threshold(mechanism: Mechanism, num_teachers: int) -> None:
     """Refuse a threshold above the number of teachers N (a stated policy, not a formula): the
     threshold step compares T with a count of at most N, so such a query passes only by noise,

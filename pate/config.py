@@ -177,7 +177,9 @@ class StudentConfig(_Section):
 
 
 class DPSGDConfig(_Section):
-    """``pate dpsgd train``'s settings (student.dpsgd.DPSGDConfig), trained to ``epsilon``."""
+    """``pate dpsgd train``'s settings (student.dpsgd.DPSGDConfig), trained to ``epsilon``;
+    ``noise``, ``dof``, ``encode``, ``encode_seed`` and ``denoise`` select gradient encoding and
+    denoising (student.encoded_dpsgd.EncodingConfig; the defaults are plain DP-SGD)."""
 
     enabled: bool = False
     epsilon: float = Field(default=3.0, gt=0)
@@ -186,10 +188,39 @@ class DPSGDConfig(_Section):
     lr: float = Field(default=4.0, gt=0)
     momentum: float = Field(default=0.9, ge=0)
     max_grad_norm: float = Field(default=0.1, gt=0)
+    noise: Literal["gaussian", "student-t", "laplace"] = "gaussian"
+    dof: float = Field(default=9.0, gt=2)
+    encode: int | None = Field(default=None, ge=1)
+    encode_seed: int = 0
+    denoise: Literal["none", "ks"] = "none"
+
+    @model_validator(mode="after")
+    def _encoded_if_not_gaussian(self) -> DPSGDConfig:
+        if self.noise != "gaussian" and self.encode is None:
+            raise ValueError(f"{self.noise} noise needs encode (the number of profiles)")
+        return self
 
 
-class ReportConfig(_Section):
-    non_private_baseline: float | None = Field(default=None, ge=0, le=1)
+class CompareConfig(_Section):
+    """The owner-only evaluation (``pate run``'s ``compare`` stage): DP-SGD trained with the
+    ``[dpsgd]`` settings to the student's epsilons named in ``dpsgd_at``, the teachers'
+    architecture trained on all the private data (``nonprivate_epochs`` passes in batches of
+    ``nonprivate_batch_size``), and students trained on the first ``prefixes`` (fractions) of
+    the queries asked, for the privacy-utility curve."""
+
+    enabled: bool = False
+    dpsgd_at: list[Literal["sanitised", "data-independent"]] = Field(
+        default=["sanitised", "data-independent"])
+    nonprivate_epochs: int = Field(default=5, ge=1)
+    nonprivate_batch_size: int = Field(default=64, ge=1)
+    prefixes: list[float] = Field(default=[0.25, 0.5])
+
+    @field_validator("prefixes")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if any(not 0 < f < 1 for f in value):
+            raise ValueError("prefixes are fractions of the queries asked, in (0, 1)")
+        return value
 
 
 class RunConfig(_Section):
@@ -199,7 +230,7 @@ class RunConfig(_Section):
     aggregator: AggregatorConfig
     student: StudentConfig = StudentConfig()
     dpsgd: DPSGDConfig = DPSGDConfig()
-    report: ReportConfig = ReportConfig()
+    compare: CompareConfig = CompareConfig()
 
     @model_validator(mode="after")
     def _threshold_in_range(self) -> RunConfig:

@@ -5,7 +5,8 @@ Stages, each a library call on one run directory (``pate.rundir.RunDir``): teach
 resumable by shard) -> votes -> student round 1 (Confident-GNMax) and, if asked for, round 2
 (Interactive-GNMax), each against a real HTTP aggregation service on loopback (``pate.service.
 server``, in a thread of this process) with a generated token and the run's one ledger -> dpsgd
-(optional baseline) -> report. A finished stage is recorded in ``stages.json`` and skipped on
+(optional baseline at a fixed epsilon) -> compare (optional owner-only evaluation,
+``pate.comparison``) -> report. A finished stage is recorded in ``stages.json`` and skipped on
 rerun, so a round that was paid for is never asked again; an interrupted stage runs again. Each
 stage's start and end go to ``log.txt`` and, unless quiet, to stderr.
 """
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pate.aggregation.delta_policy import check_delta
+from pate.comparison import run_comparison
 from pate.config import RunConfig, dump_config, parse_config
 from pate.data.task import Benchmark, data_kind
 from pate.errors import UserError
@@ -33,7 +35,10 @@ from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, augment_for
 from teachers.votes import collect_votes
 
-STAGES = ("teachers", "votes", "student-confident", "student-interactive", "dpsgd", "report")
+STAGES = ("teachers", "votes", "student-confident", "student-interactive", "dpsgd", "compare",
+          "report")
+OPTIONAL = {"student-interactive": lambda c: c.student.interactive_queries > 0,
+            "dpsgd": lambda c: c.dpsgd.enabled, "compare": lambda c: c.compare.enabled}
 
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
@@ -132,6 +137,17 @@ def _dpsgd(config: RunConfig, run: RunDir) -> None:
                    f"{metrics['epsilon']:.3f}")
 
 
+def _compare(config: RunConfig, run: RunDir) -> None:
+    record = run_comparison(config, run, _student_options(config, config.student.queries),
+                            lambda text: say(f"pate run: compare: {text}"))
+    for d in record["dpsgd"]:
+        if "accuracy" in d:
+            run.append_log(f"compare: DP-SGD at the {d['at']} epsilon {d['epsilon']:.3f}: "
+                           f"accuracy {d['accuracy']:.4f}")
+    run.append_log(f"compare: non-private model, {record['nonprivate']['epochs']} epochs, and "
+                   f"{len(record['prefixes'])} prefix student(s) trained (figures: owner-only)")
+
+
 def _report(run: RunDir) -> None:
     from pate.report.run_report import write_run_report
 
@@ -150,12 +166,12 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         "student-interactive": lambda: _student_round(config, run, "interactive",
                                                       config.student.interactive_queries),
         "dpsgd": lambda: _dpsgd(config, run),
+        "compare": lambda: _compare(config, run),
         "report": lambda: _report(run),
     }
     done = run.finished_stages()
     for stage in STAGES:
-        if (stage == "dpsgd" and not config.dpsgd.enabled) or (
-                stage == "student-interactive" and not config.student.interactive_queries):
+        if stage in OPTIONAL and not OPTIONAL[stage](config):
             continue
         if stage in done:
             say(f"pate run: {stage}: done already, skipped")

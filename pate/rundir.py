@@ -99,6 +99,21 @@ class RunDir:
     def dpsgd_model(self) -> Path:
         return self.dpsgd / "model.pt"
 
+    @property
+    def comparison(self) -> Path:
+        """``comparison/``: the owner-only evaluation (private): the non-private model, DP-SGD
+        at the student's epsilons (one folder each, laid out as ``dpsgd/``) and the students
+        trained on prefixes of the answers."""
+        return self.root / "comparison"
+
+    @property
+    def comparison_metrics(self) -> Path:
+        return self.comparison / "metrics.json"
+
+    def comparison_dpsgd(self, name: str) -> Path:
+        """The folder of DP-SGD trained to the student's epsilon ``name``."""
+        return self.comparison / f"dpsgd-{name}"
+
     # --- private artifacts --------------------------------------------------------------------
     @property
     def teachers(self) -> Path:

@@ -6,6 +6,7 @@ Bayesian accountant's pair distances (private, 0600)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,13 +17,18 @@ from pate.errors import UserError
 from pate.io import write_with_atomic
 from pate.rundir import RunDir
 from student.dpsgd import DPSGDConfig, train_dpsgd
+from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 
 
 def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
-                         progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                         progress: Callable[[int, int], None] | None = None,
+                         out: Path | None = None,
+                         encoding: EncodingConfig | None = None) -> dict[str, Any]:
     """Train and evaluate the DP-SGD baseline; returns the metrics written to
-    ``dpsgd/metrics.json``. The input standardisation comes from the public pool (no privacy
-    cost). ``progress(step, total)`` after every step."""
+    ``metrics.json`` of ``out`` (default the run's ``dpsgd/``; the comparison's runs go to
+    ``RunDir.comparison_dpsgd``). The input standardisation comes from the public pool (no
+    privacy cost). ``progress(step, total)`` after every step. A non-plain ``encoding`` trains
+    ``student.encoded_dpsgd`` instead (no Bayesian accountant: its distances file is empty)."""
     task = load_task(data)
     if task.eval_x is None or task.eval_y is None:
         raise UserError("the DP-SGD baseline is evaluated on test data: give data.test "
@@ -32,16 +38,20 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
     assert task.private_x is not None and task.private_y is not None
     norm = (float(task.pool_x.mean()), float(task.pool_x.std()))
     try:
-        result = train_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
-                             task.num_classes, config, norm, progress)
+        result = (train_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
+                              task.num_classes, config, norm, progress)
+                  if encoding is None or encoding.plain else
+                  train_encoded_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
+                                      task.num_classes, config, encoding, norm, progress))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     metrics = {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
                **result.metrics}
     run.create()
-    run.private_dir(run.dpsgd)
-    write_with_atomic(run.dpsgd_distances, lambda fh: np.save(fh, result.distances),
-                      private=True)
-    write_with_atomic(run.dpsgd_model, lambda fh: torch.save(result.model.state_dict(), fh))
-    run.write_json(run.dpsgd_metrics, metrics)
+    folder = run.private_dir(out or run.dpsgd)
+    write_with_atomic(folder / run.dpsgd_distances.name,
+                      lambda fh: np.save(fh, result.distances), private=True)
+    write_with_atomic(folder / run.dpsgd_model.name,
+                      lambda fh: torch.save(result.model.state_dict(), fh))
+    run.write_json(folder / run.dpsgd_metrics.name, metrics)
     return metrics

@@ -78,6 +78,10 @@ class Received:
     def __len__(self) -> int:
         return int(self.pool_index.size)
 
+    def first(self, n: int) -> Received:
+        """The first ``n`` rows asked (a prefix in asking order)."""
+        return Received(self.pool_index[:n], self.label[:n], self.branch[:n])
+
     @property
     def answered(self) -> NDArray[np.bool_]:
         return self.label >= 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,13 @@ from pate.io import write_bytes_atomic
 from pate.progress import Progress, progress_bar
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
-from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier, same_tensors
+from student.models import (
+    POOL_FEATURE_ARCHS,
+    ModelSpec,
+    PoolFeatures,
+    build_classifier,
+    same_tensors,
+)
 from student.rounds import Received, analyze_rounds, ask, select_queries
 from student.training import (
     FitConfig,
@@ -263,6 +269,62 @@ def _stderr_line(text: str) -> None:
     print(f"pate student: {text}", file=sys.stderr, flush=True)
 
 
+def _fit_on_answers(task: Task, options: StudentOptions, spec: ModelSpec,
+                    features: PoolFeatures | None, lab_index: NDArray[np.int64],
+                    lab_y: NDArray[np.int64],
+                    on_epoch: Callable[[int, dict[str, float]], None] | None,
+                    continue_from: Path | None = None) -> tuple[Any, Any, Any, float | None]:
+    """Train the student network ``spec`` (from the weights saved in ``continue_from``, else
+    fresh) on the answered pool rows and the whole pool; returns the model, its learner, the
+    fit's result and the accuracy on the test data (None without test data)."""
+    method = options.method_config(task.kind)
+    seed_everything(options.seed)
+    model = build_classifier(spec, features).to(options.device)
+    if continue_from is not None:
+        load_weights(model, continue_from)
+    learner = build_learner(method, model, spec)
+    if continue_from is not None and options.method == "gan":
+        load_weights(learner.generator_net, continue_from, "generator")
+    result = fit(learner, task.pool_x[lab_index], lab_y, task.pool_x,
+                 options.fit_config(method), on_epoch=on_epoch)
+    acc = (None if task.eval_x is None or task.eval_y is None
+           else accuracy(model, task.eval_x, task.eval_y, options.device))
+    return model, learner, result, acc
+
+
+def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
+                      fractions: Sequence[float],
+                      say: Callable[[str], None] = _stderr_line) -> list[dict[str, Any]]:
+    """Students trained as the run's was (``options``), from scratch, on the answers to the
+    first ``fraction`` of the rows the run asked, in asking order: the points of a
+    privacy-utility curve that cost no new query (each prefix's epsilon is computed by whoever
+    publishes it). Returns per fraction the rows asked and answered and the test accuracy."""
+    task = load_task(data, need_private=False)
+    spec = options.method_config(task.kind).spec(task.input_shape, task.num_classes)
+    if not run.labels.is_file():
+        raise UserError(f"{run}: no labels.npz; the student has asked nothing yet")
+    received = Received.load(run.labels)
+    features = None
+    if spec.arch in POOL_FEATURE_ARCHS:
+        given = _given_encoder(run, options, task.pool_x.shape[1])
+        features = _pool_features(options, given, load_classifier(run.student), task.pool_x,
+                                  say)
+    points = []
+    for fraction in fractions:
+        if not 0 < fraction <= 1:
+            raise UserError(f"a prefix is a fraction in (0, 1], got {fraction!r}")
+        part = received.first(round(fraction * len(received)))
+        answered = part.answered
+        if not answered.any():
+            continue
+        say(f"student on the first {len(part)} queries ({int(answered.sum())} answers)")
+        acc = _fit_on_answers(task, options, spec, features, part.pool_index[answered],
+                              part.label[answered], None)[3]
+        points.append({"fraction": fraction, "queries": len(part),
+                       "answered": int(answered.sum()), "accuracy": acc})
+    return points
+
+
 def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
                   options: StudentOptions, data: DataSource, *,
                   conversion: str = "improved",
@@ -348,16 +410,8 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
         features = _pool_features(options, given, previous, pool_x, say)
         continued = continued and same_tensors(previous[0].experts[1][0].encoder,
                                                features.encoder)
-    seed_everything(options.seed)
-    model = build_classifier(spec, features).to(options.device)
-    if continued:
-        load_weights(model, out)
-    learner = build_learner(method, model, spec)
-    if continued and options.method == "gan":
-        load_weights(learner.generator_net, out, "generator")
-    result = fit(learner, pool_x[lab_index], lab_y, pool_x, fit_config, on_epoch=on_epoch)
-    acc = (None if task.eval_x is None or task.eval_y is None
-           else accuracy(model, task.eval_x, task.eval_y, options.device))
+    model, learner, result, acc = _fit_on_answers(
+        task, options, spec, features, lab_index, lab_y, on_epoch, out if continued else None)
     save_model(model, spec, out)
     if options.method == "gan":
         save_model(learner.generator_net, spec, out, "generator")

@@ -5,7 +5,7 @@ forms apart without importing anything."""
 
 import re
 
-MODELS: tuple[str, ...] = ("cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog",
+MODELS: tuple[str, ...] = ("cnn", "cnn-pool", "resnet", "mlp", "hog", "cnn-pool-hog",
                           "cnn-pool-hog-simclr")
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).
 DEFAULT_MODEL: dict[str, str] = {"image": "cnn", "tabular": "mlp"}

@@ -133,7 +133,7 @@ def _cnn_pool_hog_simclr(in_shape: Shape, num_classes: int,
 
 
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
-    "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp,
+    "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp, "hog": hog_linear,
     "cnn-pool-hog": _cnn_pool_hog, "cnn-pool-hog-simclr": _cnn_pool_hog_simclr}
 
 # Architectures that take the run's frozen pool encoder (:mod:`teachers.pool_encoder`).

@@ -93,13 +93,24 @@ class Ensemble:
     def accuracy(self, x: np.ndarray, y: np.ndarray, batch_size: int | None = None,
                  desc: str | None = None) -> np.ndarray:
         """Each teacher's accuracy ``[num_teachers]`` on the labelled rows ``(x, y)``."""
+        return self.scores(x, y, batch_size, desc)[0]
+
+    def scores(self, x: np.ndarray, y: np.ndarray, batch_size: int | None = None,
+               desc: str | None = None) -> tuple[np.ndarray, float]:
+        """Each teacher's accuracy ``[num_teachers]`` on the labelled rows ``(x, y)``, and the
+        accuracy of the ensemble's plurality vote (ties to the lowest class, as ``argmax``), from
+        one pass over the rows."""
         hits = torch.zeros(self.num_teachers, dtype=torch.int64, device=self.device)
+        plurality_hits = 0
         yt = torch.as_tensor(y, device=self.device)
         start = 0
         for lab in self.labels(x, batch_size, desc):
-            hits += (lab == yt[start:start + lab.shape[1]]).sum(1)
+            truth = yt[start:start + lab.shape[1]]
+            hits += (lab == truth).sum(1)
+            votes = torch.nn.functional.one_hot(lab, self.num_classes).sum(0)
+            plurality_hits += int((votes.argmax(1) == truth).sum())
             start += lab.shape[1]
-        return (hits.double() / len(y)).cpu().numpy()
+        return (hits.double() / len(y)).cpu().numpy(), plurality_hits / max(1, len(y))
 
 
 def load_ensemble(run_dir: str | Path, device: str = "cpu") -> Ensemble:
@@ -119,8 +130,9 @@ def load_ensemble(run_dir: str | Path, device: str = "cpu") -> Ensemble:
 def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None = None,
                   batch_size: int | None = None) -> int:
     """Write ``votes.npz`` (private: votes int32 [queries, classes], pool_index int64) for the
-    public pool of ``run_dir`` and put the teachers' accuracy on the evaluation half, and the
-    plurality's accuracy on the pool, into the manifest. Returns the number of queries."""
+    public pool of ``run_dir`` and put the teachers' accuracy and their plurality's on the
+    evaluation half, and the plurality's accuracy on the pool, into the manifest. Returns the
+    number of queries."""
     run_dir = Path(run_dir)
     ens = load_ensemble(run_dir, device)
     manifest = checkpoints.read_manifest(run_dir)
@@ -130,8 +142,10 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64)), private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:
-        acc = ens.accuracy(task.eval_x, task.eval_y, batch_size, desc="teacher accuracy")
-        accuracy.update({"rows": len(task.eval_y), "mean": float(acc.mean()),
+        acc, plurality = ens.scores(task.eval_x, task.eval_y, batch_size,
+                                    desc="teacher accuracy")
+        accuracy.update({"rows": len(task.eval_y), "plurality": plurality,
+                         "mean": float(acc.mean()),
                          "min": float(acc.min()), "max": float(acc.max()),
                          "per_teacher": acc.round(5).tolist()})
     if task.pool_y is not None:  # a benchmark's pool labels (a user's are never read)

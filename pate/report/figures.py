@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
+from analysis.costs import realised_rdp_independent
 from analysis.cumulative import cumulative_cost
 from analysis.mechanisms import (
     MECHANISMS,
@@ -31,7 +33,9 @@ from analysis.mechanisms import (
     LNMax,
     Mechanism,
 )
-from analysis.votes_analysis import QuerySegment, analyze_segments
+from analysis.orders import default_orders
+from analysis.rdp import epsilon_from_rdp
+from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segments
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class RunData:
     teacher_accuracies: NDArray[np.float64] | None = None
     student: dict[str, Any] | None = None
     dpsgd: dict[str, Any] | None = None
-    non_private_baseline: float | None = None
+    comparison: dict[str, Any] | None = None  # PRIVATE: comparison/metrics.json (owner only)
     classes_from: str | None = None           # where the label set came from (public schema)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -66,11 +70,16 @@ def _stats(values: NDArray[np.float64]) -> dict[str, float]:
             "max": float(values.max()), "count": int(values.size)}
 
 
-def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
-    """report.json's content and the figures, named as their files under ``figures/``."""
+def analyse(data: RunData) -> PrivacyAnalysis | None:
+    """The Table-2 privacy analysis of every round of the run (None before any query)."""
     segments = [QuerySegment(data.votes[s.rows], s.mechanism, s.baseline)
                 for s in data.segments]
-    privacy = analyze_segments(segments, data.delta) if segments else None
+    return analyze_segments(segments, data.delta) if segments else None
+
+
+def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
+    """report.json's content and the figures, named as their files under ``figures/``."""
+    privacy = analyse(data)
     labels = np.concatenate([s.labels for s in data.segments]) if data.segments else np.zeros(0)
     rows = np.concatenate([s.rows for s in data.segments]) if data.segments else np.zeros(0, int)
     answered = labels >= 0
@@ -97,14 +106,84 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
                              if data.teacher_accuracies is not None else None),
         "student": data.student, "dpsgd": data.dpsgd, **data.extra,
     }
-    report["table"] = summary_table(report, data.non_private_baseline)
+    report["table"] = summary_table(report)
     figures = {
         "epsilon_vs_answered.png": figure_epsilon_vs_answered(data),
         "plurality_histogram.png": figure_plurality_histogram(data, rows, answered),
         "epsilon_split.png": figure_epsilon_split(data),
         "accuracy.png": figure_accuracy(report, data.teacher_accuracies),
     }
+    if data.comparison is not None:
+        report["privacy_utility"] = privacy_utility_points(data, data.comparison)
+        figures["privacy_utility.png"] = figure_privacy_utility(report["privacy_utility"])
     return report, figures
+
+
+def prefix_epsilon(data: RunData, count: int) -> float:
+    """Data-independent epsilon, at the run's delta, of the first ``count`` queries asked (rounds
+    in order) as realised: ``analysis.costs.realised_rdp_independent`` of each round's asked
+    and answered counts. It is a function of public counts only, so free to publish."""
+    orders = default_orders()
+    total, left = np.zeros_like(orders), count
+    for s in data.segments:
+        labels = s.labels[:left]
+        total = total + realised_rdp_independent(s.mechanism, labels.size,
+                                                 int((labels >= 0).sum()), orders)
+        left -= labels.size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
+        return epsilon_from_rdp(total, orders, data.delta)[0]
+
+
+def privacy_utility_points(data: RunData, comparison: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy against epsilon: the students on prefixes of the answers, and the run's
+    student, at the realised data-independent epsilon of the queries each used
+    (:func:`prefix_epsilon`), and DP-SGD at the epsilons it was trained to."""
+    asked = sum(s.rows.size for s in data.segments)
+    student = data.student or {}
+    points = list(comparison.get("prefixes", []))
+    if student.get("accuracy") is not None and asked:
+        points.append({"fraction": 1.0, "queries": asked,
+                       "answered": int(sum((s.labels >= 0).sum() for s in data.segments)),
+                       "accuracy": student["accuracy"]})
+    pate = [{**point, "epsilon_data_independent": prefix_epsilon(data, point["queries"])}
+            for point in points]
+    dpsgd = [{"at": d["at"], "epsilon": d["epsilon"], "accuracy": d["accuracy"]}
+             for d in comparison.get("dpsgd", []) if "accuracy" in d]
+    sanitised = (comparison.get("student_epsilon") or {}).get("sanitised")
+    marked = ([{"epsilon": sanitised, "accuracy": student["accuracy"]}]
+              if sanitised is not None and student.get("accuracy") is not None else [])
+    return {"pate": pate, "pate_sanitised": marked, "dpsgd": dpsgd}
+
+
+def figure_privacy_utility(points: dict[str, Any]) -> Figure:
+    """Test accuracy against epsilon (delta of the run) for PATE students on prefixes of the
+    answers (data-independent epsilon), the run's student at its sanitised epsilon too, and for
+    DP-SGD."""
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    pate = sorted(points["pate"], key=lambda p: p["epsilon_data_independent"])
+    if pate:
+        ax.plot([p["epsilon_data_independent"] for p in pate], [p["accuracy"] for p in pate],
+                "o-", color="tab:blue", label="PATE student (data-independent ε)")
+        for p in pate:
+            ax.annotate(f"{p['answered']} labels", (p["epsilon_data_independent"],
+                                                    p["accuracy"]),
+                        fontsize=7, xytext=(4, -10), textcoords="offset points")
+    for p in points["pate_sanitised"]:
+        ax.plot([p["epsilon"]], [p["accuracy"]], "*", ms=14, color="tab:blue",
+                label="the PATE student (sanitised ε)")
+    dpsgd = sorted(points["dpsgd"], key=lambda p: p["epsilon"])
+    if dpsgd:
+        ax.plot([p["epsilon"] for p in dpsgd], [p["accuracy"] for p in dpsgd], "s--",
+                color="tab:red", label="DP-SGD (RDP ε)")
+    ax.set_xlabel("ε (δ of the run)")
+    ax.set_ylabel("Accuracy on the evaluation data")
+    ax.set_title("Privacy-utility: PATE against DP-SGD")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def _student_name(student: dict[str, Any]) -> str | None:
@@ -114,7 +193,7 @@ def _student_name(student: dict[str, Any]) -> str | None:
     return f"{method} ({arch})" if method and arch else method
 
 
-def summary_table(report: dict[str, Any], non_private: float | None) -> list[dict[str, Any]]:
+def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows in the form of PATE 2018's Table 1."""
     rows = []
     privacy = report["privacy"]
@@ -132,7 +211,6 @@ def summary_table(report: dict[str, Any], non_private: float | None) -> list[dic
                 "data_independent"),
             "delta": privacy["delta"],
             "accuracy": (report["student"] or {}).get("accuracy"),
-            "non_private_baseline": non_private,
         })
     if report["dpsgd"]:
         d = report["dpsgd"]
@@ -141,7 +219,6 @@ def summary_table(report: dict[str, Any], non_private: float | None) -> list[dic
             "epsilon_data_independent": d.get("epsilon"), "epsilon_data_dependent": None,
             "epsilon_smooth_sensitivity": None, "epsilon_bayesian": d.get("epsilon_bayesian"),
             "delta": d.get("delta"), "accuracy": d.get("accuracy"),
-            "non_private_baseline": non_private,
         })
     return rows
 
@@ -265,7 +342,7 @@ def figure_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -280,7 +357,7 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("epsilon_smooth_sensitivity", "ε smooth-sensitivity"),
                  ("epsilon_spent", "ε charged by the ledger"),
                  ("epsilon_bayesian", "ε Bayesian"), ("delta", "δ"),
-                 ("accuracy", "Accuracy"), ("non_private_baseline", "Non-private baseline")]
+                 ("accuracy", "Accuracy")]
 
 
 def table_html(rows: list[dict[str, Any]], first_column: str | None = None) -> str:
@@ -288,7 +365,7 @@ def table_html(rows: list[dict[str, Any]], first_column: str | None = None) -> s
         f"<th>{html.escape(title)}</th>" for _, title in TABLE_COLUMNS)
     body = "".join(
         "<tr>" + (f"<td>{html.escape(str(r.get('run', '')))}</td>" if first_column else "")
-        + "".join(f"<td>{_fmt(r.get(key))}</td>" for key, _ in TABLE_COLUMNS) + "</tr>"
+        + "".join(f"<td>{format_value(r.get(key))}</td>" for key, _ in TABLE_COLUMNS) + "</tr>"
         for r in rows)
     return f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -336,8 +413,8 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
         ss = privacy["smooth_sensitivity"]
         details.append(("Smooth-sensitivity release (order, β, SS, σ)",
                         f"{ss['order']:g}, {ss['beta']:.4g}, {ss['value']:.4g}, "
-                        f"{_fmt(ss['sigma'])}"))
-    detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{_fmt(v)}</td></tr>"
+                        f"{format_value(ss['sigma'])}"))
+    detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
     note = ('<p class="note">This report contains private statistics (the teachers\' vote '
             "histogram and the data-dependent ε). Share only the data-independent or the "
@@ -350,18 +427,18 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 def write_report(report: dict[str, Any], figures: dict[str, Figure], out_dir: Path,
                  title: str, sections: list[tuple[str, str]],
-                 write_bytes: Callable[[Path, bytes], None]) -> Path:
-    """Write figures/*.png, report.json and report.html under ``out_dir`` with ``write_bytes``
-    (an atomic, private writer of the caller's)."""
+                 write_bytes: Callable[[Path, bytes], None], stem: str = "report") -> Path:
+    """Write figures/*.png, ``stem``.json and ``stem``.html under ``out_dir`` with
+    ``write_bytes`` (an atomic, private writer of the caller's)."""
     pngs = {name: figure_png(fig) for name, fig in figures.items()}
     for name, png in pngs.items():
         write_bytes(out_dir / "figures" / name, png)
     report = {**report, "figures": {name: f"figures/{name}" for name in pngs}}
-    write_bytes(out_dir / "report.json",
+    write_bytes(out_dir / f"{stem}.json",
                 (json.dumps(report, indent=2, sort_keys=True, default=_json_default) + "\n")
                 .encode())
-    write_bytes(out_dir / "report.html", render_html(title, sections, pngs).encode())
-    return out_dir / "report.html"
+    write_bytes(out_dir / f"{stem}.html", render_html(title, sections, pngs).encode())
+    return out_dir / f"{stem}.html"
 
 
 def _json_default(value: Any) -> Any:

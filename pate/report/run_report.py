@@ -26,6 +26,7 @@ from pate.report.figures import (
     table_html,
     write_report,
 )
+from pate.report.owner import owner_rows, owner_sections
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline
 
@@ -111,7 +112,7 @@ def load_run_data(run_dir: str | Path) -> RunData:
         teacher_accuracies=_teacher_accuracies(run),
         student=run.read_json(run.student_metrics),
         dpsgd=run.read_json(run.dpsgd_metrics),
-        non_private_baseline=config.report.non_private_baseline,
+        comparison=run.read_json(run.comparison_metrics),
         classes_from=None if task is None else task.classes_from,
         extra={"config": json.loads(config.model_dump_json())})
 
@@ -121,14 +122,32 @@ def _private_writer(path: Path, data: bytes) -> None:
     write_bytes_atomic(path, data, private=True)
 
 
+def _eval_plurality(run: RunDir) -> float | None:
+    """The teachers' plurality accuracy on the evaluation data (the votes stage's)."""
+    manifest = run.read_json(run.manifest) or {}
+    return (manifest.get("accuracy") or {}).get("plurality")
+
+
 def write_run_report(run_dir: str | Path) -> Path:
     """Analyse the run and write ``report/`` (private: it holds vote histograms and the
-    data-dependent epsilon); returns the path of ``report.html``."""
+    data-dependent epsilon); returns the path of ``report.html``. A run with an owner-only
+    evaluation (``comparison/``) also gets ``report/owner-evaluation.html`` and ``.json``."""
+    run = RunDir(run_dir)
     data = load_run_data(run_dir)
     report, figures = build_report(data)
-    return write_report(report, figures, RunDir(run_dir).report,
+    path = write_report(report, figures, run.report,
                         f"PATE privacy-utility report: {data.name}", run_sections(report),
                         _private_writer)
+    if data.comparison is not None:
+        rows = owner_rows(report, data.comparison, _eval_plurality(run))
+        owner = {"run": data.name, "note": "owner only: not for publication", "rows": rows,
+                 "privacy_utility": report["privacy_utility"],
+                 "dpsgd_hyperparameters": data.comparison["dpsgd_hyperparameters"]}
+        write_report(owner, {"privacy_utility.png": figures["privacy_utility.png"]},
+                     run.report, f"Owner-only evaluation: {data.name}",
+                     owner_sections(rows, owner["dpsgd_hyperparameters"]), _private_writer,
+                     stem="owner-evaluation")
+    return path
 
 
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:

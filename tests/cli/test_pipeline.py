@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 
 def pate_run(run: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -39,7 +40,8 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path) -> None:
     assert row["queries_answered"] == int((labels >= 0).sum()) > 0
     assert 0 < row["epsilon_data_dependent"] <= row["epsilon_data_independent"]
     stages = json.loads((run / "stages.json").read_text())
-    assert set(stages) == {"teachers", "votes", "student-confident", "report"}
+    assert set(stages) == {"teachers", "votes", "student-confident", "compare", "report"}
+    check_owner_evaluation(run, report, metrics)
 
     # progress: stderr is a pipe here, so plain lines (one per stage and per student epoch), and
     # every stage's start and end in log.txt
@@ -59,6 +61,38 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path) -> None:
     assert json.loads((run / "stages.json").read_text()) == stages
     quiet = pate_run(run, "--quiet")
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-3000:]
+
+
+def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
+    """The compare stage's owner-only page: apart from the report, private, one row per model
+    with the student's ratio, DP-SGD trained to the student's two epsilons, and the curve's
+    points in the report with epsilon growing with the queries used."""
+    assert stat.S_IMODE((run / "comparison").stat().st_mode) == 0o700
+    for private in ("comparison/metrics.json", "report/owner-evaluation.json",
+                    "report/owner-evaluation.html"):
+        assert stat.S_IMODE((run / private).stat().st_mode) == 0o600, private
+    html = (run / "report" / "owner-evaluation.html").read_text()
+    assert "Owner only: not for publication" in html
+    assert "not for publication" not in (run / "report" / "report.html").read_text()
+    owner = json.loads((run / "report" / "owner-evaluation.json").read_text())
+    comparison = json.loads((run / "comparison" / "metrics.json").read_text())
+    models = [row["model"][:3] for row in owner["rows"]]
+    assert models == ["(a)", "(b)", "(b)", "(c)", "(d)"]
+    for row in owner["rows"]:
+        assert 0 < row["accuracy"] <= 1
+        assert row["student_ratio"] == pytest.approx(metrics["accuracy"] / row["accuracy"])
+    targets = comparison["student_epsilon"]
+    assert targets["sanitised"] == pytest.approx(
+        report["privacy"]["smooth_sensitivity"]["epsilon"])
+    assert targets["data-independent"] == metrics["epsilon"]["data_independent"]
+    for d in comparison["dpsgd"]:  # calibrated to the target from below
+        assert 0.97 * targets[d["at"]] <= d["epsilon"] <= targets[d["at"]] * (1 + 1e-9)
+    curve = report["privacy_utility"]["pate"]
+    assert [p["fraction"] for p in curve] == [0.5, 1.0]
+    assert curve[0]["epsilon_data_independent"] < curve[1]["epsilon_data_independent"]
+    assert curve[1]["epsilon_data_independent"] == pytest.approx(
+        metrics["epsilon"]["data_independent"], rel=1e-6)
+    assert "figures/privacy_utility.png" in report["figures"].values()
 
 
 def test_rerun_with_another_config_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,81 @@
+"""The owner-only evaluation page of a run (``report/owner-evaluation.html`` and ``.json``, 0600):
+the PATE student beside DP-SGD at its epsilons, a model trained on the private data without
+privacy, and the teacher ensemble's plurality, on the same evaluation data, with the ratios.
+
+Models trained on the private data without PATE are not for publication, nor are their figures:
+this page is written apart from the run's report and says so at its top.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from pate.report.figures import format_value
+
+OWNER_NOTE = ('<p class="note"><b>Owner only: not for publication.</b> This page compares the '
+              "published PATE student with models that read the private data: a non-private "
+              "model and the teachers' plurality carry no privacy guarantee, and their accuracy "
+              "is a statistic of the private data. Publish the student, its sanitised or "
+              "data-independent ε, and the DP-SGD models' figures; keep this page.</p>")
+
+_NAMES = {"sanitised": "smooth-sensitivity-sanitised", "data-independent": "data-independent"}
+
+
+def owner_rows(report: dict[str, Any], comparison: dict[str, Any],
+               ensemble_eval_plurality: float | None) -> list[dict[str, Any]]:
+    """One row per model on the evaluation data: accuracy, epsilon and how it was trained, and
+    the student's accuracy divided by the row's."""
+    student = report.get("student") or {}
+    eps = comparison.get("student_epsilon") or {}
+    rows: list[dict[str, Any]] = [{
+        "model": "(a) PATE student (published)",
+        "accuracy": student.get("accuracy"),
+        "epsilon": (f"{format_value(eps.get('sanitised'))} sanitised, "
+                    f"{format_value(eps.get('data-independent'))} data-independent"),
+        "training": (f"{student.get('method')} ({student.get('arch')}), "
+                     f"{student.get('epochs')} epochs, {student.get('labels_used')} labels"),
+    }]
+    for d in comparison.get("dpsgd", []):
+        if "accuracy" not in d:
+            rows.append({"model": f"(b) DP-SGD at the student's {_NAMES[d['at']]} ε",
+                         "training": d.get("skipped")})
+            continue
+        rows.append({
+            "model": f"(b) DP-SGD at the student's {_NAMES[d['at']]} ε",
+            "accuracy": d["accuracy"], "epsilon": f"{d['epsilon']:.4g} (RDP)",
+            "training": (f"{d['epochs']} epochs, expected batch {d['batch_size']}, clipping "
+                         f"C = {d['max_grad_norm']:g}, lr {d['lr']:g}, momentum "
+                         f"{d['momentum']:g}, noise multiplier {d['noise_multiplier']:.3f}")})
+    nonprivate = comparison.get("nonprivate")
+    if nonprivate:
+        rows.append({
+            "model": "(c) non-private: the teachers' architecture on all the private data",
+            "accuracy": nonprivate["accuracy"], "epsilon": "∞ (no privacy)",
+            "training": (f"{nonprivate['model']}, {nonprivate['epochs']} epochs, batch "
+                         f"{nonprivate['batch_size']}, {nonprivate['train_examples']} rows")})
+    rows.append({"model": "(d) teacher ensemble's plurality, no noise",
+                 "accuracy": ensemble_eval_plurality, "epsilon": "∞ (no privacy)",
+                 "training": f"{report.get('teachers')} teachers"})
+    ours = student.get("accuracy")
+    for row in rows:
+        acc = row.get("accuracy")
+        row["student_ratio"] = None if not ours or not acc else ours / acc
+    return rows
+
+
+def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str) -> list[tuple[str, str]]:
+    """The page's sections: the note, the table, and how DP-SGD's settings were chosen."""
+    head = "".join(f"<th>{t}</th>" for t in ("Model", "Accuracy", "ε (δ of the run)",
+                                             "Training", "Student ÷ this"))
+    body = "".join(
+        f"<tr><td>{html.escape(r['model'])}</td><td>{format_value(r.get('accuracy'))}</td>"
+        f"<td>{html.escape(str(r.get('epsilon') or '–'))}</td>"
+        f"<td>{html.escape(str(r.get('training') or '–'))}</td>"
+        f"<td>{format_value(r.get('student_ratio'))}</td></tr>" for r in rows)
+    method = (f"<p>DP-SGD's hyperparameters: {html.escape(dpsgd_choice)}. Each DP-SGD model "
+              "is trained to the student's ε at the run's δ (its noise multiplier calibrated "
+              "by the project's sampled-Gaussian RDP accountant) on the private training data, "
+              "and measured on the student's evaluation data.</p>")
+    return [("Owner-only evaluation", OWNER_NOTE + method
+             + f'<table id="owner"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')]

@@ -1,0 +1,55 @@
+"""The non-private reference: the teachers' architecture trained on all the private data at once,
+with no privacy at all, and its accuracy on the evaluation data.
+
+It answers the owner's question "what does privacy cost?" (PATE 2018 and Abadi et al. 2016 both
+report such a baseline). The model is not DP: it is never saved, and its accuracy belongs to the
+owner-only evaluation (``pate.rundir.RunDir.comparison``), not to anything published.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pate.data.task import load_task
+from pate.errors import UserError
+from teachers import checkpoints
+from teachers.ensemble import TrainConfig, train_one
+from teachers.user_models import module_state
+from teachers.votes import Ensemble
+
+
+def train_nonprivate(run_dir: str | Path, epochs: int, batch_size: int, device: str = "cpu"
+                     ) -> dict[str, Any]:
+    """Train one model of the run's teachers' architecture and training recipe (the manifest's)
+    on every private row, for ``epochs`` passes in batches of ``batch_size``, and measure it on
+    the evaluation data. Returns its figures (private to the owner)."""
+    run_dir = Path(run_dir)
+    manifest = checkpoints.read_manifest(run_dir)
+    if manifest is None or not manifest.get("done"):
+        raise UserError(f"{run_dir} has no trained teachers: the non-private model copies their "
+                        "architecture")
+    task = load_task(checkpoints.data_source(manifest))
+    if task.eval_x is None or task.eval_y is None:
+        raise UserError("the non-private model is measured on test data: give data.test")
+    assert task.private_x is not None and task.private_y is not None
+    cfg = replace(TrainConfig(**manifest["train"]), epochs=epochs, batch_size=batch_size)
+    encoder = (checkpoints.load_encoder(run_dir, manifest["pool_encoder"]["sha256"], device)
+               if "pool_encoder" in manifest else None)
+    x = torch.as_tensor(task.private_x, device=device)
+    y = torch.as_tensor(task.private_y, device=device)
+    rows = np.arange(len(x))
+    start = time.perf_counter()
+    model = train_one(cfg, x, y, task.num_classes, 0, rows, len(rows), encoder)
+    seconds = time.perf_counter() - start
+    state = {k: v[None] for k, v in module_state(model).items()}
+    ensemble = Ensemble(cfg.model, task.input_shape, task.num_classes, [state], device, encoder)
+    accuracy = float(ensemble.accuracy(task.eval_x, task.eval_y)[0])
+    return {"model": cfg.model, "accuracy": accuracy, "eval_examples": len(task.eval_y),
+            "train_examples": len(rows), "epochs": epochs, "batch_size": batch_size,
+            "lr": cfg.lr, "seconds": seconds}
