@@ -14,6 +14,8 @@ also the per-pair cost of the Bayesian accountant (``analysis.bayesian``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, log_ndtr, logsumexp
@@ -176,20 +178,24 @@ def noise_multiplier_for_epsilon(epsilon: float, q: float, steps: int, delta: fl
                                  rtol: float = 1e-4) -> float:
     """The smallest noise multiplier (to relative tolerance ``rtol``, rounded up) whose
     ``dpsgd_epsilon`` is at most ``epsilon``: bisection, epsilon being decreasing in sigma."""
+    a = as_orders(orders)
+    return smallest_noise_for_epsilon(
+        lambda sigma: epsilon_from_rdp(sampled_gaussian_rdp(q, sigma, a, steps), a, delta,
+                                       conversion)[0], epsilon, rtol)
+
+
+def smallest_noise_for_epsilon(epsilon_of: Callable[[float], float], epsilon: float,
+                               rtol: float = 1e-4) -> float:
+    """The smallest noise multiplier (to relative tolerance ``rtol``, rounded up) at which the
+    decreasing function ``epsilon_of`` is at most ``epsilon``: doubling, then bisection."""
     if epsilon <= 0:
         raise ValueError(f"target epsilon must be > 0, got {epsilon!r}")
-    a = as_orders(orders)
-
-    def eps(sigma: float) -> float:
-        return epsilon_from_rdp(sampled_gaussian_rdp(q, sigma, a, steps), a, delta,
-                                conversion)[0]
-
     lo, hi = 0.0, 1.0
-    while eps(hi) > epsilon:
+    while epsilon_of(hi) > epsilon:
         lo, hi = hi, 2.0 * hi
         if hi > 1e6:
             raise ValueError(f"no noise multiplier up to 1e6 reaches epsilon {epsilon}")
     while hi - lo > rtol * hi:
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if eps(mid) > epsilon else (lo, mid)
+        lo, hi = (mid, hi) if epsilon_of(mid) > epsilon else (lo, mid)
     return hi

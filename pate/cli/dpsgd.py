@@ -3,7 +3,8 @@
 Writes ``DIR/dpsgd/metrics.json`` (accuracy on the evaluation half of the test split, the RDP
 and the Bayesian epsilon, delta, steps, noise multiplier, sampling rate, clipping norm),
 ``DIR/dpsgd/model.pt`` (the state dict) and, private, ``DIR/dpsgd/distances.npy`` (the pair
-distances per step, input of ``pate epsilon bayesian``).
+distances per step, input of ``pate epsilon bayesian``). ``--noise``, ``--encode`` and
+``--denoise`` select DP-SGD with gradient encoding and denoising (``student.encoded_dpsgd``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.errors import UserError
@@ -45,6 +47,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--conversion", choices=CONVERSIONS, default="improved")
     train.add_argument("--bayesian-pairs", type=int, default=256,
                        help="gradient pairs sampled per step for the Bayesian accountant")
+    train.add_argument("--noise", choices=NOISE_FAMILIES, default="gaussian",
+                       help="noise family; --noise-multiplier is its standard deviation / C "
+                            "(default: gaussian)")
+    train.add_argument("--dof", type=float, default=DEFAULT_DOF,
+                       help="degrees of freedom of Student-t noise (> 2; default 9)")
+    train.add_argument("--encode", type=int, default=None, metavar="N",
+                       help="encode each gradient against N preselected profiles (Nasr et al. "
+                            "2020; needed by non-Gaussian noise)")
+    train.add_argument("--encode-seed", type=int, default=0,
+                       help="seed of the public profiles (default 0)")
+    train.add_argument("--denoise", choices=DENOISERS, default="none",
+                       help="ks: scale each noisy gradient by its Kolmogorov-Smirnov distance "
+                            "to the noise distribution (post-processing)")
     train.add_argument("--init-seed", type=int, default=None,
                        help="seed of the weight initialisation only (offline experiments); "
                             "sampling and noise always come from the OS's entropy")
@@ -55,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from student.baseline import train_dpsgd_baseline
     from student.dpsgd import DPSGDConfig
+    from student.encoded_dpsgd import EncodingConfig
 
     try:
         config = DPSGDConfig(
@@ -63,14 +79,18 @@ def run_train(args: argparse.Namespace) -> int:
             target_epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
             delta=args.delta, conversion=args.conversion, bayesian_pairs=args.bayesian_pairs,
             init_seed=args.init_seed)
+        encoding = EncodingConfig(noise=args.noise, dof=args.dof, encode=args.encode,
+                                  encode_seed=args.encode_seed, denoise=args.denoise)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     run = RunDir(args.run)
     with progress_bar("DP-SGD", None, "step", every=10.0) as bar:
         metrics = train_dpsgd_baseline(run, config, source_from_flags(args),
-                                       lambda _step, total: bar.update(1, total))
+                                       lambda _step, total: bar.update(1, total),
+                                       encoding=encoding)
+    bayesian = (f", {metrics['epsilon_bayesian']:.3f} (Bayesian)"
+                if "epsilon_bayesian" in metrics else "")
     print(json.dumps(metrics) if args.json
-          else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP), "
-               f"{metrics['epsilon_bayesian']:.3f} (Bayesian)  delta {metrics['delta']:g}  "
-               f"-> {run.dpsgd_metrics}")
+          else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP)"
+               f"{bayesian}  delta {metrics['delta']:g}  -> {run.dpsgd_metrics}")
     return 0

@@ -1,5 +1,6 @@
 """``pate epsilon dpsgd`` and ``pate epsilon bayesian``: the epsilon of DP-SGD from the RDP core,
-with the sampled-Gaussian accountant or the Bayesian accountant (docs/privacy-math.md §6, §7)."""
+with the sampled-Gaussian accountant or the Bayesian accountant (docs/privacy-math.md §6, §7);
+``--noise``/``--encode`` account DP-SGD with gradient encoding and any noise family (§10)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
+from analysis.encoded_rdp import encoded_accountant
+from analysis.noise_families import DEFAULT_DOF, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
-from analysis.sampled_gaussian import dpsgd_epsilon
 from pate.errors import UserError
+
+# Parameters of student.dpsgd.tempered_cnn((1, 28, 28), 10, ...), the default model (a test
+# checks it).
+DEFAULT_CNN_PARAMETERS = 26010
 
 
 def _moments(text: str) -> tuple[int, ...]:
@@ -40,6 +46,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     dp.add_argument("--delta", type=float, required=True, metavar="D")
     dp.add_argument("--conversion", choices=CONVERSIONS, default="improved",
                     help="RDP to (epsilon, delta) conversion (default: improved)")
+    dp.add_argument("--noise", choices=NOISE_FAMILIES, default="gaussian",
+                    help="noise family, S its standard deviation / C (default: gaussian)")
+    dp.add_argument("--dof", type=float, default=DEFAULT_DOF,
+                    help="degrees of freedom of Student-t noise (default 9)")
+    dp.add_argument("--encode", type=int, default=None, metavar="N",
+                    help="gradients encoded against N profiles (needed by non-Gaussian noise)")
+    dp.add_argument("--dimension", type=int, default=DEFAULT_CNN_PARAMETERS, metavar="D",
+                    help="number of model parameters (default: the default CNN's, "
+                         f"{DEFAULT_CNN_PARAMETERS})")
+    dp.add_argument("--encode-seed", type=int, default=0,
+                    help="seed of the profiles (default 0, as pate dpsgd train)")
     dp.add_argument("--json", action="store_true", help="print one JSON object")
     dp.set_defaults(handler=run_dpsgd)
 
@@ -61,8 +78,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_dpsgd(args: argparse.Namespace) -> int:
     try:
-        eps, order = dpsgd_epsilon(args.sampling_rate, args.noise_multiplier, args.steps,
-                                   args.delta, args.conversion)
+        eps, order = encoded_accountant(
+            args.noise, args.dof, args.encode, args.dimension, args.encode_seed
+        ).epsilon(args.sampling_rate, args.noise_multiplier, args.steps, args.delta,
+                  args.conversion)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out = {"epsilon": eps, "order": order, "conversion": args.conversion}
