@@ -23,6 +23,7 @@ from typing import Any
 
 from pate.config import RunConfig
 from pate.errors import UserError
+from pate.progress import progress_bar
 from pate.report.figures import analyse
 from pate.report.run_report import load_run_data
 from pate.rundir import RunDir
@@ -72,8 +73,10 @@ def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
             dpsgd.append({"at": name, "skipped": f"the run has no {name} epsilon"})
             continue
         say(f"DP-SGD to the student's {name} epsilon {target:.3f}")
-        metrics = train_dpsgd_baseline(run, dpsgd_settings(config, target), source,
-                                       out=run.comparison_dpsgd(name))
+        with progress_bar(f"DP-SGD at epsilon {target:.3f}", None, "step", every=10.0) as bar:
+            metrics = train_dpsgd_baseline(run, dpsgd_settings(config, target), source,
+                                           lambda _step, total: bar.update(1, total),
+                                           out=run.comparison_dpsgd(name))
         p = config.dpsgd
         dpsgd.append({"at": name, "target_epsilon": target, "epochs": p.epochs,
                       "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum,

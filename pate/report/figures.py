@@ -409,6 +409,11 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
         t = report["teacher_accuracy"]
         details.append(("Teacher accuracy (mean ± std, min–max)",
                         f"{t['mean']:.4f} ± {t['std']:.4f}, {t['min']:.4f}–{t['max']:.4f}"))
+    if report.get("audit"):
+        a = report["audit"]
+        details.append(("Empirical privacy audit (pate audit models)",
+                        f"{'passed' if a['passed'] else 'FAILED'} ({a['file']}; its figures "
+                        "are in owner-evaluation.html)"))
     if privacy and privacy["smooth_sensitivity"]:
         ss = privacy["smooth_sensitivity"]
         details.append(("Smooth-sensitivity release (order, β, SS, σ)",

@@ -64,6 +64,28 @@ def owner_rows(report: dict[str, Any], comparison: dict[str, Any],
     return rows
 
 
+def audit_section(audit: dict[str, Any]) -> tuple[str, str]:
+    """The latest ``pate audit models`` summary (``audit/models-*.json``): per audited model its
+    accuracy, the membership-inference epsilon lower bound against the analytic epsilon, the best
+    attack's AUC, and whether it passed."""
+    head = "".join(f"<th>{t}</th>" for t in ("Model", "Accuracy", "ε lower bound (audit)",
+                                             "ε analytic", "Best AUC", "Passed"))
+    body = "".join(
+        f"<tr><td>{html.escape(t['target'])}</td><td>{format_value(t.get('accuracy'))}</td>"
+        f"<td>{format_value(t['epsilon_lower'])}</td>"
+        f"<td>{format_value(t.get('epsilon_analytic'))}</td>"
+        f"<td>{format_value(max((a['auc'] for a in t['attacks']), default=None))}</td>"
+        f"<td>{'yes' if t['passed'] else 'NO'}</td></tr>" for t in audit["targets"])
+    verdict = ("Passed" if audit["passed"]
+               else "FAILED: " + html.escape("; ".join(audit["failures"])))
+    text = (f"<p>Membership inference with randomised canaries ({html.escape(audit['method'])})"
+            f", at δ = {format_value(audit['delta'])} and confidence "
+            f"{format_value(audit['confidence'])}: {html.escape(audit['file'])}. "
+            f"{verdict}.</p>")
+    return ("Empirical audit of the models", text
+            + f'<table id="audit"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
 def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str) -> list[tuple[str, str]]:
     """The page's sections: the note, the table, and how DP-SGD's settings were chosen."""
     head = "".join(f"<th>{t}</th>" for t in ("Model", "Accuracy", "ε (δ of the run)",

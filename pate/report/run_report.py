@@ -26,7 +26,7 @@ from pate.report.figures import (
     table_html,
     write_report,
 )
-from pate.report.owner import owner_rows, owner_sections
+from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline
 
@@ -128,6 +128,18 @@ def _eval_plurality(run: RunDir) -> float | None:
     return (manifest.get("accuracy") or {}).get("plurality")
 
 
+def latest_models_audit(run: RunDir) -> dict[str, Any] | None:
+    """The newest ``pate audit models`` summary of the run (``audit/models-<UTC time>.json``,
+    private), with its file name; None when no audit ran."""
+    found = sorted(run.audit.glob("models-*Z.json")) if run.audit.is_dir() else []
+    if not found:
+        return None
+    try:
+        return {**json.loads(found[-1].read_text()), "file": f"audit/{found[-1].name}"}
+    except (OSError, ValueError):
+        raise UserError(f"{found[-1]}: not a readable audit summary") from None
+
+
 def write_run_report(run_dir: str | Path) -> Path:
     """Analyse the run and write ``report/`` (private: it holds vote histograms and the
     data-dependent epsilon); returns the path of ``report.html``. A run with an owner-only
@@ -135,19 +147,36 @@ def write_run_report(run_dir: str | Path) -> Path:
     run = RunDir(run_dir)
     data = load_run_data(run_dir)
     report, figures = build_report(data)
+    audit = latest_models_audit(run)
+    if audit is not None:  # the report says only that an audit ran and whether it passed
+        report["audit"] = {"file": audit["file"], "passed": audit["passed"]}
     path = write_report(report, figures, run.report,
                         f"PATE privacy-utility report: {data.name}", run_sections(report),
                         _private_writer)
+    if data.comparison is not None or audit is not None:
+        write_owner_evaluation(run, data, report, figures, audit)
+    return path
+
+
+def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
+                           figures: dict[str, Any], audit: dict[str, Any] | None) -> None:
+    """``report/owner-evaluation.html`` and ``.json`` (0600): the compare stage's comparison and
+    the curve, and the latest model audit's figures."""
+    owner: dict[str, Any] = {"run": data.name, "note": "owner only: not for publication"}
+    sections, shown = [], {}
     if data.comparison is not None:
         rows = owner_rows(report, data.comparison, _eval_plurality(run))
-        owner = {"run": data.name, "note": "owner only: not for publication", "rows": rows,
-                 "privacy_utility": report["privacy_utility"],
-                 "dpsgd_hyperparameters": data.comparison["dpsgd_hyperparameters"]}
-        write_report(owner, {"privacy_utility.png": figures["privacy_utility.png"]},
-                     run.report, f"Owner-only evaluation: {data.name}",
-                     owner_sections(rows, owner["dpsgd_hyperparameters"]), _private_writer,
-                     stem="owner-evaluation")
-    return path
+        owner.update(rows=rows, privacy_utility=report["privacy_utility"],
+                     dpsgd_hyperparameters=data.comparison["dpsgd_hyperparameters"])
+        sections += owner_sections(rows, owner["dpsgd_hyperparameters"])
+        shown["privacy_utility.png"] = figures["privacy_utility.png"]
+    else:
+        sections.append(("Owner-only evaluation", OWNER_NOTE))
+    if audit is not None:
+        owner["audit"] = audit
+        sections.append(audit_section(audit))
+    write_report(owner, shown, run.report, f"Owner-only evaluation: {data.name}", sections,
+                 _private_writer, stem="owner-evaluation")
 
 
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:

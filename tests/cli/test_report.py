@@ -108,6 +108,29 @@ def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
     assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
 
 
+def test_a_model_audit_is_said_in_the_report_and_shown_to_the_owner(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    make_run(run, rounds=False)
+    (run / "audit").mkdir()
+    target = {"target": "teacher", "accuracy": 0.7, "epsilon_lower": 0.3125,
+              "epsilon_analytic": 0.25, "attacks": [{"auc": 0.61}], "passed": False}
+    for stamp, passed in (("20261124T100000Z", True), ("20261125T100000Z", False)):
+        (run / "audit" / f"models-{stamp}.json").write_text(json.dumps(
+            {"method": "one training run", "delta": 1e-5, "confidence": 0.95,
+             "targets": [{**target, "passed": passed}], "passed": passed,
+             "failures": [] if passed else ["privacy bug: teacher's bound exceeds"]}))
+    assert pate("report", "--run", str(run)).returncode == 0
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert report["audit"] == {"file": "audit/models-20261125T100000Z.json", "passed": False}
+    page = (run / "report" / "report.html").read_text()
+    assert "FAILED" in page and "0.3125" not in page      # the verdict, not the figures
+    owner = run / "report" / "owner-evaluation.html"
+    assert stat.S_IMODE(owner.stat().st_mode) == 0o600
+    text = owner.read_text()
+    assert "Owner only: not for publication" in text and "0.3125" in text
+    assert "privacy bug: teacher" in text
+
+
 def test_report_of_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None:
     proc = pate("report", "--run", str(tmp_path))
     assert proc.returncode == 2
