@@ -38,6 +38,16 @@ def test_bad_configs(text: str, message: str) -> None:
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_older_run_directories_still_read() -> None:
+    """config.toml of runs made before the compare stage: an empty [report] section, or its
+    retired non_private_baseline, is dropped; any other [report] key is still an error."""
+    current = dump_config(load_config("digits-tiny"))
+    for old in ("[report]\n", "[report]\nnon_private_baseline = 0.9\n"):
+        assert parse_config(current + old, "old.toml") == load_config("digits-tiny")
+    with pytest.raises(UserError, match="report: Extra inputs"):
+        parse_config(current + "[report]\nsomething = 1\n", "old.toml")
+
+
 def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["run", "no-such-preset", "--run", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
