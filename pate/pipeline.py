@@ -37,8 +37,10 @@ from teachers.votes import collect_votes
 
 STAGES = ("teachers", "votes", "student-confident", "student-interactive", "dpsgd", "compare",
           "report")
-OPTIONAL = {"student-interactive": lambda c: c.student.interactive_queries > 0,
-            "dpsgd": lambda c: c.dpsgd.enabled, "compare": lambda c: c.compare.enabled}
+# The stages a config may leave out, and whether it runs them.
+OPTIONAL: dict[str, Callable[[RunConfig], bool]] = {
+    "student-interactive": lambda c: c.student.interactive_queries > 0,
+    "dpsgd": lambda c: c.dpsgd.enabled, "compare": lambda c: c.compare.enabled}
 
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:

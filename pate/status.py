@@ -13,7 +13,7 @@ from analysis.orders import default_orders
 from pate.aggregation.ledger import Ledger
 from pate.config import RunConfig, parse_config
 from pate.errors import UserError
-from pate.pipeline import STAGES
+from pate.pipeline import OPTIONAL, STAGES
 from pate.rundir import RunDir
 
 
@@ -25,9 +25,7 @@ def _stages(run: RunDir, config: RunConfig | None) -> list[dict[str, Any]]:
             parts = line.split(" ", 1)
             if len(parts) == 2 and parts[1].endswith(": started"):
                 started.add(parts[1].removesuffix(": started"))
-    wanted = [s for s in STAGES if config is None or not (
-        (s == "dpsgd" and not config.dpsgd.enabled)
-        or (s == "student-interactive" and not config.student.interactive_queries))]
+    wanted = [s for s in STAGES if config is None or s not in OPTIONAL or OPTIONAL[s](config)]
     out = []
     for stage in wanted:
         if stage in done:
