@@ -29,6 +29,7 @@ from pate.report.run_report import load_run_data
 from pate.rundir import RunDir
 from student.baseline import train_dpsgd_baseline
 from student.dpsgd import DPSGDConfig
+from student.encoded_dpsgd import EncodingConfig
 from student.workflow import StudentOptions, train_on_prefixes
 from teachers.nonprivate import train_nonprivate
 
@@ -50,12 +51,19 @@ def student_epsilons(run: RunDir) -> dict[str, float | None]:
             "data-independent": metrics["epsilon"].get("data_independent")}
 
 
-def dpsgd_settings(config: RunConfig, target_epsilon: float) -> DPSGDConfig:
-    """The ``[dpsgd]`` section's DP-SGD, at the run's delta, calibrated to ``target_epsilon``."""
+def dpsgd_settings(config: RunConfig, target_epsilon: float
+                   ) -> tuple[DPSGDConfig, EncodingConfig]:
+    """The ``[dpsgd]`` section's DP-SGD, at the run's delta, calibrated to ``target_epsilon``,
+    and its gradient encoding and denoising (plain DP-SGD by default)."""
     p = config.dpsgd
-    return DPSGDConfig(epochs=p.epochs, expected_batch_size=p.batch_size, lr=p.lr,
-                       momentum=p.momentum, max_grad_norm=p.max_grad_norm,
-                       target_epsilon=target_epsilon, delta=config.aggregator.delta)
+    try:
+        return (DPSGDConfig(epochs=p.epochs, expected_batch_size=p.batch_size, lr=p.lr,
+                            momentum=p.momentum, max_grad_norm=p.max_grad_norm,
+                            target_epsilon=target_epsilon, delta=config.aggregator.delta),
+                EncodingConfig(noise=p.noise, dof=p.dof, encode=p.encode,
+                               encode_seed=p.encode_seed, denoise=p.denoise))
+    except ValueError as exc:
+        raise UserError(f"[dpsgd]: {exc}") from None
 
 
 def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
@@ -74,12 +82,14 @@ def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
             continue
         say(f"DP-SGD to the student's {name} epsilon {target:.3f}")
         with progress_bar(f"DP-SGD at epsilon {target:.3f}", None, "step", every=10.0) as bar:
-            metrics = train_dpsgd_baseline(run, dpsgd_settings(config, target), source,
+            settings, encoding = dpsgd_settings(config, target)
+            metrics = train_dpsgd_baseline(run, settings, source,
                                            lambda _step, total: bar.update(1, total),
-                                           out=run.comparison_dpsgd(name))
+                                           out=run.comparison_dpsgd(name), encoding=encoding)
         p = config.dpsgd
         dpsgd.append({"at": name, "target_epsilon": target, "epochs": p.epochs,
                       "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum,
+                      "noise": p.noise, "encode": p.encode, "denoise": p.denoise,
                       **{k: metrics[k] for k in (
                           "accuracy", "epsilon", "delta", "steps", "noise_multiplier",
                           "sampling_rate", "max_grad_norm", "train_seconds")}})

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pate.aggregation.delta_policy import check_delta
-from pate.comparison import run_comparison
+from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, dump_config, parse_config
 from pate.data.task import Benchmark, data_kind
 from pate.errors import UserError
@@ -28,7 +28,6 @@ from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
-from student.dpsgd import DPSGDConfig
 from student.workflow import AggregatorSession, StudentOptions, train_student
 from teachers.choices import DEFAULT_MODEL
 from teachers.distributed import Cluster, TrainJob, train_teachers
@@ -130,11 +129,8 @@ def _epoch_line(run: RunDir, stage: str) -> Callable[[int, dict[str, float]], No
 
 
 def _dpsgd(config: RunConfig, run: RunDir) -> None:
-    p = config.dpsgd
-    settings = DPSGDConfig(epochs=p.epochs, expected_batch_size=p.batch_size, lr=p.lr,
-                           momentum=p.momentum, max_grad_norm=p.max_grad_norm,
-                           target_epsilon=p.epsilon, delta=config.aggregator.delta)
-    metrics = train_dpsgd_baseline(run, settings, config.data.source())
+    settings, encoding = dpsgd_settings(config, config.dpsgd.epsilon)
+    metrics = train_dpsgd_baseline(run, settings, config.data.source(), encoding=encoding)
     run.append_log(f"dpsgd: accuracy {metrics['accuracy']:.4f} at epsilon "
                    f"{metrics['epsilon']:.3f}")
 

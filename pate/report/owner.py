@@ -41,12 +41,17 @@ def owner_rows(report: dict[str, Any], comparison: dict[str, Any],
             rows.append({"model": f"(b) DP-SGD at the student's {_NAMES[d['at']]} ε",
                          "training": d.get("skipped")})
             continue
+        variant = ("" if d.get("noise", "gaussian") == "gaussian" and not d.get("encode")
+                   and d.get("denoise", "none") == "none"
+                   else f", {d['noise']} noise, {d['encode']} encoding profiles, denoising "
+                        f"{d['denoise']}")
         rows.append({
             "model": f"(b) DP-SGD at the student's {_NAMES[d['at']]} ε",
             "accuracy": d["accuracy"], "epsilon": f"{d['epsilon']:.4g} (RDP)",
             "training": (f"{d['epochs']} epochs, expected batch {d['batch_size']}, clipping "
                          f"C = {d['max_grad_norm']:g}, lr {d['lr']:g}, momentum "
-                         f"{d['momentum']:g}, noise multiplier {d['noise_multiplier']:.3f}")})
+                         f"{d['momentum']:g}, noise multiplier {d['noise_multiplier']:.3f}"
+                         f"{variant}")})
     nonprivate = comparison.get("nonprivate")
     if nonprivate:
         rows.append({
