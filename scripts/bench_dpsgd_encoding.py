@@ -162,6 +162,8 @@ def _plot(table: list[dict], out: Path) -> None:
                         yerr=[r["accuracy_std"] or 0.0 for r in pts], fmt=style, color=colour,
                         capsize=3, label=v)
     ax.set_xscale("log", base=2)
+    ticks = sorted({r["target_epsilon"] for r in table})
+    ax.set_xticks(ticks, [f"{e:g}" for e in ticks])
     ax.set_xlabel("ε (δ = 1e-5)")
     ax.set_ylabel("Accuracy on the evaluation data")
     ax.set_title("DP-SGD: gradient encoding, noise family, denoising")
