@@ -59,7 +59,8 @@ def dpsgd_settings(config: RunConfig, target_epsilon: float
     try:
         return (DPSGDConfig(epochs=p.epochs, expected_batch_size=p.batch_size, lr=p.lr,
                             momentum=p.momentum, max_grad_norm=p.max_grad_norm,
-                            target_epsilon=target_epsilon, delta=config.aggregator.delta),
+                            target_epsilon=target_epsilon, delta=config.aggregator.delta,
+                            model=p.model),
                 EncodingConfig(noise=p.noise, dof=p.dof, encode=p.encode,
                                encode_seed=p.encode_seed, denoise=p.denoise))
     except ValueError as exc:
@@ -87,7 +88,8 @@ def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
                                            lambda _step, total: bar.update(1, total),
                                            out=run.comparison_dpsgd(name), encoding=encoding)
         p = config.dpsgd
-        dpsgd.append({"at": name, "target_epsilon": target, "epochs": p.epochs,
+        dpsgd.append({"at": name, "target_epsilon": target, "model": p.model,
+                      "epochs": p.epochs,
                       "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum,
                       "noise": p.noise, "encode": p.encode, "denoise": p.denoise,
                       **{k: metrics[k] for k in (

@@ -25,7 +25,7 @@ from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
 from pate.data.augment import AUGMENTATIONS
 from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
-from student.choices import ARCHITECTURES
+from student.choices import ARCHITECTURES, DPSGD_MODELS
 from teachers.choices import MODELS, model_name_problem
 
 
@@ -179,9 +179,11 @@ class StudentConfig(_Section):
 class DPSGDConfig(_Section):
     """``pate dpsgd train``'s settings (student.dpsgd.DPSGDConfig), trained to ``epsilon``;
     ``noise``, ``dof``, ``encode``, ``encode_seed`` and ``denoise`` select gradient encoding and
-    denoising (student.encoded_dpsgd.EncodingConfig; the defaults are plain DP-SGD)."""
+    denoising (student.encoded_dpsgd.EncodingConfig; the defaults are plain DP-SGD); ``model``
+    is the network (``student.choices.DPSGD_MODELS``)."""
 
     enabled: bool = False
+    model: str = "tempered-cnn"
     epsilon: float = Field(default=3.0, gt=0)
     epochs: int = Field(default=10, ge=1)
     batch_size: int = Field(default=2048, ge=1)
@@ -193,6 +195,13 @@ class DPSGDConfig(_Section):
     encode: int | None = Field(default=None, ge=1)
     encode_seed: int = 0
     denoise: Literal["none", "ks"] = "none"
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in DPSGD_MODELS:
+            raise ValueError(f"model must be one of {', '.join(DPSGD_MODELS)}, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _encoded_if_not_gaussian(self) -> DPSGDConfig:
@@ -223,6 +232,11 @@ class CompareConfig(_Section):
         return value
 
 
+# ``pate run``'s stages, in order (pate.pipeline); RunConfig.stages says which a config runs.
+STAGES: tuple[str, ...] = ("teachers", "votes", "student-confident", "student-interactive",
+                           "dpsgd", "compare", "report")
+
+
 class RunConfig(_Section):
     name: str
     data: DataConfig = DataConfig()
@@ -240,6 +254,12 @@ class RunConfig(_Section):
                 raise ValueError(f"aggregator.{key} must lie in [0, teachers.count = "
                                  f"{self.teachers.count}]")
         return self
+
+    def stages(self) -> tuple[str, ...]:
+        """The stages of ``STAGES`` this config runs: the optional ones only when asked for."""
+        optional = {"student-interactive": self.student.interactive_queries > 0,
+                    "dpsgd": self.dpsgd.enabled, "compare": self.compare.enabled}
+        return tuple(s for s in STAGES if optional.get(s, True))
 
 
 def preset_names() -> list[str]:

@@ -34,13 +34,6 @@ from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, augment_for
 from teachers.votes import collect_votes
 
-STAGES = ("teachers", "votes", "student-confident", "student-interactive", "dpsgd", "compare",
-          "report")
-# The stages a config may leave out, and whether it runs them.
-OPTIONAL: dict[str, Callable[[RunConfig], bool]] = {
-    "student-interactive": lambda c: c.student.interactive_queries > 0,
-    "dpsgd": lambda c: c.dpsgd.enabled, "compare": lambda c: c.compare.enabled}
-
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     """Create the run directory (0700) and its config.toml; a rerun must use the same config."""
@@ -168,9 +161,7 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         "report": lambda: _report(run),
     }
     done = run.finished_stages()
-    for stage in STAGES:
-        if stage in OPTIONAL and not OPTIONAL[stage](config):
-            continue
+    for stage in config.stages():
         if stage in done:
             say(f"pate run: {stage}: done already, skipped")
             continue

@@ -11,9 +11,8 @@ from typing import Any
 
 from analysis.orders import default_orders
 from pate.aggregation.ledger import Ledger
-from pate.config import RunConfig, parse_config
+from pate.config import STAGES, RunConfig, parse_config
 from pate.errors import UserError
-from pate.pipeline import OPTIONAL, STAGES
 from pate.rundir import RunDir
 
 
@@ -25,9 +24,8 @@ def _stages(run: RunDir, config: RunConfig | None) -> list[dict[str, Any]]:
             parts = line.split(" ", 1)
             if len(parts) == 2 and parts[1].endswith(": started"):
                 started.add(parts[1].removesuffix(": started"))
-    wanted = [s for s in STAGES if config is None or s not in OPTIONAL or OPTIONAL[s](config)]
     out = []
-    for stage in wanted:
+    for stage in STAGES if config is None else config.stages():
         if stage in done:
             out.append({"stage": stage, "state": "done", "seconds": done[stage]})
         else:

@@ -14,7 +14,9 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
 - The model is the tempered-sigmoid CNN of Papernot et al. 2021 ("Tempered Sigmoid Activations
   for Deep Learning with Differential Privacy", AAAI, Table 1: MNIST/Fashion-MNIST architecture)
   with tanh, trained with momentum SGD and large batches as Tramèr & Boneh 2021 ("Differentially
-  Private Learning Needs Better Features", §3) do for their end-to-end CNN baseline.
+  Private Learning Needs Better Features", §3) do for their end-to-end CNN baseline. Or
+  (``model = "hog-linear"``) a linear softmax on HOG features computed once per example, their
+  handcrafted-features model (§4) with HOG in place of the ScatterNet.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import importlib.util
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +36,8 @@ from torch import nn
 from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
+from student.choices import DPSGD_MODELS
+from teachers.hog import HOG, hog_size
 
 # Opacus's clipping formula: factor = min(1, C / (norm + 1e-6)) (opacus.optimizers.optimizer).
 _CLIP_EPS = 1e-6
@@ -58,8 +63,11 @@ class DPSGDConfig:
     moments: tuple[int, ...] = field(default=DEFAULT_MOMENTS)
     eval_batch_size: int = 4096
     init_seed: int | None = None
+    model: str = "tempered-cnn"
 
     def __post_init__(self) -> None:
+        if self.model not in DPSGD_MODELS:
+            raise ValueError(f"model must be one of {DPSGD_MODELS}, got {self.model!r}")
         if (self.target_epsilon is None) == (self.noise_multiplier is None):
             raise ValueError("give exactly one of target_epsilon and noise_multiplier")
         if self.epochs < 1 or self.expected_batch_size < 1 or self.bayesian_pairs < 3:
@@ -84,6 +92,33 @@ def tempered_cnn(in_shape: tuple[int, int, int], num_classes: int, mean: float,
     with torch.no_grad():
         flat = features(torch.zeros(1, c, h, w)).shape[1]
     return nn.Sequential(*features, nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes))
+
+
+def dpsgd_network(name: str, in_shape: tuple[int, int, int], num_classes: int, mean: float,
+                  std: float) -> tuple[nn.Module | None, nn.Module]:
+    """The network ``name`` of ``DPSGD_MODELS`` as (fixed feature map or None, trained part):
+    :func:`tempered_cnn`, trained whole; or a linear softmax on HOG features
+    (``teachers.hog.HOG``, parameter-free, computed once per example before training), Tramer &
+    Boneh 2021's handcrafted features with a linear model, with HOG in place of their ScatterNet.
+    HOG is normalised per block, so it needs no ``mean``/``std``."""
+    if name == "hog-linear":
+        return HOG(), nn.Linear(hog_size(in_shape), num_classes)
+    return None, tempered_cnn(in_shape, num_classes, mean, std)
+
+
+def fixed_features(fixed: nn.Module | None, x: np.ndarray, batch_size: int) -> np.ndarray:
+    """``fixed`` applied to every row of ``x`` (by batches, without gradients), or ``x`` itself.
+    A fixed map is the same function of each example whatever the data: it costs no privacy."""
+    if fixed is None:
+        return x
+    with torch.no_grad():
+        return np.concatenate([fixed(torch.from_numpy(x[i:i + batch_size])).numpy()
+                               for i in range(0, len(x), batch_size)])
+
+
+def whole_model(fixed: nn.Module | None, trained: nn.Module) -> nn.Module:
+    """The published model: the fixed map, then the trained part."""
+    return trained if fixed is None else nn.Sequential(fixed, trained)
 
 
 class _Standardise(nn.Module):
@@ -148,32 +183,73 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int) ->
     return correct / len(y)
 
 
+@dataclass
+class DPSGDSetup:
+    """What both DP-SGD learners share: the sampling rate q = min(1, batch / n), the
+    Poisson-sampled loader over the training rows (after the fixed feature map) drawing from an
+    OS-seeded generator, the number of steps, and the network as (fixed map, trained part)."""
+
+    q: float
+    loader: Any
+    total_steps: int
+    fixed: nn.Module | None
+    model: nn.Module
+    sample_generator: torch.Generator
+
+
+def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
+                config: DPSGDConfig, norm: tuple[float, float]) -> DPSGDSetup:
+    """The :class:`DPSGDSetup` of a run; the network is initialised from ``config.init_seed``
+    when given (sampling and noise never are)."""
+    from opacus.data_loader import DPDataLoader
+    from torch.utils.data import TensorDataset
+
+    q = min(1.0, config.expected_batch_size / len(train_y))
+    if config.init_seed is not None:
+        torch.manual_seed(config.init_seed)
+    fixed, model = dpsgd_network(config.model, tuple(train_x.shape[1:]), num_classes, *norm)
+    features = fixed_features(fixed, train_x, config.eval_batch_size)
+    sample_gen, _ = secure_generator()
+    loader = DPDataLoader(TensorDataset(torch.from_numpy(features), torch.from_numpy(train_y)),
+                          sample_rate=q, generator=sample_gen)
+    return DPSGDSetup(q, loader, config.epochs * len(loader), fixed, model, sample_gen)
+
+
+def training_batches(setup: DPSGDSetup, module: nn.Module, epochs: int,
+                     progress: Callable[[int, int], None] | None
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Every Poisson batch of every epoch, ``module`` in training mode; ``progress(step,
+    total)`` once the caller is done with each batch."""
+    step = 0
+    with warnings.catch_warnings():
+        # Opacus's hooks on a model whose input needs no gradient make torch warn on every step.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for _ in range(epochs):
+            module.train()
+            for batch in setup.loader:
+                yield batch
+                step += 1
+                if progress is not None:
+                    progress(step, setup.total_steps)
+
+
 def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray,
                 num_classes: int, config: DPSGDConfig, norm: tuple[float, float],
                 progress: Callable[[int, int], None] | None = None) -> DPSGDResult:
-    """Train the CNN with DP-SGD on (train_x, train_y), report accuracy on (eval_x, eval_y), and
-    account the run with the RDP and the Bayesian accountant. ``norm`` is the (mean, std) used to
-    standardise inputs, from public data. ``progress(step, total)`` is called after every step."""
+    """Train the network ``config.model`` with DP-SGD on (train_x, train_y), report accuracy on
+    (eval_x, eval_y), and account the run with the RDP and the Bayesian accountant. ``norm`` is
+    the (mean, std) used to standardise inputs, from public data. ``progress(step, total)`` is
+    called after every step."""
     from opacus import GradSampleModule
-    from opacus.data_loader import DPDataLoader
     from opacus.optimizers import DPOptimizer
-    from torch.utils.data import TensorDataset
 
-    n = len(train_y)
-    q = min(1.0, config.expected_batch_size / n)
-    sample_gen, _ = secure_generator()
-    loader = DPDataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
-                          sample_rate=q, generator=sample_gen)
-    total_steps = config.epochs * len(loader)
+    setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
+    q, total_steps, n = setup.q, setup.total_steps, len(train_y)
     sigma = (config.noise_multiplier if config.noise_multiplier is not None
              else noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
                                                config.delta, config.conversion))
     noise_gen, noise_source = secure_generator()
-
-    if config.init_seed is not None:
-        torch.manual_seed(config.init_seed)
-    model = tempered_cnn(tuple(train_x.shape[1:]), num_classes, *norm)
-    gsm = GradSampleModule(model)
+    gsm = GradSampleModule(setup.model)
     optimizer = DPOptimizer(
         torch.optim.SGD(gsm.parameters(), lr=config.lr, momentum=config.momentum),
         noise_multiplier=sigma, max_grad_norm=config.max_grad_norm,
@@ -184,31 +260,23 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, ev
     loss_fn = nn.CrossEntropyLoss()
 
     start = time.perf_counter()
-    step = 0
-    with warnings.catch_warnings():
-        # Opacus's hooks on a model whose input needs no gradient make torch warn on every step.
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        for _ in range(config.epochs):
-            gsm.train()
-            for xb, yb in loader:
-                optimizer.zero_grad(set_to_none=True)
-                loss_fn(gsm(xb), yb).backward()
-                with torch.no_grad():
-                    d = pair_distances([p.grad_sample for p in params
-                                        if p.grad_sample is not None],
-                                       config.max_grad_norm, config.bayesian_pairs, sample_gen)
-                distances[step] = d.numpy()
-                bayes.accumulate(distances[step], sigma * config.max_grad_norm, q)
-                optimizer.step()
-                step += 1
-                if progress is not None:
-                    progress(step, total_steps)
+    for step, (xb, yb) in enumerate(training_batches(setup, gsm, config.epochs, progress)):
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(gsm(xb), yb).backward()
+        with torch.no_grad():
+            d = pair_distances([p.grad_sample for p in params if p.grad_sample is not None],
+                               config.max_grad_norm, config.bayesian_pairs,
+                               setup.sample_generator)
+        distances[step] = d.numpy()
+        bayes.accumulate(distances[step], sigma * config.max_grad_norm, q)
+        optimizer.step()
     seconds = time.perf_counter() - start
 
+    published = whole_model(setup.fixed, setup.model)
     eps_rdp, order = dpsgd_epsilon(q, sigma, total_steps, config.delta, config.conversion)
     eps_bayes, moment = bayes.epsilon_and_moment(config.delta)
     metrics = {
-        "accuracy": accuracy(model, eval_x, eval_y, config.eval_batch_size),
+        "accuracy": accuracy(published, eval_x, eval_y, config.eval_batch_size),
         "eval_examples": len(eval_y),
         "epsilon": eps_rdp, "rdp_order": order, "conversion": config.conversion,
         "epsilon_bayesian": eps_bayes, "bayesian_moment": moment,
@@ -218,4 +286,4 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, ev
         "train_seconds": seconds, "steps_per_second": total_steps / seconds,
         "noise_source": noise_source, "config": asdict(config),
     }
-    return DPSGDResult(metrics, model, distances)
+    return DPSGDResult(metrics, published, distances)

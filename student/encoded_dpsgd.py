@@ -19,7 +19,6 @@ other than the Gaussian needs encoding (the bound is for gradients dominated by 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -30,7 +29,15 @@ from torch import nn
 from analysis.encoded_rdp import DEFAULT_GRID_SIZE, encoded_accountant
 from analysis.encoding_profiles import sorted_profiles
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, ks_distance, noise_family
-from student.dpsgd import DPSGDConfig, DPSGDResult, accuracy, secure_generator, tempered_cnn
+from student.dpsgd import (
+    DPSGDConfig,
+    DPSGDResult,
+    accuracy,
+    dpsgd_setup,
+    secure_generator,
+    training_batches,
+    whole_model,
+)
 from student.gradient_encoding import clip_flat, draw_noise, encode, float32_profiles
 
 
@@ -66,22 +73,13 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
                         eval_y: np.ndarray, num_classes: int, config: DPSGDConfig,
                         encoding: EncodingConfig, norm: tuple[float, float],
                         progress: Callable[[int, int], None] | None = None) -> DPSGDResult:
-    """Train the CNN with encoded (or plain-clipped) DP-SGD and the chosen noise and denoiser;
-    metrics as ``student.dpsgd.train_dpsgd``'s less the Bayesian accountant's."""
+    """Train ``config.model`` with encoded (or plain-clipped) DP-SGD and the chosen noise and
+    denoiser; metrics as ``student.dpsgd.train_dpsgd``'s less the Bayesian accountant's."""
     from opacus import GradSampleModule
-    from opacus.data_loader import DPDataLoader
-    from torch.utils.data import TensorDataset
 
-    n = len(train_y)
-    q = min(1.0, config.expected_batch_size / n)
-    sample_gen, _ = secure_generator()
-    loader = DPDataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
-                          sample_rate=q, generator=sample_gen)
-    total_steps = config.epochs * len(loader)
-    if config.init_seed is not None:
-        torch.manual_seed(config.init_seed)
-    model = tempered_cnn(tuple(train_x.shape[1:]), num_classes, *norm)
-    params = [p for p in model.parameters() if p.requires_grad]
+    setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
+    q, total_steps, n = setup.q, setup.total_steps, len(train_y)
+    params = [p for p in setup.model.parameters() if p.requires_grad]
     dimension = sum(p.numel() for p in params)
     accountant = encoded_accountant(encoding.noise, encoding.dof, encoding.encode, dimension,
                                     encoding.encode_seed, encoding.grid_size)
@@ -93,40 +91,33 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
         sorted_profiles(encoding.encode, dimension, encoding.encode_seed)))
     noise_gen, noise_source = secure_generator()
     std = sigma * config.max_grad_norm
-    gsm = GradSampleModule(model)
+    gsm = GradSampleModule(setup.model)
     optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
     loss_fn = nn.CrossEntropyLoss()
     factors: list[float] = []
 
     start = time.perf_counter()
-    step = 0
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        for _ in range(config.epochs):
-            gsm.train()
-            for xb, yb in loader:
-                optimizer.zero_grad(set_to_none=True)
-                total = torch.zeros(dimension)
-                if len(yb) > 0:
-                    loss_fn(gsm(xb), yb).backward()
-                    grads = torch.cat([p.grad_sample.reshape(len(yb), -1) for p in params], 1)
-                    per_example = (clip_flat(grads, config.max_grad_norm) if profiles is None
-                                   else encode(grads, profiles * config.max_grad_norm))
-                    total = per_example.sum(dim=0)
-                noisy = total + draw_noise(family, std, dimension, noise_gen)
-                if encoding.denoise == "ks":
-                    factors.append(ks_distance(noisy.numpy(), family, std))
-                    noisy = noisy * factors[-1]
-                _set_grads(params, noisy / max(1.0, q * n))
-                optimizer.step()
-                step += 1
-                if progress is not None:
-                    progress(step, total_steps)
+    for xb, yb in training_batches(setup, gsm, config.epochs, progress):
+        optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros(dimension)
+        if len(yb) > 0:
+            loss_fn(gsm(xb), yb).backward()
+            grads = torch.cat([p.grad_sample.reshape(len(yb), -1) for p in params], 1)
+            per_example = (clip_flat(grads, config.max_grad_norm) if profiles is None
+                           else encode(grads, profiles * config.max_grad_norm))
+            total = per_example.sum(dim=0)
+        noisy = total + draw_noise(family, std, dimension, noise_gen)
+        if encoding.denoise == "ks":
+            factors.append(ks_distance(noisy.numpy(), family, std))
+            noisy = noisy * factors[-1]
+        _set_grads(params, noisy / max(1.0, q * n))
+        optimizer.step()
     seconds = time.perf_counter() - start
+    published = whole_model(setup.fixed, setup.model)
 
     eps, order = accountant.epsilon(q, sigma, total_steps, config.delta, config.conversion)
     metrics = {
-        "accuracy": accuracy(model, eval_x, eval_y, config.eval_batch_size),
+        "accuracy": accuracy(published, eval_x, eval_y, config.eval_batch_size),
         "eval_examples": len(eval_y), "epsilon": eps, "rdp_order": order,
         "conversion": config.conversion, "delta": config.delta, "steps": total_steps,
         "noise_multiplier": sigma, "noise": encoding.noise, "sampling_rate": q,
@@ -136,7 +127,7 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
         "steps_per_second": total_steps / seconds, "noise_source": noise_source,
         "config": asdict(config), "encoding": asdict(encoding),
     }
-    return DPSGDResult(metrics, model, np.empty((total_steps, 0)))
+    return DPSGDResult(metrics, published, np.empty((total_steps, 0)))
 
 
 def _set_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
+from student.choices import DPSGD_MODELS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "RDP core and the Bayesian accountant.")
     sub = parser.add_subparsers(dest="dpsgd_command", required=True, metavar="COMMAND")
     train = sub.add_parser("train", help="train the DP-SGD baseline",
-                           description="Train the tempered-sigmoid CNN with DP-SGD on the "
+                           description="Train a network with DP-SGD on the "
                                        "training split and evaluate it on the second half of "
                                        "the test split.")
     train.add_argument("--run", type=Path, required=True, metavar="DIR")
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     noise.add_argument("--epsilon", type=float, metavar="E",
                        help="target epsilon; the noise multiplier is calibrated to it")
     noise.add_argument("--noise-multiplier", type=float, metavar="S")
+    train.add_argument("--model", choices=DPSGD_MODELS, default="tempered-cnn",
+                       help="the network: the tempered-sigmoid CNN (default) or a linear "
+                            "softmax on HOG features")
     train.add_argument("--epochs", type=int, default=40)
     train.add_argument("--delta", type=float, default=1e-5)
     train.add_argument("--batch-size", type=int, default=2048,
@@ -78,7 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
             momentum=args.momentum, max_grad_norm=args.max_grad_norm,
             target_epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
             delta=args.delta, conversion=args.conversion, bayesian_pairs=args.bayesian_pairs,
-            init_seed=args.init_seed)
+            init_seed=args.init_seed, model=args.model)
         encoding = EncodingConfig(noise=args.noise, dof=args.dof, encode=args.encode,
                                   encode_seed=args.encode_seed, denoise=args.denoise)
     except ValueError as exc:

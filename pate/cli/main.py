@@ -30,7 +30,12 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every sub-command, or, when ``argv`` names one, of that one only: each
+    module imports what its command needs (torch, scipy) only when it runs, and ``pate serve``
+    should not wait for the others' registration."""
+    named = next((a for a in argv or () if not a.startswith("-")), None)
+    modules = [m for m in COMMAND_MODULES if m.rsplit(".", 1)[1] == named] or COMMAND_MODULES
     parser = argparse.ArgumentParser(
         prog="pate",
         description="Private Aggregation of Teacher Ensembles: train teachers on disjoint "
@@ -38,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "train the student and report privacy and utility.")
     parser.add_argument("--version", action="version", version=f"pate {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     for command in _leaf_parsers(parser):  # `pate --quiet run` and `pate run --quiet` alike
         command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
@@ -61,8 +66,8 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     warnings.showwarning = _warning_line
     if getattr(args, "quiet", False):
         set_quiet(True)

@@ -48,8 +48,9 @@ def owner_rows(report: dict[str, Any], comparison: dict[str, Any],
         rows.append({
             "model": f"(b) DP-SGD at the student's {_NAMES[d['at']]} ε",
             "accuracy": d["accuracy"], "epsilon": f"{d['epsilon']:.4g} (RDP)",
-            "training": (f"{d['epochs']} epochs, expected batch {d['batch_size']}, clipping "
-                         f"C = {d['max_grad_norm']:g}, lr {d['lr']:g}, momentum "
+            "training": (f"{d.get('model', 'tempered-cnn')}, {d['epochs']} epochs, expected "
+                         f"batch {d['batch_size']}, clipping C = {d['max_grad_norm']:g}, lr "
+                         f"{d['lr']:g}, momentum "
                          f"{d['momentum']:g}, noise multiplier {d['noise_multiplier']:.3f}"
                          f"{variant}")})
     nonprivate = comparison.get("nonprivate")

@@ -30,6 +30,8 @@ def test_presets_load_and_round_trip() -> None:
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 4\nsigma1 = 1\nsigma2 = 1\n"
      "interactive_threshold = 6\nbudget_epsilon = 1\ndelta = 1e-5\n",
      "interactive_threshold must lie in"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: Value error, model must be one of"),
     ("name = \n", "invalid TOML"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
@@ -98,6 +100,18 @@ def test_the_student_architectures_are_named_alike_everywhere() -> None:
     assert StudentConfig().arch is None
     with pytest.raises(ValueError, match="neither one of cnn, cnn-hog"):
         StudentConfig(arch="resnet")
+
+
+def test_the_dpsgd_networks_are_named_alike_everywhere() -> None:
+    from pate.comparison import dpsgd_settings
+    from pate.config import DPSGDConfig, RunConfig
+    from student.choices import DPSGD_MODELS
+
+    base = {"name": "x", "aggregator": {"threshold": 1, "sigma1": 1, "sigma2": 1,
+                                        "budget_epsilon": 1, "delta": 1e-5}}
+    for name in DPSGD_MODELS:
+        config = RunConfig(**base, dpsgd=DPSGDConfig(model=name))
+        assert dpsgd_settings(config, 2.0)[0].model == name
 
 
 def test_the_student_section_reaches_the_student_workflow() -> None:

@@ -16,11 +16,14 @@ from pate.cli.main import main
 from pate.data.datasets import load_dataset, public_split
 from student.dpsgd import (
     DPSGDConfig,
+    accuracy,
     pair_distances,
     secure_generator,
     tempered_cnn,
     train_dpsgd,
 )
+from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
+from teachers.hog import HOG, hog_size
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,30 @@ def test_tiny_run_is_accounted_by_our_core(digits) -> None:
     assert np.all(result.distances <= 2 * config.max_grad_norm + 1e-6)
     assert 0 < m["epsilon_bayesian"] < np.inf
     assert m["accuracy"] > 0.5  # chance is 0.1
+
+
+@pytest.mark.parametrize("encoded", [False, True])
+def test_hog_linear_trains_only_the_linear_layer_on_fixed_features(digits, encoded) -> None:
+    """The HOG map is applied once to every example and never trained: the published model is
+    HOG then the one trained linear layer, and its accuracy on raw inputs is the one reported."""
+    ds, ((pool_x, _), (eval_x, eval_y)) = digits
+    config = DPSGDConfig(epochs=4, expected_batch_size=128, lr=2.0, target_epsilon=8.0,
+                         bayesian_pairs=8, init_seed=0, model="hog-linear")
+    norm = (float(pool_x.mean()), float(pool_x.std()))
+    result = (train_encoded_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, 10, config,
+                                  EncodingConfig(encode=16), norm) if encoded
+              else train_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, 10, config, norm))
+    hog, linear = result.model
+    assert isinstance(hog, HOG) and isinstance(linear, torch.nn.Linear)
+    assert linear.in_features == hog_size(ds.train_x.shape[1:])
+    assert 7.9 < result.metrics["epsilon"] <= 8.0
+    assert result.metrics["accuracy"] == accuracy(result.model, eval_x, eval_y, 4096)
+    assert result.metrics["accuracy"] > 0.5  # chance is 0.1
+
+
+def test_unknown_network_is_refused() -> None:
+    with pytest.raises(ValueError, match="model must be one of"):
+        DPSGDConfig(target_epsilon=1.0, model="resnet")
 
 
 def test_noise_generator_is_seeded_from_the_os() -> None:
