@@ -38,7 +38,13 @@ from student.dpsgd import (
     training_batches,
     whole_model,
 )
-from student.gradient_encoding import clip_flat, draw_noise, encode, float32_profiles
+from student.gradient_encoding import (
+    ProfileChooser,
+    clip_flat,
+    draw_noise,
+    encode,
+    float32_profiles,
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,9 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
              else accountant.noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
                                                           config.delta, config.conversion))
     family = accountant.family
-    profiles = (None if encoding.encode is None else float32_profiles(
-        sorted_profiles(encoding.encode, dimension, encoding.encode_seed)))
+    profiles = (None if encoding.encode is None else ProfileChooser(float32_profiles(
+        sorted_profiles(encoding.encode, dimension, encoding.encode_seed),
+        config.max_grad_norm)))
     noise_gen, noise_source = secure_generator()
     std = sigma * config.max_grad_norm
     gsm = GradSampleModule(setup.model)
@@ -104,7 +111,7 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
             loss_fn(gsm(xb), yb).backward()
             grads = torch.cat([p.grad_sample.reshape(len(yb), -1) for p in params], 1)
             per_example = (clip_flat(grads, config.max_grad_norm) if profiles is None
-                           else encode(grads, profiles * config.max_grad_norm))
+                           else encode(grads, profiles))
             total = per_example.sum(dim=0)
         noisy = total + draw_noise(family, std, dimension, noise_gen)
         if encoding.denoise == "ks":

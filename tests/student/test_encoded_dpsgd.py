@@ -19,7 +19,13 @@ from pate.cli.epsilon import DEFAULT_CNN_PARAMETERS
 from pate.cli.main import main
 from student.dpsgd import secure_generator, tempered_cnn
 from student.encoded_dpsgd import EncodingConfig
-from student.gradient_encoding import clip_flat, draw_noise, encode, float32_profiles
+from student.gradient_encoding import (
+    ProfileChooser,
+    clip_flat,
+    draw_noise,
+    encode,
+    float32_profiles,
+)
 
 
 def _brute_force(g: np.ndarray, profiles: np.ndarray) -> tuple[np.ndarray, int]:
@@ -56,6 +62,29 @@ def test_encoder_matches_brute_force_and_is_dominated() -> None:
         assert np.all(np.sort(np.abs(e))[::-1] <= p32[best])
         assert np.all(np.sign(e) * np.sign(g) >= 0)
     assert len(chosen) > 1  # several profiles chosen: the choice is really tested
+
+
+@pytest.mark.parametrize("block", [4, 16, 64])
+def test_pruned_choice_is_the_full_products_argmax(block: int) -> None:
+    """The block bounds only discard profiles that cannot win: the choice equals the argmax of
+    the full product, on heavy-tailed sorted magnitudes, flat ones (whole blocks of ties), zeros,
+    and a dimension that is not a multiple of the block."""
+    rng = np.random.default_rng(1)
+    d = 2003
+    profiles = float32_profiles(sorted_profiles(300, d, 5), 0.1)
+    rows = np.abs(rng.standard_t(3, size=(64, d))) * rng.uniform(1e-4, 1e-1, size=(64, 1))
+    rows[:8] = np.round(rows[:8], 1)  # ties: flat blocks
+    rows[8] = 0.0
+    rows[9, :100] = 5.0  # a plateau at the head
+    m = torch.from_numpy(np.sort(rows.astype(np.float32), axis=1)[:, ::-1].copy())
+    chosen = ProfileChooser(profiles, block)(m)
+    full = m @ profiles.T
+    best = full.max(1).values
+    picked = full[torch.arange(len(m)), chosen]
+    # the chosen score is the maximum (up to float32 ties between nearly equal profiles)
+    torch.testing.assert_close(picked, best, rtol=1e-6, atol=0.0)
+    assert (chosen == full.argmax(1)).float().mean() > 0.95
+    assert len(set(chosen.tolist())) > 5  # many profiles win: the choice is really tested
 
 
 def test_float32_profiles_never_exceed_the_accounted_values() -> None:
