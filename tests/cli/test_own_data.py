@@ -87,6 +87,7 @@ def test_npz_images(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert metrics["accuracy"] > 0.8 and metrics["label_accuracy"] is None
 
 
+@pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_census_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rng = np.random.default_rng(1)
     (tmp_path / "private.csv").write_text(census(400, rng, unseen=True))

@@ -63,7 +63,7 @@ def test_load_ensemble_needs_a_trained_run(tmp_path):
 def test_cli_train_then_votes(tmp_path, digits, capsys):
     run = tmp_path / "run"
     argv = ["teachers", "train", "--run", str(run), "--dataset", "digits", "--teachers", "6",
-            "--shard-size", "3", "--epochs", "8", "--workers", "1", "--pool-size", "200"]
+            "--shard-size", "3", "--epochs", "4", "--workers", "1", "--pool-size", "200"]
     assert main(argv) == 0
     assert main(["teachers", "votes", "--run", str(run)]) == 0
     with np.load(run / "votes.npz") as f:
