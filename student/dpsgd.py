@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DPSGD_MODELS
 from teachers.hog import HOG, hog_size
+
+if TYPE_CHECKING:
+    from opacus.data_loader import DPDataLoader
 
 # Opacus's clipping formula: factor = min(1, C / (norm + 1e-6)) (opacus.optimizers.optimizer).
 _CLIP_EPS = 1e-6
@@ -190,7 +193,7 @@ class DPSGDSetup:
     OS-seeded generator, the number of steps, and the network as (fixed map, trained part)."""
 
     q: float
-    loader: Any
+    loader: DPDataLoader
     total_steps: int
     fixed: nn.Module | None
     model: nn.Module

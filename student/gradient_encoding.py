@@ -1,7 +1,8 @@
 """The per-step operations of DP-SGD with gradient encoding (Nasr, Shokri, Houmansadr 2020,
 "Improving Deep Learning with Differential Privacy using Gradient Encoding and Denoising"): the
-encoder (Algorithm 2), plain clipping, and the noise of any family (Algorithm 1). Batched: one
-sort and one matrix product per chunk of examples, no loop over examples or coordinates."""
+encoder (Algorithm 2), plain clipping, and the noise of any family (Algorithm 1). Batched: per
+chunk of examples one sort, one pruned product against the profiles and one scatter, no loop
+over examples or coordinates."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class ProfileChooser:
     over blocks, products of [rows, blocks] by [blocks, members] bound every <m, r_j> from below
     and above, with room for float32 rounding; a profile whose upper bound is below another's
     lower bound cannot be the best, and the survivors (a few dozen per row) get the exact
-    product. Which profile is chosen does
-    not affect privacy (every profile is accounted for)."""
+    product. Which profile is chosen does not affect privacy (every profile is accounted
+    for)."""
 
     def __init__(self, profiles: torch.Tensor, block: int = _BLOCK) -> None:
         members, d = profiles.shape
@@ -52,6 +53,7 @@ class ProfileChooser:
     def __call__(self, magnitudes: torch.Tensor) -> torch.Tensor:
         """The index of the chosen profile for each row of ``magnitudes`` [rows, d], each row
         sorted in descending order."""
+        magnitudes = magnitudes.contiguous()
         rows, d, block = len(magnitudes), self.d, self.block
         full = d // block
         body = magnitudes.as_strided((rows, full, block), (magnitudes.stride(0), block, 1))
