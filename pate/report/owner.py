@@ -49,10 +49,9 @@ def owner_rows(report: dict[str, Any], comparison: dict[str, Any],
             "model": f"(b) DP-SGD at the student's {_NAMES[d['at']]} ε",
             "accuracy": d["accuracy"], "epsilon": f"{d['epsilon']:.4g} (RDP)",
             "training": (f"{d.get('model', 'tempered-cnn')}, {d['epochs']} epochs, expected "
-                         f"batch {d['batch_size']}, clipping C = {d['max_grad_norm']:g}, lr "
-                         f"{d['lr']:g}, momentum "
-                         f"{d['momentum']:g}, noise multiplier {d['noise_multiplier']:.3f}"
-                         f"{variant}")})
+                         f"batch {d['batch_size']}, clipping C = {d['max_grad_norm']:g}, "
+                         f"lr {d['lr']:g}, momentum {d['momentum']:g}, noise multiplier "
+                         f"{d['noise_multiplier']:.3f}{variant}")})
     nonprivate = comparison.get("nonprivate")
     if nonprivate:
         rows.append({
