@@ -28,7 +28,7 @@ from bench_common import emit
 from analysis.mechanisms import ConfidentGNMax
 from pate.aggregation.aggregators import Aggregator
 from pate.data.datasets import load_dataset, public_split
-from pate.data.votes_file import load_votes
+from pate.data.votes_file import load_votes_with_index
 from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier
 from student.training import (
     FitConfig,
@@ -49,10 +49,7 @@ def _emit(row: dict) -> None:
 
 def teacher_labels(args: argparse.Namespace, pool_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(pool indices, labels) of every pool row Confident-GNMax answered, in pool order."""
-    votes = load_votes(args.votes)
-    with np.load(args.votes, allow_pickle=False) as data:
-        index = (data["pool_index"].astype(np.int64) if "pool_index" in data.files
-                 else np.arange(len(votes)))
+    votes, index = load_votes_with_index(args.votes)
     keep = index < pool_size
     order = np.argsort(index[keep])
     votes, index = votes[keep][order], index[keep][order]

@@ -1,0 +1,199 @@
+"""Levers on the student, measured offline on one run's answered labels (issue 27, item 3).
+
+Trains the run's student network (default ``cnn-hog``, supervised, Adam 1e-3, batch 32 labelled
+and 128 unlabelled, as ``pate student train``) on the answers in ``--labels RUN/labels.npz``
+with the whole Fashion-MNIST pool unlabelled, evaluates on the evaluation half, and prints one
+JSON line per seed (appended to results/bench_student_levers.jsonl). Nothing is asked of any
+aggregator: every lever reads only the answers already paid for and the public pool.
+
+``--lever``:
+- ``none``: the student as the run trains it.
+- ``fixmatch``: consistency with strong augmentation (K. Sohn et al., "FixMatch", NeurIPS 2020,
+  §2.3): a pool row whose (weakly shifted) prediction has confidence >= ``--tau`` gets its
+  argmax as a pseudo-label for a strongly augmented copy (random rotation, shear, scale,
+  translation, mirroring, contrast and brightness, and a 11x11 cutout), weight ``--lam``.
+- ``self-train``: ``--rounds`` rounds of self-training: the pool rows the last student predicts
+  with confidence >= ``--st-tau`` join the answers with its labels, and a fresh student trains
+  on both (a classic of semi-supervised learning; Q. Xie et al., "Self-training with Noisy
+  Student", CVPR 2020, without the noise).
+- ``true-labels``: a diagnostic, not a lever: the pool's true labels of the asked rows
+  (``--true-rows 0``) or of the first ``--true-rows`` pool rows, which no private run has;
+  the ceiling a student could reach from perfect answers.
+- ``plurality``: a diagnostic too: the noiseless plurality of the run's teachers (``--votes
+  RUN/votes.npz``, a private artifact read offline) on the first ``--true-rows`` pool rows (0:
+  the asked rows), what the teachers could teach with an unlimited budget.
+
+    python scripts/bench_student_levers.py --labels RUN/labels.npz --lever fixmatch \
+        --epochs 40 --seeds 0 1 2 [--augment shift-flip] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from bench_common import emit
+
+from pate.data.datasets import load_dataset, public_split
+from pate.data.votes_file import load_votes_with_index
+from student.losses import cross_entropy
+from student.models import build_classifier
+from student.training import (
+    FitConfig,
+    MethodConfig,
+    accuracy,
+    build_learner,
+    fit,
+    predict_proba,
+    seed_everything,
+)
+
+OUT = Path("results/bench_student_levers.jsonl")
+CUTOUT_HALF = 5  # an 11x11 square
+
+
+def strong_augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A RandAugment-like strong augmentation of ``x [N, 1, H, W]`` in [0, 1], one batched
+    affine resampling: rotation up to 20 degrees, shear up to 0.3, scale 0.85-1.15, translation
+    up to an eighth of the side, mirroring; then contrast 0.5-1.5 and brightness +-0.2 per
+    image, and a square cutout."""
+    n, _, h, w = x.shape
+
+    def uniform(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=gen) * 2 - 1
+
+    angle, shear, scale = uniform(n) * math.radians(20), uniform(n) * 0.3, 1 + uniform(n) * 0.15
+    mirror = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    theta = torch.stack([torch.stack([cos * mirror, shear - sin, uniform(n) * 0.25], 1),
+                         torch.stack([sin * mirror, cos, uniform(n) * 0.25], 1)], 1)
+    theta[:, :, :2] /= scale[:, None, None]
+    grid = F.affine_grid(theta.to(x.device), list(x.shape), align_corners=False)
+    y = F.grid_sample(x, grid, align_corners=False)
+    mean = y.mean(dim=(1, 2, 3), keepdim=True)
+    contrast, brightness = 1 + uniform(n, 1, 1, 1) * 0.5, uniform(n, 1, 1, 1) * 0.2
+    y = ((y - mean) * contrast.to(x.device) + mean + brightness.to(x.device)).clamp(0, 1)
+    cy, cx = torch.randint(0, h, (n,), generator=gen), torch.randint(0, w, (n,), generator=gen)
+    rows, cols = torch.arange(h)[None, :, None], torch.arange(w)[None, None, :]
+    hole = ((rows - cy[:, None, None]).abs() <= CUTOUT_HALF) & (
+        (cols - cx[:, None, None]).abs() <= CUTOUT_HALF)
+    return y * (~hole)[:, None].to(x.device, x.dtype)
+
+
+class FixMatchLearner:
+    """Cross-entropy on the labelled batch plus ``lam`` times the masked cross-entropy of the
+    strongly augmented unlabelled batch against the confident predictions of the unlabelled
+    batch as given (FixMatch, eq. 4); one forward pass for the three. For an Experts network the
+    pseudo-label is the mean of the experts' probabilities and every expert learns from it."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, tau: float, lam: float,
+                 seed: int) -> None:
+        self.model, self.tau, self.lam = model, tau, lam
+        self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
+             ) -> dict[str, float]:
+        (opt,) = self.optimizers
+        n, m = len(x_lab), len(x_unl)
+        out = self.model(torch.cat([x_lab, x_unl, strong_augment(x_unl, self.gen)]))
+        with torch.no_grad():
+            logp = out[n:n + m].log_softmax(-1)
+            if logp.dim() == 3:  # Experts: the mean of the experts' probabilities
+                logp = torch.logsumexp(logp, -2) - math.log(logp.shape[-2])
+            confidence, pseudo = logp.exp().max(-1)
+            mask = confidence >= self.tau
+        sup = cross_entropy(out[:n], y_lab)
+        unsup = (cross_entropy(out[n + m:][mask], pseudo[mask]) * mask.sum() / m
+                 if mask.any() else out.sum() * 0)
+        opt.zero_grad(set_to_none=True)
+        (sup + self.lam * unsup).backward()
+        opt.step()
+        return {"supervised": float(sup.detach()), "consistency": float(unsup.detach()),
+                "mask": float(mask.float().mean())}
+
+
+def train(args: argparse.Namespace, seed: int, pool_x: np.ndarray, li: np.ndarray,
+          ly: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray) -> tuple[torch.nn.Module, float]:
+    """One student from ``seed`` on the labelled rows ``(li, ly)``; returns it and its accuracy."""
+    seed_everything(seed)
+    method = MethodConfig("supervised", args.arch)
+    spec = method.spec(pool_x.shape[1:], 10)
+    model = build_classifier(spec)
+    learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed)
+               if args.lever == "fixmatch" else build_learner(method, model, spec))
+    config = FitConfig(args.epochs, args.batch_size, lr=method.learning_rate,
+                       augment=args.augment, seed=seed)
+    fit(learner, pool_x[li], ly, pool_x, config)
+    return model, accuracy(model, eval_x, eval_y)
+
+
+def plurality(args: argparse.Namespace, ap: argparse.ArgumentParser,
+              rows: np.ndarray) -> np.ndarray:
+    """The teachers' plurality on the pool rows ``rows`` (ties to the lower class)."""
+    if args.votes is None:
+        ap.error("--lever plurality needs --votes RUN/votes.npz")
+    votes, index = load_votes_with_index(args.votes)
+    where = np.full(int(index.max()) + 1, -1)
+    where[index] = np.arange(len(index))
+    if np.any(rows > index.max()) or np.any(where[rows] < 0):
+        ap.error(f"{args.votes} has no votes on some of the rows asked")
+    return votes[where[rows]].argmax(axis=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--labels", type=Path, required=True, help="a run's labels.npz")
+    ap.add_argument("--lever", choices=("none", "fixmatch", "self-train", "true-labels",
+                                         "plurality"),
+                    default="none")
+    ap.add_argument("--arch", default="cnn-hog")
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=32, help="labelled rows per step")
+    ap.add_argument("--augment", default="none", help="weak augmentation (pate.data.augment)")
+    ap.add_argument("--tau", type=float, default=0.95, help="fixmatch: confidence threshold")
+    ap.add_argument("--lam", type=float, default=1.0, help="fixmatch: consistency weight")
+    ap.add_argument("--rounds", type=int, default=1, help="self-train: rounds")
+    ap.add_argument("--st-tau", type=float, default=0.9, help="self-train: confidence")
+    ap.add_argument("--true-rows", type=int, default=0,
+                    help="true-labels: the first N pool rows (0: the asked rows)")
+    ap.add_argument("--votes", type=Path, help="plurality: the run's votes.npz")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    ds = load_dataset("fashion-mnist", need_train=False)
+    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
+    with np.load(args.labels, allow_pickle=False) as data:
+        answered = data["label"] >= 0
+        li, ly = data["pool_index"][answered], data["label"][answered]
+    if args.lever in ("true-labels", "plurality"):
+        li = np.arange(args.true_rows) if args.true_rows else li
+        ly = pool_y[li] if args.lever == "true-labels" else plurality(args, ap, li)
+    for seed in args.seeds:
+        model, acc = train(args, seed, pool_x, li, ly, eval_x, eval_y)
+        accs = [acc]
+        for r in range(args.rounds if args.lever == "self-train" else 0):
+            probs = predict_proba(model, pool_x)
+            confident = probs.max(axis=1) >= args.st_tau
+            confident[li] = False
+            rows = np.flatnonzero(confident)
+            model, acc = train(args, seed + 1000 * (r + 1), pool_x, np.concatenate([li, rows]),
+                               np.concatenate([ly, probs[rows].argmax(axis=1)]), eval_x, eval_y)
+            accs.append(acc)
+        emit({"lever": args.lever, "seed": seed, "accuracy": accs[-1], "accuracies": accs,
+              "labels": len(ly), "label_accuracy": float(np.mean(ly == pool_y[li])),
+              **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                 if k not in ("seeds", "labels")},
+              "labels_file": str(args.labels)}, OUT, torch_threads=args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
