@@ -123,7 +123,7 @@ def train(args: argparse.Namespace, seed: int, pool_x: np.ndarray, li: np.ndarra
     """One student from ``seed`` on the labelled rows ``(li, ly)``; returns it and its accuracy."""
     seed_everything(seed)
     method = MethodConfig("supervised", args.arch)
-    spec = method.spec(pool_x.shape[1:], 10)
+    spec = method.spec(pool_x.shape[1:], args.classes)
     model = build_classifier(spec)
     learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed)
                if args.lever == "fixmatch" else build_learner(method, model, spec))
@@ -170,6 +170,7 @@ def main() -> int:
 
     ds = load_dataset("fashion-mnist", need_train=False)
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
+    args.classes = ds.num_classes
     with np.load(args.labels, allow_pickle=False) as data:
         answered = data["label"] >= 0
         li, ly = data["pool_index"][answered], data["label"][answered]
@@ -190,7 +191,7 @@ def main() -> int:
         emit({"lever": args.lever, "seed": seed, "accuracy": accs[-1], "accuracies": accs,
               "labels": len(ly), "label_accuracy": float(np.mean(ly == pool_y[li])),
               **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                 if k not in ("seeds", "labels")},
+                 if k not in ("seeds", "labels", "classes")},
               "labels_file": str(args.labels)}, OUT, torch_threads=args.threads)
     return 0
 
