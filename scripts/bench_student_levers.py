@@ -42,7 +42,7 @@ from bench_common import emit
 from pate.data.datasets import load_dataset, public_split
 from pate.data.votes_file import load_votes_with_index
 from student.losses import cross_entropy
-from student.models import build_classifier
+from student.models import ModelSpec, build_classifier
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -118,12 +118,13 @@ class FixMatchLearner:
                 "mask": float(mask.float().mean())}
 
 
-def train(args: argparse.Namespace, seed: int, pool_x: np.ndarray, li: np.ndarray,
-          ly: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray) -> tuple[torch.nn.Module, float]:
-    """One student from ``seed`` on the labelled rows ``(li, ly)``; returns it and its accuracy."""
+def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarray,
+          li: np.ndarray, ly: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray
+          ) -> tuple[torch.nn.Module, float]:
+    """One student ``spec`` from ``seed`` on the labelled rows ``(li, ly)``; returns it and its
+    accuracy."""
     seed_everything(seed)
-    method = MethodConfig("supervised", args.arch)
-    spec = method.spec(pool_x.shape[1:], args.classes)
+    method = MethodConfig("supervised", spec.arch)
     model = build_classifier(spec)
     learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed)
                if args.lever == "fixmatch" else build_learner(method, model, spec))
@@ -170,7 +171,7 @@ def main() -> int:
 
     ds = load_dataset("fashion-mnist", need_train=False)
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
-    args.classes = ds.num_classes
+    spec = MethodConfig("supervised", args.arch).spec(pool_x.shape[1:], ds.num_classes)
     with np.load(args.labels, allow_pickle=False) as data:
         answered = data["label"] >= 0
         li, ly = data["pool_index"][answered], data["label"][answered]
@@ -178,20 +179,21 @@ def main() -> int:
         li = np.arange(args.true_rows) if args.true_rows else li
         ly = pool_y[li] if args.lever == "true-labels" else plurality(args, ap, li)
     for seed in args.seeds:
-        model, acc = train(args, seed, pool_x, li, ly, eval_x, eval_y)
+        model, acc = train(args, spec, seed, pool_x, li, ly, eval_x, eval_y)
         accs = [acc]
         for r in range(args.rounds if args.lever == "self-train" else 0):
             probs = predict_proba(model, pool_x)
             confident = probs.max(axis=1) >= args.st_tau
             confident[li] = False
             rows = np.flatnonzero(confident)
-            model, acc = train(args, seed + 1000 * (r + 1), pool_x, np.concatenate([li, rows]),
+            model, acc = train(args, spec, seed + 1000 * (r + 1), pool_x,
+                               np.concatenate([li, rows]),
                                np.concatenate([ly, probs[rows].argmax(axis=1)]), eval_x, eval_y)
             accs.append(acc)
         emit({"lever": args.lever, "seed": seed, "accuracy": accs[-1], "accuracies": accs,
               "labels": len(ly), "label_accuracy": float(np.mean(ly == pool_y[li])),
               **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                 if k not in ("seeds", "labels", "classes")},
+                 if k not in ("seeds", "labels")},
               "labels_file": str(args.labels)}, OUT, torch_threads=args.threads)
     return 0
 

@@ -93,7 +93,7 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
              else accountant.noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
                                                           config.delta, config.conversion))
     family = accountant.family
-    profiles = (None if encoding.encode is None else ProfileChooser(float32_profiles(
+    chooser = (None if encoding.encode is None else ProfileChooser(float32_profiles(
         sorted_profiles(encoding.encode, dimension, encoding.encode_seed),
         config.max_grad_norm)))
     noise_gen, noise_source = secure_generator()
@@ -110,8 +110,8 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
         if len(yb) > 0:
             loss_fn(gsm(xb), yb).backward()
             grads = torch.cat([p.grad_sample.reshape(len(yb), -1) for p in params], 1)
-            per_example = (clip_flat(grads, config.max_grad_norm) if profiles is None
-                           else encode(grads, profiles))
+            per_example = (clip_flat(grads, config.max_grad_norm) if chooser is None
+                           else encode(grads, chooser))
             total = per_example.sum(dim=0)
         noisy = total + draw_noise(family, std, dimension, noise_gen)
         if encoding.denoise == "ks":
