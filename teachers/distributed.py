@@ -92,7 +92,9 @@ def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int
 
 @dataclass(frozen=True)
 class Cluster:
-    """Where shards run: a local Ray instance (``address`` None) or a cluster to join."""
+    """Where shards run: a local Ray instance (``address`` None) or a cluster to join. Where
+    this process has already started Ray (``ray.init``), shards run on that one and ``address``
+    is not used."""
 
     workers: int = 1
     address: str | None = None
@@ -101,11 +103,20 @@ class Cluster:
     max_retries: int = 3
 
 
-def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> None:
-    """Start or join Ray; ``runtime_env`` (the job's: Ray ships local ``py_modules`` only at
-    this level) carries a user's model package to the workers."""
+def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
+    """Start or join Ray and return True, or return False where this process has already
+    started Ray itself (``ray.init`` in a notebook, a test session): that Ray is used as it is,
+    and left running. ``runtime_env`` (the job's: Ray ships local ``py_modules`` only at this
+    level) carries a user's model package to the workers."""
     import ray
 
+    if ray.is_initialized():
+        if runtime_env:
+            raise UserError("Ray is already running in this process and cannot ship the "
+                            f"model's package {runtime_env['py_modules']} to its workers: call "
+                            "ray.shutdown() first, or start Ray with the runtime_env that "
+                            "teachers.user_models.ray_runtime_env(MODEL) returns")
+        return False
     try:
         if cluster.address:
             ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False,
@@ -117,6 +128,7 @@ def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> None:
     except Exception as exc:  # a bad address or a failed local start
         raise UserError(f"could not start or join Ray ({cluster.address or 'local'}): "
                         f"{exc}") from exc
+    return True
 
 
 def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
@@ -194,12 +206,13 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         # Here, not in the workers (whose output is not shown): the warning line of a user's
         # network that trains one teacher at a time.
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
-        _start_ray(cluster, ray_runtime_env(job.train.model))
+        owned = _start_ray(cluster, ray_runtime_env(job.train.model))
         try:
             _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], data, part, cluster,
                  encoder)
         finally:
-            ray.shutdown()
+            if owned:
+                ray.shutdown()
     manifest["done"] = len(manifest["shards"]) == len(shards)
     checkpoints.write_manifest(run_dir, manifest)
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}

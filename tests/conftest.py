@@ -1,13 +1,53 @@
 """Shared fixtures: scikit-learn's 8x8 digits (small, shipped with scikit-learn) as the private
-data of fast tests."""
+data of fast tests, and one local Ray for the tests that train teachers in this process."""
 
 from __future__ import annotations
+
+import faulthandler
+import os
+from collections.abc import Iterator
 
 import pytest
 
 from pate.data.datasets import Dataset, load_dataset
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Keep Python's fault handler on through the interpreter's exit (pytest's own turns it off
+    here), so that a crash in an extension's teardown says where it happened."""
+    faulthandler.enable()
+
+
 @pytest.fixture(scope="session")
 def digits() -> Dataset:
     return load_dataset("digits")
+
+
+@pytest.fixture(scope="session")
+def _ray_stopped_at_the_end() -> Iterator[None]:
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+@pytest.fixture
+def ray_running(_ray_stopped_at_the_end: None) -> None:
+    """One local Ray for the whole test session, started by the first test that asks and
+    stopped at the end: ``train_teachers`` runs its shards on a Ray this process has started.
+    Each start costs seconds, and starting and stopping Ray again and again in one process is
+    fragile (ray-project/ray#31145)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+
+
+@pytest.fixture
+def ray_stopped() -> None:
+    """No Ray in this process, so that ``train_teachers`` starts (and stops) its own."""
+    import ray
+
+    ray.shutdown()

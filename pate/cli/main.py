@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pate import __version__
 from pate.errors import PateError
-from pate.progress import set_quiet
+from pate.progress import quiet, set_quiet
 
 COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.teachers",
@@ -69,8 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     warnings.showwarning = _warning_line
+    was_quiet = quiet()
     if getattr(args, "quiet", False):
         set_quiet(True)
+    try:
+        return _dispatch(args)
+    finally:  # `--quiet` holds for this command only, also when main is called in-process
+        set_quiet(was_quiet)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command's handler: a PateError becomes one error line and exit status 2, and a
+    failed command leaves no empty run directory behind."""
     run = getattr(args, "run", None)
     new_run = run is not None and not Path(run).exists()
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 
 from pate.errors import UserError
 from teachers import checkpoints
@@ -34,10 +35,11 @@ def test_shard_ranges_cover_all_teachers():
     assert [(r.start, r.stop) for r in shards] == [(0, 4), (4, 8), (8, 10)]
 
 
-def test_train_checkpoint_and_resume(tmp_path):
+def test_train_checkpoint_and_resume(tmp_path, ray_running):
     run = tmp_path / "run"
     result = train_teachers(run, JOB, Cluster(workers=2))
     assert result == {"trained": [0, 1, 2], "skipped": []}
+    assert ray.is_initialized()  # the Ray this process started is left running
     manifest = checkpoints.read_manifest(run)
     assert manifest["done"] and manifest["num_teachers"] == 12
     assert stat.S_IMODE((run / "teachers").stat().st_mode) == 0o700
@@ -46,7 +48,7 @@ def test_train_checkpoint_and_resume(tmp_path):
     assert json.loads((run / "partition.json").read_text())["sizes"] == [109] + [108] * 11
     before = _shas(run)
 
-    # Nothing missing: nothing trained, Ray not even started.
+    # Nothing missing: nothing trained.
     assert train_teachers(run, JOB, Cluster(workers=2))["trained"] == []
     # A lost checkpoint is retrained alone, identically (training is deterministic).
     (run / "teachers" / checkpoints.shard_file(1)).unlink()
@@ -58,7 +60,7 @@ def test_train_checkpoint_and_resume(tmp_path):
 
 
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
-def test_killed_run_loses_only_shards_in_flight(tmp_path):
+def test_killed_run_loses_only_shards_in_flight(tmp_path, ray_running):
     run = tmp_path / "run"
     args = [sys.executable, "-m", "pate", "teachers", "train", "--run", str(run),
             "--dataset", "digits", "--teachers", "12", "--shard-size", "2", "--epochs", "10",

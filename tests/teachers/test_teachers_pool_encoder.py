@@ -91,7 +91,7 @@ def test_encoder_reads_the_public_pool_only(tmp_path, digits):
 
 
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
-def test_run_records_reuses_and_guards_its_encoder(tmp_path, digits):
+def test_run_records_reuses_and_guards_its_encoder(tmp_path, digits, ray_running):
     run = tmp_path / "run"
     job = TrainJob("digits", 12, 6, TrainConfig(model="cnn-pool-hog-simclr", epochs=8))
     train_teachers(run, job, Cluster(workers=1))
@@ -103,7 +103,7 @@ def test_run_records_reuses_and_guards_its_encoder(tmp_path, digits):
     accuracy = checkpoints.read_manifest(run)["accuracy"]
     assert accuracy["mean"] > 0.8 and accuracy["pool_plurality"] > 0.9
 
-    # A rerun reuses the recorded encoder (Ray is not even started: nothing is missing).
+    # A rerun reuses the recorded encoder (nothing is missing).
     assert train_teachers(run, job, Cluster(workers=1))["trained"] == []
     assert checkpoints.read_manifest(run)["pool_encoder"] == recorded
 

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+import ray
 import torch
 
 from pate.cli.main import main
@@ -223,9 +224,16 @@ def test_runtime_env_ships_only_what_the_workers_lack(nets):
     assert ray_runtime_env(MODEL) == {"py_modules": [str(nets / f"{NAME}.py")]}
 
 
+def test_a_running_ray_cannot_take_a_module_that_is_not_installed(tmp_path, ray_running):
+    job = TrainJob("digits", 2, 2, TrainConfig(model=MODEL, epochs=1))
+    with pytest.raises(UserError, match=r"Ray is already running in this process and cannot "
+                                        rf"ship the model's package .*{NAME}\.py"):
+        train_teachers(tmp_path / "run", job, Cluster())
+
+
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_ray_workers_train_a_module_that_is_not_installed(tmp_path, monkeypatch, digits,
-                                                          capsys):
+                                                          capsys, ray_stopped):
     """A package only on the driver's sys.path (not the workers', not their working directory)
     reaches them through the runtime_env; the unmappable network trains one teacher at a time
     in the workers, the driver shows the one warning line, and the CLI prints one line when the
@@ -243,6 +251,7 @@ def test_ray_workers_train_a_module_that_is_not_installed(tmp_path, monkeypatch,
     with pytest.warns(UserWarning, match="training its teachers one at a time") as caught:
         assert train_teachers(run, job, Cluster(workers=1))["trained"] == [0, 1]
     assert len(caught) == 1
+    assert not ray.is_initialized()  # the Ray it started for the job is stopped
     manifest = checkpoints.read_manifest(run)
     assert manifest["done"] and manifest["model"] == name
 

@@ -60,7 +60,7 @@ def test_load_ensemble_needs_a_trained_run(tmp_path):
         load_ensemble(tmp_path)
 
 
-def test_cli_train_then_votes(tmp_path, digits, capsys):
+def test_cli_train_then_votes(tmp_path, digits, capsys, ray_running):
     run = tmp_path / "run"
     argv = ["teachers", "train", "--run", str(run), "--dataset", "digits", "--teachers", "6",
             "--shard-size", "3", "--epochs", "4", "--workers", "1", "--pool-size", "200"]
