@@ -4,12 +4,12 @@ data of fast tests, and one local Ray for the tests that train teachers in this 
 from __future__ import annotations
 
 import faulthandler
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from pate.data.datasets import Dataset, load_dataset
+from teachers.distributed import Cluster, _start_ray
 
 
 @pytest.hookimpl(trylast=True)
@@ -38,11 +38,7 @@ def ray_running(_ray_stopped_at_the_end: None) -> None:
     stopped at the end: ``train_teachers`` runs its shards on a Ray this process has started.
     Each start costs seconds, and starting and stopping Ray again and again in one process is
     fragile (ray-project/ray#31145)."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
-                 logging_level="ERROR", log_to_driver=False)
+    _start_ray(Cluster())  # started as train_teachers starts it; a no-op once running
 
 
 @pytest.fixture
