@@ -148,6 +148,9 @@ class StudentConfig(_Section):
     # None: the method's default
     arch: str | None = None  # a built-in (ARCHITECTURES) or a user's "package.module:factory"
     queries: int = Field(default=1000, ge=1)
+    # A second Confident-GNMax round on the pool rows the round-1 student is least sure of
+    # (stage student-active); `select` is round 1's selection.
+    active_queries: int = Field(default=0, ge=0)
     interactive_queries: int = Field(default=0, ge=0)
     select: Literal["first", "random", "uncertainty"] = "random"
     request_size: int = Field(default=512, ge=1)
@@ -233,8 +236,8 @@ class CompareConfig(_Section):
 
 
 # ``pate run``'s stages, in order (pate.pipeline); RunConfig.stages says which a config runs.
-STAGES: tuple[str, ...] = ("teachers", "votes", "student-confident", "student-interactive",
-                           "dpsgd", "compare", "report")
+STAGES: tuple[str, ...] = ("teachers", "votes", "student-confident", "student-active",
+                           "student-interactive", "dpsgd", "compare", "report")
 
 
 class RunConfig(_Section):
@@ -257,7 +260,8 @@ class RunConfig(_Section):
 
     def stages(self) -> tuple[str, ...]:
         """The stages of ``STAGES`` this config runs: the optional ones only when asked for."""
-        optional = {"student-interactive": self.student.interactive_queries > 0,
+        optional = {"student-active": self.student.active_queries > 0,
+                    "student-interactive": self.student.interactive_queries > 0,
                     "dpsgd": self.dpsgd.enabled, "compare": self.compare.enabled}
         return tuple(s for s in STAGES if optional.get(s, True))
 

@@ -74,19 +74,25 @@ def _votes(config: RunConfig, run: RunDir) -> None:
     run.append_log(f"votes: {queries} pool rows")
 
 
-def _student_options(config: RunConfig, queries: int) -> StudentOptions:
+def _student_options(config: RunConfig, queries: int, select: str | None = None
+                     ) -> StudentOptions:
+    """The student's options for a round of ``queries``, selected by ``select`` (default: the
+    config's round-1 selection)."""
     s = config.student
     return StudentOptions(
-        method=s.method, arch=s.arch, width=s.width, queries=queries, select=s.select,
+        method=s.method, arch=s.arch, width=s.width, queries=queries,
+        select=s.select if select is None else select,
         request_size=s.request_size, epochs=s.epochs, batch_size=s.batch_size,
         unlabelled_batch_size=s.unlabelled_batch_size, lr=s.lr, augment=s.augment,
         balance_classes=s.balance_classes, vat_eps=s.vat_eps, entmin=s.entmin,
         encoder_epochs=s.encoder_epochs, seed=s.seed, device=s.device)
 
 
-def _student_round(config: RunConfig, run: RunDir, mechanism: str, queries: int) -> None:
-    """One query round of the student against a real HTTP label service of ``mechanism`` on
-    loopback, over the run's votes and ledger."""
+def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, queries: int,
+                   select: str | None = None) -> None:
+    """One query round (the stage ``stage``) of the student against a real HTTP label service of
+    ``mechanism`` on loopback, over the run's votes and ledger, on rows chosen by ``select``
+    (default: the config's)."""
     a = config.aggregator
     check_delta(a.delta, run.private_records(), a.allow_large_delta)
     token = _token(run)
@@ -97,15 +103,15 @@ def _student_round(config: RunConfig, run: RunDir, mechanism: str, queries: int)
         with server.running() as url:
             say(f"pate run: {mechanism} aggregation service on {url}")
             session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism)
-            options = _student_options(config, queries)
+            options = _student_options(config, queries, select)
             metrics = train_student(run, lambda: session, options, config.data.source(),
-                                    on_epoch=_epoch_line(run, f"student-{mechanism}"),
+                                    on_epoch=_epoch_line(run, stage),
                                     say=lambda text: say(f"pate run: {text}"))
     finally:
         server.close()
     shown = ("not measured (no test data)" if metrics["accuracy"] is None
              else f"{metrics['accuracy']:.4f}")
-    run.append_log(f"student-{mechanism}: accuracy {shown}, "
+    run.append_log(f"{stage}: accuracy {shown}, "
                    f"{metrics['labels_used']} labels, epsilon "
                    f"{metrics['epsilon']['data_independent']:.3f} data-independent")
 
@@ -152,10 +158,14 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     actions: dict[str, Callable[[], None]] = {
         "teachers": lambda: _teachers(config, run),
         "votes": lambda: _votes(config, run),
-        "student-confident": lambda: _student_round(config, run, "confident",
-                                                    config.student.queries),
-        "student-interactive": lambda: _student_round(config, run, "interactive",
-                                                      config.student.interactive_queries),
+        "student-confident": lambda: _student_round(
+            config, run, "student-confident", "confident", config.student.queries),
+        "student-active": lambda: _student_round(
+            config, run, "student-active", "confident", config.student.active_queries,
+            "uncertainty"),
+        "student-interactive": lambda: _student_round(
+            config, run, "student-interactive", "interactive",
+            config.student.interactive_queries),
         "dpsgd": lambda: _dpsgd(config, run),
         "compare": lambda: _compare(config, run),
         "report": lambda: _report(run),

@@ -129,7 +129,7 @@ def test_the_student_section_reaches_the_student_workflow() -> None:
         assert (options.arch, options.epochs, options.method, options.queries,
                 options.vat_eps) == (arch, 7, "vat", 123, 3.5)
     # every key of [student] but the rounds' sizes is an option of the workflow, same value
-    keys = set(StudentConfig.model_fields) - {"queries", "interactive_queries"}
+    keys = set(StudentConfig.model_fields) - {"queries", "active_queries", "interactive_queries"}
     assert keys <= {f.name for f in fields(StudentOptions)}
     assert all(getattr(options, k) == getattr(config.student, k) for k in keys)
     with pytest.raises(UserError, match=r"student\.arch"):

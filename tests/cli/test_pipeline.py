@@ -40,19 +40,29 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert row["queries_answered"] == int((labels >= 0).sum()) > 0
     assert 0 < row["epsilon_data_dependent"] <= row["epsilon_data_independent"]
     stages = json.loads((run / "stages.json").read_text())
-    assert set(stages) == {"teachers", "votes", "student-confident", "compare", "report"}
+    assert set(stages) == {"teachers", "votes", "student-confident", "student-active",
+                           "compare", "report"}
+    # round 2 asks Confident-GNMax about rows round 1 did not, those its student was least sure of
+    first_round, active_round = metrics["rounds"]
+    assert (first_round["select"], active_round["select"]) == ("random", "uncertainty")
+    assert active_round["mechanism"]["mechanism"] == "confident"
+    with np.load(run / "labels.npz") as f:
+        asked = f["pool_index"]
+    assert len(np.unique(asked)) == len(asked) == first_round["queries"] + active_round["queries"]
     check_owner_evaluation(run, report, metrics)
 
     # progress: stderr is a pipe here, so plain lines (one per stage and per student epoch), and
     # every stage's start and end in log.txt
     epochs = metrics["epochs"]
     for e in range(1, epochs + 1):
-        assert f"pate run: student-confident: epoch {e} done" in first.stderr
+        for stage in ("student-confident", "student-active"):
+            assert f"pate run: {stage}: epoch {e} done" in first.stderr
     log = (run / "log.txt").read_text().splitlines()
     for stage in stages:
         assert any(line.endswith(f" {stage}: started") for line in log), stage
         assert any(f" {stage}: finished in " in line for line in log), stage
     assert sum(" student-confident: epoch " in line for line in log) == epochs
+    assert sum(" student-active: epoch " in line for line in log) == epochs
 
     capsys.readouterr()
     assert main(["run", "digits-tiny", "--run", str(run)]) == 0  # in-process: no new imports
