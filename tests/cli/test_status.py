@@ -27,7 +27,8 @@ def test_status_mid_run_and_after(tmp_path: Path, capsys: pytest.CaptureFixture)
     status = json.loads(capsys.readouterr().out)
     states = {s["stage"]: s["state"] for s in status["stages"]}
     assert states == {"teachers": "done", "votes": "running or interrupted",
-                      "student-confident": "pending", "compare": "pending", "report": "pending"}
+                      "student-confident": "pending", "student-active": "pending",
+                      "compare": "pending", "report": "pending"}
     assert status["budget"] is None and status["last_log"].endswith("votes: started")
 
     # a ledger with charges: spent and left, data-independent
