@@ -1,10 +1,12 @@
 """Levers on the student, measured offline on one run's answered labels (issue 27, item 3).
 
 Trains the run's student network (default ``cnn-hog``, supervised, Adam 1e-3, batch 32 labelled
-and 128 unlabelled, as ``pate student train``) on the answers in ``--labels RUN/labels.npz``
-with the whole Fashion-MNIST pool unlabelled, evaluates on the evaluation half, and prints one
-JSON line per seed (appended to results/bench_student_levers.jsonl). Nothing is asked of any
-aggregator: every lever reads only the answers already paid for and the public pool.
+and 128 unlabelled, as ``pate student train``; ``--method vat [--entmin]`` for VAT) on the
+answers in ``--labels RUN/labels.npz`` with the whole pool of ``--dataset`` (default
+Fashion-MNIST; ``--data-dir``, ``--pool-size`` as for ``pate student train``) unlabelled,
+evaluates on the evaluation part, and prints one JSON line per seed (appended to
+results/bench_student_levers.jsonl). Nothing is asked of any aggregator: every lever reads only
+the answers already paid for and the public pool.
 
 ``--lever``:
 - ``none``: the student as the run trains it.
@@ -25,6 +27,8 @@ aggregator: every lever reads only the answers already paid for and the public p
 
     python scripts/bench_student_levers.py --labels RUN/labels.npz --lever fixmatch \
         --epochs 40 --seeds 0 1 2 [--augment shift-flip] [--threads 1]
+    python scripts/bench_student_levers.py --labels MNIST/labels.npz --dataset mnist \
+        --data-dir DIR --pool-size 9000 --arch cnn --method vat --entmin --augment shift --epochs 30
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
     """One student ``spec`` from ``seed`` on the labelled rows ``(li, ly)``; returns it and its
     accuracy."""
     seed_everything(seed)
-    method = MethodConfig("supervised", spec.arch)
+    method = MethodConfig(args.method, spec.arch, entmin=args.entmin)
     model = build_classifier(spec)
     learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed)
                if args.lever == "fixmatch" else build_learner(method, model, spec))
@@ -153,6 +157,11 @@ def main() -> int:
     ap.add_argument("--lever", choices=("none", "fixmatch", "self-train", "true-labels",
                                          "plurality"),
                     default="none")
+    ap.add_argument("--dataset", default="fashion-mnist")
+    ap.add_argument("--data-dir", type=Path, help="the dataset's files (default: where it loads)")
+    ap.add_argument("--pool-size", type=int, help="public pool rows (default: half the test split)")
+    ap.add_argument("--method", choices=("supervised", "vat"), default="supervised")
+    ap.add_argument("--entmin", action="store_true", help="vat: add entropy minimisation")
     ap.add_argument("--arch", default="cnn-hog")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=32, help="labelled rows per step")
@@ -169,9 +178,9 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    ds = load_dataset("fashion-mnist", need_train=False)
-    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
-    spec = MethodConfig("supervised", args.arch).spec(pool_x.shape[1:], ds.num_classes)
+    ds = load_dataset(args.dataset, args.data_dir, need_train=False)
+    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, args.pool_size)
+    spec = MethodConfig(args.method, args.arch).spec(pool_x.shape[1:], ds.num_classes)
     with np.load(args.labels, allow_pickle=False) as data:
         answered = data["label"] >= 0
         li, ly = data["pool_index"][answered], data["label"][answered]
