@@ -14,6 +14,7 @@ the answers already paid for and the public pool.
   §2.3): a pool row whose (weakly shifted) prediction has confidence >= ``--tau`` gets its
   argmax as a pseudo-label for a strongly augmented copy (random rotation, shear, scale,
   translation, mirroring, contrast and brightness, and a 11x11 cutout), weight ``--lam``.
+  Mirroring only with ``--augment shift-flip``, the flag that says the labels survive it.
 - ``self-train``: ``--rounds`` rounds of self-training: the pool rows the last student predicts
   with confidence >= ``--st-tau`` join the answers with its labels, and a fresh student trains
   on both (a classic of semi-supervised learning; Q. Xie et al., "Self-training with Noisy
@@ -61,21 +62,22 @@ OUT = Path("results/bench_student_levers.jsonl")
 CUTOUT_HALF = 5  # an 11x11 square
 
 
-def strong_augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def strong_augment(x: torch.Tensor, gen: torch.Generator, mirror: bool = True) -> torch.Tensor:
     """A RandAugment-like strong augmentation of ``x [N, 1, H, W]`` in [0, 1], one batched
     affine resampling: rotation up to 20 degrees, shear up to 0.3, scale 0.85-1.15, translation
-    up to an eighth of the side, mirroring; then contrast 0.5-1.5 and brightness +-0.2 per
-    image, and a square cutout."""
+    up to an eighth of the side, mirroring (a fair coin per image, drawn either way, applied with
+    ``mirror``); then contrast 0.5-1.5 and brightness +-0.2 per image, and a square cutout."""
     n, _, h, w = x.shape
 
     def uniform(*shape: int) -> torch.Tensor:
         return torch.rand(*shape, generator=gen) * 2 - 1
 
     angle, shear, scale = uniform(n) * math.radians(20), uniform(n) * 0.3, 1 + uniform(n) * 0.15
-    mirror = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    coin = torch.rand(n, generator=gen) < 0.5
+    flip = torch.where(coin & mirror, -1.0, 1.0)
     cos, sin = torch.cos(angle), torch.sin(angle)
-    theta = torch.stack([torch.stack([cos * mirror, shear - sin, uniform(n) * 0.25], 1),
-                         torch.stack([sin * mirror, cos, uniform(n) * 0.25], 1)], 1)
+    theta = torch.stack([torch.stack([cos * flip, shear - sin, uniform(n) * 0.25], 1),
+                         torch.stack([sin * flip, cos, uniform(n) * 0.25], 1)], 1)
     theta[:, :, :2] /= scale[:, None, None]
     grid = F.affine_grid(theta.to(x.device), list(x.shape), align_corners=False)
     y = F.grid_sample(x, grid, align_corners=False)
@@ -93,11 +95,12 @@ class FixMatchLearner:
     """Cross-entropy on the labelled batch plus ``lam`` times the masked cross-entropy of the
     strongly augmented unlabelled batch against the confident predictions of the unlabelled
     batch as given (FixMatch, eq. 4); one forward pass for the three. For an Experts network the
-    pseudo-label is the mean of the experts' probabilities and every expert learns from it."""
+    pseudo-label is the mean of the experts' probabilities and every expert learns from it.
+    ``mirror``: whether the strong augmentation mirrors."""
 
     def __init__(self, model: torch.nn.Module, lr: float, tau: float, lam: float,
-                 seed: int) -> None:
-        self.model, self.tau, self.lam = model, tau, lam
+                 seed: int, mirror: bool) -> None:
+        self.model, self.tau, self.lam, self.mirror = model, tau, lam, mirror
         self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -105,7 +108,7 @@ class FixMatchLearner:
              ) -> dict[str, float]:
         (opt,) = self.optimizers
         n, m = len(x_lab), len(x_unl)
-        out = self.model(torch.cat([x_lab, x_unl, strong_augment(x_unl, self.gen)]))
+        out = self.model(torch.cat([x_lab, x_unl, strong_augment(x_unl, self.gen, self.mirror)]))
         with torch.no_grad():
             logp = out[n:n + m].log_softmax(-1)
             if logp.dim() == 3:  # Experts: the mean of the experts' probabilities
@@ -130,7 +133,8 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
     seed_everything(seed)
     method = MethodConfig(args.method, spec.arch, entmin=args.entmin)
     model = build_classifier(spec)
-    learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed)
+    learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed,
+                               mirror=args.augment == "shift-flip")
                if args.lever == "fixmatch" else build_learner(method, model, spec))
     config = FitConfig(args.epochs, args.batch_size, lr=method.learning_rate,
                        augment=args.augment, seed=seed)
