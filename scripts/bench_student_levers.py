@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from bench_common import emit
 
-from pate.data.datasets import load_dataset, public_split
+from pate.cli.data_flags import add_data_flags, source_from_flags
+from pate.data.task import load_task
 from pate.data.votes_file import load_votes_with_index
 from student.losses import cross_entropy
 from student.models import ModelSpec, build_classifier
@@ -161,9 +162,6 @@ def main() -> int:
     ap.add_argument("--lever", choices=("none", "fixmatch", "self-train", "true-labels",
                                          "plurality"),
                     default="none")
-    ap.add_argument("--dataset", default="fashion-mnist")
-    ap.add_argument("--data-dir", type=Path, help="the dataset's files (default: where it loads)")
-    ap.add_argument("--pool-size", type=int, help="public pool rows (default: half the test split)")
     ap.add_argument("--method", choices=("supervised", "vat"), default="supervised")
     ap.add_argument("--entmin", action="store_true", help="vat: add entropy minimisation")
     ap.add_argument("--arch", default="cnn-hog")
@@ -179,12 +177,13 @@ def main() -> int:
     ap.add_argument("--votes", type=Path, help="plurality: the run's votes.npz")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, default=1)
+    add_data_flags(ap, files=False)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    ds = load_dataset(args.dataset, args.data_dir, need_train=False)
-    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, args.pool_size)
-    spec = MethodConfig(args.method, args.arch).spec(pool_x.shape[1:], ds.num_classes)
+    task = load_task(source_from_flags(args), need_private=False)
+    pool_x, pool_y, eval_x, eval_y = task.pool_x, task.pool_y, task.eval_x, task.eval_y
+    spec = MethodConfig(args.method, args.arch).spec(task.input_shape, task.num_classes)
     with np.load(args.labels, allow_pickle=False) as data:
         answered = data["label"] >= 0
         li, ly = data["pool_index"][answered], data["label"][answered]
@@ -204,9 +203,10 @@ def main() -> int:
                                np.concatenate([ly, probs[rows].argmax(axis=1)]), eval_x, eval_y)
             accs.append(acc)
         emit({"lever": args.lever, "seed": seed, "accuracy": accs[-1], "accuracies": accs,
-              "labels": len(ly), "label_accuracy": float(np.mean(ly == pool_y[li])),
+              "dataset": task.name, "labels": len(ly),
+              "label_accuracy": float(np.mean(ly == pool_y[li])),
               **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                 if k not in ("seeds", "labels")},
+                 if k not in ("seeds", "labels", "dataset")},
               "labels_file": str(args.labels)}, OUT, torch_threads=args.threads)
     return 0
 
