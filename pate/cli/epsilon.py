@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="std of the noise added to the summed gradient (same units)")
     ba.add_argument("--sampling-rate", type=float, required=True, metavar="Q")
     ba.add_argument("--delta", type=float, required=True, metavar="D")
-    ba.add_argument("--moments", type=_moments, default=DEFAULT_MOMENTS, metavar="2,4,8,16,32")
+    ba.add_argument("--moments", type=_moments, default=DEFAULT_MOMENTS, metavar="1,2,4,8,16,32")
     ba.add_argument("--confidence", type=float, default=1 - 1e-16, metavar="C",
                     help="confidence of each step's estimate (default: 1 - 1e-16)")
     ba.add_argument("--json", action="store_true", help="print one JSON object")

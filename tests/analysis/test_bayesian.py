@@ -4,6 +4,7 @@ reproduce, its numerical stability and its error handling."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,28 @@ def test_smaller_distances_give_a_smaller_epsilon() -> None:
     classical = BayesianAccountant(total_steps=steps)
     classical.accumulate(np.full(3, clip), sigma * clip, q, steps=steps)
     assert bayes.get_epsilon(1e-5) < 0.8 * classical.get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize(("noise_std", "lowered"), [(1.0, True), (1.7, False)])
+def test_default_moments_add_order_two_to_the_authors_grid(noise_std: float,
+                                                           lowered: bool) -> None:
+    """Half the pairs at 2C (two clipped gradients in opposite directions): with noise 1 x C the
+    optimum is moment 1, which the authors' grid (2, 4, ..., 32) lacks, and the default grid's
+    epsilon is far lower; with 1.7 x C it is moment 2, now inside the grid: the same epsilon, and
+    no warning that the grid is too narrow."""
+    d = np.concatenate([np.full(128, 1.0), np.full(128, 2.0)])
+    epsilons = []
+    for moments in ((2, 4, 8, 16, 32), None):
+        acc = BayesianAccountant(total_steps=100) if moments is None else \
+            BayesianAccountant(moments, total_steps=100)
+        acc.accumulate(d, noise_std, 0.05, steps=100)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            eps, moment = acc.epsilon_and_moment(1e-5)
+        epsilons.append(eps)
+    assert moment == (1 if lowered else 2)
+    assert (epsilons[1] < 0.5 * epsilons[0]) if lowered else epsilons[1] == epsilons[0]
+    assert lowered or not caught
 
 
 def test_log_space_is_stable_where_the_naive_estimator_overflows() -> None:
