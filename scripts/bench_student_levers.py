@@ -15,6 +15,11 @@ the answers already paid for and the public pool.
   argmax as a pseudo-label for a strongly augmented copy (random rotation, shear, scale,
   translation, mirroring, contrast and brightness, and a 11x11 cutout), weight ``--lam``.
   Mirroring only with ``--augment shift-flip``, the flag that says the labels survive it.
+- ``mean-teacher``: consistency with an exponential moving average of the student (A. Tarvainen,
+  H. Valpola, "Mean teachers are better role models", NeurIPS 2017, §2): the squared distance
+  between the student's class probabilities on the unlabelled batch and those of its average
+  (decay ``--ema``) on an independently shifted copy, weight ``--lam`` ramped up as
+  exp(-5 (1 - t)^2) over the first quarter of the steps; the average is the model evaluated.
 - ``self-train``: ``--rounds`` rounds of self-training: the pool rows the last student predicts
   with confidence >= ``--st-tau`` join the answers with its labels, and a fresh student trains
   on both (a classic of semi-supervised learning; Q. Xie et al., "Self-training with Noisy
@@ -35,6 +40,7 @@ the answers already paid for and the public pool.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 from pathlib import Path
@@ -45,6 +51,7 @@ import torch.nn.functional as F
 from bench_common import emit
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
+from pate.data.augment import random_augment
 from pate.data.task import load_task
 from pate.data.votes_file import load_votes_with_index
 from student.losses import cross_entropy
@@ -126,6 +133,43 @@ class FixMatchLearner:
                 "mask": float(mask.float().mean())}
 
 
+class MeanTeacherLearner:
+    """Cross-entropy on the labelled batch plus ``lam * ramp(t)`` times the squared distance
+    between the student's probabilities on the unlabelled batch and its moving average's on a
+    shifted copy (Tarvainen & Valpola 2017, §2 and §3.1: ramp-up exp(-5 (1 - t)^2), the average
+    updated after each step, its batch-norm statistics the student's). Experts networks: every
+    expert against the same expert of the average."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, lam: float, ema: float,
+                 ramp_steps: int, seed: int) -> None:
+        self.model, self.lam, self.ema, self.ramp_steps = model, lam, ema, max(1, ramp_steps)
+        self.average = copy.deepcopy(model).requires_grad_(False)
+        self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.steps = 0
+
+    def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
+             ) -> dict[str, float]:
+        (opt,) = self.optimizers
+        n = len(x_lab)
+        out = self.model(torch.cat([x_lab, x_unl]))
+        with torch.no_grad():
+            target = self.average(random_augment(x_unl, "shift", self.gen)).softmax(-1)
+        sup = cross_entropy(out[:n], y_lab)
+        consistency = (out[n:].softmax(-1) - target).pow(2).sum(-1).mean()
+        weight = self.lam * math.exp(-5 * (1 - min(1.0, self.steps / self.ramp_steps)) ** 2)
+        opt.zero_grad(set_to_none=True)
+        (sup + weight * consistency).backward()
+        opt.step()
+        self.steps += 1
+        with torch.no_grad():
+            for avg, cur in zip(self.average.parameters(), self.model.parameters(), strict=True):
+                avg.lerp_(cur, 1 - self.ema)
+            for avg, cur in zip(self.average.buffers(), self.model.buffers(), strict=True):
+                avg.copy_(cur)
+        return {"supervised": float(sup.detach()), "consistency": float(consistency.detach())}
+
+
 def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarray,
           li: np.ndarray, ly: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray
           ) -> tuple[torch.nn.Module, float]:
@@ -134,11 +178,18 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
     seed_everything(seed)
     method = MethodConfig(args.method, spec.arch, entmin=args.entmin)
     model = build_classifier(spec)
-    learner = (FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed,
-                               mirror=args.augment == "shift-flip")
-               if args.lever == "fixmatch" else build_learner(method, model, spec))
     config = FitConfig(args.epochs, args.batch_size, lr=method.learning_rate,
                        augment=args.augment, seed=seed)
+    if args.lever == "fixmatch":
+        learner = FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed,
+                                  mirror=args.augment == "shift-flip")
+    elif args.lever == "mean-teacher":
+        steps = len(pool_x) // min(config.unlabelled_batch_size, len(pool_x)) * args.epochs
+        learner = MeanTeacherLearner(model, method.learning_rate, args.lam, args.ema,
+                                     steps // 4, seed)
+        model = learner.average
+    else:
+        learner = build_learner(method, model, spec)
     fit(learner, pool_x[li], ly, pool_x, config)
     return model, accuracy(model, eval_x, eval_y)
 
@@ -159,8 +210,8 @@ def plurality(args: argparse.Namespace, ap: argparse.ArgumentParser,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--labels", type=Path, required=True, help="a run's labels.npz")
-    ap.add_argument("--lever", choices=("none", "fixmatch", "self-train", "true-labels",
-                                         "plurality"),
+    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "self-train",
+                                         "true-labels", "plurality"),
                     default="none")
     ap.add_argument("--method", choices=("supervised", "vat"), default="supervised")
     ap.add_argument("--entmin", action="store_true", help="vat: add entropy minimisation")
@@ -169,7 +220,9 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32, help="labelled rows per step")
     ap.add_argument("--augment", default="none", help="weak augmentation (pate.data.augment)")
     ap.add_argument("--tau", type=float, default=0.95, help="fixmatch: confidence threshold")
-    ap.add_argument("--lam", type=float, default=1.0, help="fixmatch: consistency weight")
+    ap.add_argument("--lam", type=float, default=1.0,
+                    help="fixmatch, mean-teacher: consistency weight")
+    ap.add_argument("--ema", type=float, default=0.99, help="mean-teacher: the average's decay")
     ap.add_argument("--rounds", type=int, default=1, help="self-train: rounds")
     ap.add_argument("--st-tau", type=float, default=0.9, help="self-train: confidence")
     ap.add_argument("--true-rows", type=int, default=0,
