@@ -173,13 +173,19 @@ def realised_rdp_independent(mechanism: Mechanism, asked: int, answered: int,
 
 
 def check_threshold(mechanism: Mechanism, num_teachers: int) -> None:
-    """Refuse a threshold above the number of teachers N (a stated policy, not a formula): the
-    threshold step compares T with a count of at most N, so such a query passes only by noise,
-    and a T > N is almost surely a mistake. Raises ValueError."""
+    """Refuse a threshold outside [0, N], N the number of teachers (a stated policy, not a
+    formula): the threshold step compares T with a count of at most N (Interactive-GNMax: with
+    max_j (n_j - N p_j), which is never below 0), so above N a query passes only by noise and
+    below 0 always; either is almost surely a mistake. Raises ValueError."""
     plan = steps(mechanism)
-    if plan.select is not None and plan.select.threshold > num_teachers:
+    if plan.select is None:
+        return
+    if plan.select.threshold > num_teachers:
         raise ValueError(f"--threshold {plan.select.threshold:g} exceeds the number of teachers "
                          f"({num_teachers}): a query would pass only by noise")
+    if plan.select.threshold < 0:
+        raise ValueError(f"--threshold {plan.select.threshold:g} is below 0: every query would "
+                         "pass the threshold step")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from teachers.choices import MODELS, model_name_problem
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -300,7 +300,11 @@ def load_config(preset_or_path: str) -> RunConfig:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise UserError(f"{path}: no such config file")
-        config = parse_config(path.read_text(), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: not a TOML file (not UTF-8 text)") from None
+        config = parse_config(text, str(path))
         return config.model_copy(update={"data": config.data.resolved(path.parent)})
     if preset_or_path not in preset_names():
         raise UserError(f"unknown preset {preset_or_path!r}; presets: "

@@ -247,7 +247,7 @@ def _check_votes(run: RunDir, pool: VotePool, task: Task) -> None:
         raise UserError(f"the votes cover pool rows up to {int(rows[-1])}, but the pool has "
                         f"{len(task.pool_x)} rows: they are not this pool's votes")
     manifest = checkpoints.read_manifest(run.root) or {}
-    teachers = int(pool.votes[0].sum())
+    teachers = pool.teachers
     if manifest.get("num_teachers") not in (None, teachers):
         raise UserError(f"the votes are of {teachers} teachers, the run's teachers number "
                         f"{manifest['num_teachers']}: they are not this run's votes")
@@ -363,6 +363,9 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
         candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:
             candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
+        if options.queries and not candidates.size:
+            raise UserError("every pool row the votes cover has been asked already: nothing "
+                            "is left to ask (--queries 0 trains on the answers so far)")
         probs_all = None
         if options.queries and (interactive or options.select == "uncertainty"):
             if previous is None:

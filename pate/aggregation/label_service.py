@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from analysis.costs import check_threshold
 from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
@@ -247,6 +248,11 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
             raise UserError(f"{run_dir}: no such run directory")
         if (home / "votes.npz").is_file():
             pool = VotePool.from_file(home / "votes.npz")
+    if pool is not None:
+        try:  # before the ledger exists: nothing is asked, nothing is written
+            check_threshold(mechanism, pool.teachers)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     ledger = Ledger(ledger_url or f"sqlite:///{home / 'ledger.db'}", default_orders(),
                     delta, epsilon_budget, conversion)
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)

@@ -41,6 +41,12 @@ class VotePool:
         return self._sorted
 
     @property
+    def teachers(self) -> int:
+        """The number of teachers, every row's sum (public: the votes file's loader checks that
+        the rows agree)."""
+        return int(self.votes[0].sum()) if len(self.votes) else 0
+
+    @property
     def classes(self) -> int:
         """The number of classes (columns of the votes)."""
         return int(self.votes.shape[1])

@@ -10,6 +10,8 @@ from numpy.typing import NDArray
 
 from pate.errors import UserError
 
+MAX_COUNT = 2**31 - 1  # a count above it is no number of teachers, and its sum could overflow
+
 
 def _load_array(path: Path, key: str) -> NDArray:
     if not path.is_file():
@@ -45,11 +47,12 @@ def load_votes(path: str | Path) -> NDArray[np.int64]:
         raise UserError(f"{path}: votes must be non-negative counts")
     if np.any(votes != np.round(votes)):
         raise UserError(f"{path}: votes must be integer counts")
+    if np.any(votes > MAX_COUNT):
+        raise UserError(f"{path}: votes must be counts of at most {MAX_COUNT} teachers")
     votes = votes.astype(np.int64)
     totals = votes.sum(axis=1)
-    if np.any(totals != totals[0]):
-        raise UserError(f"{path}: every row must sum to the same number of teachers "
-                        f"(rows sum to between {totals.min()} and {totals.max()})")
+    if np.any(totals != totals[0]):  # the sums are not quoted: in a bad file they may be votes
+        raise UserError(f"{path}: every row must sum to the same number of teachers")
     if totals[0] == 0:
         raise UserError(f"{path}: rows sum to 0: there are no teachers' votes")
     return votes

@@ -166,7 +166,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def bad_files(tmp: Path) -> dict[str, Path]:
     files = {"shape": np.zeros(5), "negative": np.array([[3, -1], [1, 1]]),
-             "fraction": np.array([[1.5, 0.5], [1, 1]]), "sums": np.array([[2, 0], [1, 0]]),
+             "fraction": np.array([[1.5, 0.5], [1, 1]]), "sums": np.array([[7, 0], [1, 0]]),
+             "huge": np.array([[1e30, 0.0], [1e30, 0.0]]),
              "nan": np.array([[np.nan, 1.0], [1.0, 1.0]]),
              "asked_unknown": np.array([3, 640])}
     out = {}
@@ -192,6 +193,10 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
           "--delta", "1e-5"], "integer"),
         (["--votes", str(files["sums"]), "--mechanism", "gnmax", "--sigma", "4",
           "--delta", "1e-5"], "same number of teachers"),
+        (["--votes", str(files["huge"]), "--mechanism", "gnmax", "--sigma", "4",
+          "--delta", "1e-5"], "counts of at most 2147483647 teachers"),
+        (["--votes", good, "--mechanism", "confident", "--threshold", "-1", "--sigma1", "4",
+          "--sigma2", "4", "--delta", "1e-5"], "--threshold -1 is below 0"),
         (["--votes", str(files["nan"]), "--mechanism", "gnmax", "--sigma", "4",
           "--delta", "1e-5"], "NaN"),
         (["--votes", str(files["junk"]), "--mechanism", "gnmax", "--sigma", "4",
@@ -229,3 +234,5 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
         lines = err.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, err)
         assert "Traceback" not in err and out == ""
+        if message == "same number of teachers":  # the sums (votes, in a bad file) unquoted
+            assert lines[0].endswith(message), lines[0]

@@ -33,6 +33,10 @@ def test_presets_load_and_round_trip() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: Value error, model must be one of"),
     ("name = \n", "invalid TOML"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = inf\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n", "aggregator.sigma1: Input should be a finite number"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = inf\n"
+     "delta = 1e-5\n", "aggregator.budget_epsilon: Input should be a finite number"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
     with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
@@ -56,6 +60,10 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
     assert len(err) == 1 and "unknown preset 'no-such-preset'" in err[0]
     assert main(["run", str(tmp_path / "missing.toml")]) == 2
     assert "no such config file" in capsys.readouterr().err
+    (tmp_path / "binary.toml").write_bytes(b"\x93NUMPY\xff\xfe")
+    assert main(["run", str(tmp_path / "binary.toml"), "--run", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a TOML file (not UTF-8 text)" in err[0]
 
 
 def test_the_interactive_round_takes_its_own_parameters() -> None:

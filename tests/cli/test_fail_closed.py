@@ -1,7 +1,8 @@
 """Mistakes a new user made, each refused in one line (exit 2) before anything is charged, and
 leaving no half-written artifact: votes that are not the pool's, a budget that covers no query, a
-threshold above the number of teachers, a run directory that cannot be created, an empty run
-directory left by a failed command, and `pate run --help` naming every preset."""
+threshold above the number of teachers or below 0, a pool already asked in full, a run directory
+that cannot be created, an empty run directory left by a failed command, and `pate run --help`
+naming every preset."""
 
 from __future__ import annotations
 
@@ -79,6 +80,39 @@ def test_a_threshold_above_the_number_of_teachers_is_refused(
                  "--threshold", "300", "--sigma1", "150", "--sigma2", "40",
                  "--delta", "1e-5"]) == 2
     _one_error_line(capsys, "--threshold 300 exceeds the number of teachers (250)")
+
+
+@pytest.mark.parametrize("threshold", ["60", "-3"])
+def test_student_train_refuses_a_bad_threshold_before_any_ledger(
+        tmp_path: Path, capsys: pytest.CaptureFixture, threshold: str) -> None:
+    """A threshold above the 20 teachers (or below 0) is refused before the service opens its
+    ledger: nothing asked, nothing charged, no ledger.db, no labels."""
+    rng = np.random.default_rng(3)
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    run = tmp_path / "run"
+    args = _student(run, votes, "--budget-epsilon", "1000")
+    mech = args.index("--mechanism")
+    args[mech:mech + 4] = ["--mechanism", "confident", "--threshold", threshold, "--sigma1", "2",
+                           "--sigma2", "1"]
+    assert main(args) == 2
+    _one_error_line(capsys, "exceeds the number of teachers (20)" if threshold == "60"
+                    else "--threshold -3 is below 0")
+    assert not (tmp_path / "ledger.db").exists() and not (run / "labels.npz").exists()
+
+
+def test_asking_again_when_every_row_was_asked_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rng = np.random.default_rng(4)
+    votes = tmp_path / "votes.npz"  # the whole digits pool
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    run = tmp_path / "run"
+    assert main(_student(run, votes, "--budget-epsilon", "1000", "--queries", "300")) == 0
+    capsys.readouterr()
+    spent = _spent(votes, 1000.0)
+    assert main(_student(run, votes, "--budget-epsilon", "1000", "--select", "uncertainty")) == 2
+    _one_error_line(capsys, "nothing is left to ask")
+    assert _spent(votes, 1000.0) == spent
 
 
 @pytest.mark.parametrize("command", [
