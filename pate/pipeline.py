@@ -22,6 +22,7 @@ from pate.aggregation.delta_policy import check_delta
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, dump_config, parse_config
 from pate.data.task import Benchmark, data_kind
+from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
 from pate.rundir import RunDir
@@ -153,6 +154,10 @@ def _report(run: RunDir) -> None:
 
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     """Run every unfinished stage in order; returns the report's path."""
+    for section in (config.teachers, config.student):
+        problem = device_problem(section.device)
+        if problem:  # before the run directory exists
+            raise UserError(problem)
     run = RunDir(run_dir)
     prepare_run_dir(config, run)
     actions: dict[str, Callable[[], None]] = {

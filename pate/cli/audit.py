@@ -17,6 +17,7 @@ from pate.audit.mechanism import (
 )
 from pate.audit.model_options import CONTROL_LABELS, TARGETS, ModelsAuditOptions
 from pate.audit.model_options import DEFAULT_CONFIDENCE as MODELS_CONFIDENCE
+from pate.cli.device_flag import add_device_flag
 from pate.errors import UserError
 
 
@@ -110,7 +111,7 @@ def _register_models(sub: argparse._SubParsersAction) -> None:
     models.add_argument("--seed", type=int, default=None, metavar="S",
                         help="fix the audit's choices and coin flips (offline experiments "
                              "only; default: the operating system's entropy)")
-    models.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_device_flag(models, "the retraining")
     models.add_argument("--json", action="store_true", help="print one JSON object")
     models.set_defaults(handler=run_models)
 

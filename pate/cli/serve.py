@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 
 
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8470, help="0 picks a free port (printed)")
-    p.add_argument("--device", default="cpu", help="device of the teacher ensemble (inputs mode)")
+    add_device_flag(p, "the teacher ensemble (inputs mode)")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="queries per request (default 4096, at most 8192)")
     p.add_argument("--max-body-bytes", type=int, default=None,

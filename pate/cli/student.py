@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
+from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
@@ -98,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr.add_argument("--seed", type=int, default=0,
                     help="seed of initialisation and training order (offline experiments; the "
                          "aggregator's noise is never seeded)")
-    tr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    add_device_flag(tr, "the student")
     tr.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
+from pate.cli.device_flag import add_device_flag
 from pate.data.augment import AUGMENTATIONS
 from pate.rundir import RunDir
 from teachers.choices import DEFAULT_MODEL, MODELS
@@ -48,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="shards trained at once (default: one per CPU core)")
     train.add_argument("--ray-address", default=None,
                        help="join this Ray cluster instead of starting a local one")
-    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                       help="where the shards train (checked against the Ray cluster's GPUs)")
     train.add_argument("--gpus-per-shard", type=float, default=1.0,
                        help="GPU share of one shard on cuda (e.g. 0.25 packs four per GPU)")
     add_data_flags(train)
@@ -59,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "writes votes.npz (private) and the teachers' accuracy on the "
                            "evaluation half into teachers/manifest.json.")
     votes.add_argument("--run", required=True, type=Path, help="run directory")
-    votes.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_device_flag(votes, "the teachers' inference")
     votes.add_argument("--data-dir", default=None, help="where the dataset files are")
     votes.add_argument("--batch-size", type=int, default=None,
                        help="rows per inference batch (default: 32 on cpu, 1024 on cuda)")

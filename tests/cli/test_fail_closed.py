@@ -1,8 +1,8 @@
 """Mistakes a new user made, each refused in one line (exit 2) before anything is charged, and
 leaving no half-written artifact: votes that are not the pool's, a budget that covers no query, a
-threshold above the number of teachers or below 0, a pool already asked in full, a run directory
-that cannot be created, an empty run directory left by a failed command, and `pate run --help`
-naming every preset."""
+threshold above the number of teachers or below 0, a pool already asked in full, a device the
+machine lacks, a run directory that cannot be created, an empty run directory left by a failed
+command, and `pate run --help` naming every preset."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from analysis.orders import default_orders
 from pate.aggregation.ledger import Ledger
 from pate.cli.main import build_parser, main
-from pate.config import preset_names
+from pate.config import dump_config, load_config, preset_names
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "pate" / "examples" / "votes-synthetic-640x250.npy"
 
@@ -113,6 +114,36 @@ def test_asking_again_when_every_row_was_asked_is_one_line(
     assert main(_student(run, votes, "--budget-epsilon", "1000", "--select", "uncertainty")) == 2
     _one_error_line(capsys, "nothing is left to ask")
     assert _spent(votes, 1000.0) == spent
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+@NO_CUDA
+def test_a_device_this_machine_lacks_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--device cuda without CUDA: a usage error where the device is local (the flag's type), a
+    line from the Ray cluster's resources for the teachers (their GPUs may be remote), and
+    pate run stops before its run directory exists. Without these the teachers waited for a
+    GPU forever."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["teachers", "votes", "--run", str(run), "--device", "cuda"])
+    assert info.value.code == 2
+    assert "this machine has no CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["student", "train", "--run", str(run), "--device", "cuda:x"])
+    assert "'cuda:x' is not a torch device" in capsys.readouterr().err
+    assert main(["teachers", "train", "--run", str(run), "--dataset", "digits", "--teachers",
+                 "2", "--workers", "1", "--device", "cuda"]) == 2
+    _one_error_line(capsys, "the Ray cluster has 0 GPU(s), a shard on cuda needs 1")
+    assert not (run / "teachers").exists()
+    config = tmp_path / "gpu.toml"
+    config.write_text(dump_config(load_config("digits-tiny")).replace(
+        'device = "cpu"', 'device = "cuda"'))
+    assert main(["run", str(config), "--run", str(tmp_path / "gpu-run")]) == 2
+    _one_error_line(capsys, "this machine has no CUDA GPU")
+    assert not (tmp_path / "gpu-run").exists()
 
 
 @pytest.mark.parametrize("command", [
