@@ -177,8 +177,15 @@ class RunDir:
         return ensure_dir(path, private=True)
 
     def read_json(self, path: Path) -> Any | None:
-        """A JSON record of this run, or None when it does not exist."""
-        return json.loads(path.read_text()) if path.is_file() else None
+        """A JSON record of this run, or None when it does not exist; ``UserError`` when it is
+        not JSON (a damaged run directory)."""
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{path}: not valid JSON: this run directory is damaged (restore "
+                            "the file, or start a new --run directory)") from None
 
     def write_json(self, path: Path, obj: Any, private: bool = False) -> None:
         """Write a JSON record atomically (0600 if ``private``)."""

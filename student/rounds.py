@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,13 +55,17 @@ class Received:
     @classmethod
     def load(cls, path: Path) -> Received:
         """``labels.npz``; a file without ``branch`` counts every answer as the teachers'."""
-        with np.load(path, allow_pickle=False) as data:
-            index = data["pool_index"].astype(np.int64)
-            label = data["label"].astype(np.int64)
-            branch = (data["branch"].astype(np.int8) if "branch" in data.files
-                      else np.where(label >= 0, 1, 0).astype(np.int8))
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                index = data["pool_index"].astype(np.int64)
+                label = data["label"].astype(np.int64)
+                branch = (data["branch"].astype(np.int8) if "branch" in data.files
+                          else np.where(label >= 0, 1, 0).astype(np.int8))
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, TypeError):
+            raise UserError(f"{path}: not a labels file (.npz with pool_index and label): this "
+                            "run directory is damaged") from None
         if not index.shape == label.shape == branch.shape or index.ndim != 1:
-            raise ValueError(f"{path}: pool_index, label and branch must be 1-d of one length")
+            raise UserError(f"{path}: pool_index, label and branch must be 1-d of one length")
         return cls(index, label, branch)
 
     def save(self, path: Path) -> None:

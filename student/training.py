@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from pate.data.augment import AUGMENTATIONS, random_augment
+from pate.errors import UserError
 from pate.io import write_bytes_atomic, write_json_atomic
 from student.choices import ARCHITECTURES, METHODS
 from student.models import (
@@ -246,7 +247,11 @@ def load_spec(directory: Path, name: str = "model") -> ModelSpec | None:
     path = directory / f"{name}.json"
     if not (path.is_file() and (directory / f"{name}.safetensors").is_file()):
         return None
-    return ModelSpec.from_json(json.loads(path.read_text()))
+    try:
+        return ModelSpec.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError):  # JSONDecodeError and UnicodeDecodeError too
+        raise UserError(f"{path}: not a student's description: this run directory is "
+                        "damaged") from None
 
 
 def load_weights(model: nn.Module, directory: Path, name: str = "model") -> nn.Module:
@@ -260,13 +265,19 @@ def load_weights(model: nn.Module, directory: Path, name: str = "model") -> nn.M
 def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, ModelSpec] | None:
     """The saved classifier and its spec, or None when ``directory`` holds none; a
     ``cnn-hog-simclr`` student's pool features are rebuilt from its own saved tensors."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     spec = load_spec(directory, name)
     if spec is None:
         return None
-    state = load_file(str(directory / f"{name}.safetensors"))
-    features = PoolFeatures.from_state(state) if spec.arch in POOL_FEATURE_ARCHS else None
-    model = build_classifier(spec, features)
-    model.load_state_dict(state)
+    path = directory / f"{name}.safetensors"
+    try:
+        state = load_file(str(path))
+        features = PoolFeatures.from_state(state) if spec.arch in POOL_FEATURE_ARCHS else None
+        model = build_classifier(spec, features)
+        model.load_state_dict(state)
+    except (OSError, RuntimeError, KeyError, ValueError, SafetensorError):
+        raise UserError(f"{path}: not the weights of the student {spec.arch} that "
+                        f"{name}.json describes: this run directory is damaged") from None
     return model, spec

@@ -152,12 +152,14 @@ class AggregatorSession:
         self.source.close()
 
 
-def _record_round(run: RunDir, session: AggregatorSession, select: str, got: Received,
-                  probs: NDArray[np.float64] | None) -> list[dict[str, Any]]:
-    """Append this round to ``rounds.json`` (public: the mechanism and its parameters, the
-    selection, the counts) and the probabilities sent to Interactive-GNMax to ``probs.npz``
-    (the analysis needs them as the baseline). Returns every round so far."""
-    rounds = run.read_json(run.rounds) or []
+def _record_round(run: RunDir, rounds: list[dict[str, Any]], session: AggregatorSession,
+                  select: str, got: Received, probs: NDArray[np.float64] | None
+                  ) -> list[dict[str, Any]]:
+    """Append this round to ``rounds`` (``rounds.json`` as read before anything was asked) and
+    write it (public: the mechanism and its parameters, the selection, the counts), and the
+    probabilities sent to Interactive-GNMax to ``probs.npz`` (the analysis needs them as the
+    baseline). Returns every round so far."""
+    rounds = list(rounds)
     if not len(got):
         return rounds
     if probs is not None:
@@ -354,6 +356,7 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     if np.any(before.pool_index >= len(pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)
+    rounds_before = run.read_json(run.rounds) or []
 
     session = open_session()
     interactive = session.mechanism == "interactive"
@@ -392,7 +395,7 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
         budget = session.source.budget()
         received = before + got
         received.save(run.labels)
-        rounds = _record_round(run, session, options.select, got, probs)
+        rounds = _record_round(run, rounds_before, session, options.select, got, probs)
         analysed = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                       conversion)
     finally:

@@ -4,7 +4,8 @@ Layers, lowest first; a module may import only modules of its own layer or a low
 
     0 analysis     ``analysis/``: pure math, imports only itself, numpy, scipy, the standard library
     1 core         ``pate`` (the package), ``pate.errors``, ``pate.io``, ``pate.rundir``,
-                   ``pate.data``, ``pate.aggregation``, ``pate.progress``
+                   ``pate.data``, ``pate.aggregation``, ``pate.progress``,
+                   ``pate.devices``
     2 teachers     ``teachers/``
     3 student      ``student/``
     4 application  ``pate.service``, ``pate.report``, ``pate.cli``, ``pate.pipeline``,
@@ -39,6 +40,7 @@ LAYER_OF: Mapping[str, int] = {
     "pate.io": 1,
     "pate.rundir": 1,
     "pate.progress": 1,
+    "pate.devices": 1,
     "pate.data": 1,
     "pate.aggregation": 1,
     "teachers": 2,

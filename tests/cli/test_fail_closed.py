@@ -1,11 +1,12 @@
 """Mistakes a new user made, each refused in one line (exit 2) before anything is charged, and
 leaving no half-written artifact: votes that are not the pool's, a budget that covers no query, a
 threshold above the number of teachers or below 0, a pool already asked in full, a device the
-machine lacks, a run directory that cannot be created, an empty run directory left by a failed
-command, and `pate run --help` naming every preset."""
+machine lacks, a damaged run directory, a run directory that cannot be created, an empty run
+directory left by a failed command, and `pate run --help` naming every preset."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,27 @@ def test_asking_again_when_every_row_was_asked_is_one_line(
     assert main(_student(run, votes, "--budget-epsilon", "1000", "--select", "uncertainty")) == 2
     _one_error_line(capsys, "nothing is left to ask")
     assert _spent(votes, 1000.0) == spent
+
+
+def test_a_damaged_run_directory_is_one_line(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    """A truncated or overwritten file of a student's run directory: one line naming it, nothing
+    asked, before and after."""
+    rng = np.random.default_rng(5)
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    run = tmp_path / "run"
+    assert main(_student(run, votes, "--budget-epsilon", "1000", "--queries", "5")) == 0
+    capsys.readouterr()
+    spent = _spent(votes, 1000.0)
+    for name in ("labels.npz", "student/model.json", "student/model.safetensors",
+                 "student/rounds.json"):
+        damaged = tmp_path / name.replace("/", "-")
+        shutil.copytree(run, damaged)
+        (damaged / name).write_text("{")
+        assert main(_student(damaged, votes, "--budget-epsilon", "1000", "--queries", "5")) == 2
+        _one_error_line(capsys, f"{damaged / name}: not ")
+        assert _spent(votes, 1000.0) == spent
 
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
