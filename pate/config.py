@@ -90,7 +90,7 @@ class TeachersConfig(_Section):
     lr: float | None = Field(default=None, gt=0)
     mixup: float = Field(default=0.0, ge=0)
     augment: Literal[("auto", *AUGMENTATIONS)] = "auto"  # type: ignore[valid-type]
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
@@ -164,7 +164,7 @@ class StudentConfig(_Section):
     vat_eps: float = Field(default=2.0, gt=0)
     entmin: bool = False
     encoder_epochs: int | None = Field(default=None, ge=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     device: Literal["cpu", "cuda"] = "cpu"
 
     @field_validator("arch")

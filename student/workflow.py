@@ -17,6 +17,7 @@ Interactive-GNMax, which its analysis needs) and ``student/metrics.json``.
 from __future__ import annotations
 
 import io
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from analysis.mechanisms import mechanism_to_dict
@@ -34,6 +34,7 @@ from pate.aggregation.label_service import LabelService
 from pate.aggregation.vote_pool import VotePool
 from pate.data.augment import AUGMENTATIONS
 from pate.data.task import DataSource, Task, load_task
+from pate.devices import device_problem
 from pate.errors import PateError, UserError
 from pate.io import write_bytes_atomic
 from pate.progress import Progress, progress_bar
@@ -108,8 +109,15 @@ class StudentOptions:
             raise UserError(f"--select must be one of {', '.join(SELECTIONS)}")
         if self.augment not in AUGMENTATIONS:
             raise UserError(f"--augment must be one of {', '.join(AUGMENTATIONS)}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError(f"--device {self.device}: CUDA is not available")
+        if min(self.width, self.batch_size, self.unlabelled_batch_size) < 1 or self.seed < 0:
+            raise UserError("--width, --batch-size and --unlabelled-batch-size must be >= 1, "
+                            "--seed >= 0")
+        for flag, value in (("--lr", self.lr), ("--vat-eps", self.vat_eps)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UserError(f"{flag} must be a finite number > 0, got {value!r}")
+        problem = device_problem(self.device)
+        if problem:
+            raise UserError(problem)
 
     def method_config(self, kind: str = "image") -> MethodConfig:
         """The method and its network for ``kind`` of data: on tabular features the default

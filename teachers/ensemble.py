@@ -95,8 +95,10 @@ class TrainConfig:
             raise UserError(f"model {problem}")
         if is_import_path(self.model):
             load_factory(self.model)
-        if min(self.epochs, self.batch_size) < 1 or self.lr <= 0:
-            raise UserError("epochs and batch size must be at least 1 and lr positive")
+        if min(self.epochs, self.batch_size) < 1 or not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError("epochs and batch size must be at least 1 and lr a finite number > 0")
+        if self.seed < 0:
+            raise UserError(f"the seed must be >= 0, got {self.seed}")
 
 
 def total_steps(cfg: TrainConfig, min_size: int) -> int:

@@ -133,6 +133,8 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     public pool of ``run_dir`` and put the teachers' accuracy and their plurality's on the
     evaluation half, and the plurality's accuracy on the pool, into the manifest. Returns the
     number of queries."""
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"the batch size must be >= 1, got {batch_size}")
     run_dir = Path(run_dir)
     ens = load_ensemble(run_dir, device)
     manifest = checkpoints.read_manifest(run_dir)

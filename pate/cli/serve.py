@@ -10,6 +10,14 @@ from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 
 
+def _port(value: str) -> int:
+    """argparse type: a TCP port, 0 to 65535."""
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
+    return port
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve", help="answer a student's label queries with an accounted aggregator",
@@ -34,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "sqlite:///DIR/ledger.db next to the votes; postgresql://... for PostgreSQL)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8470, help="0 picks a free port (printed)")
+    p.add_argument("--port", type=_port, default=8470, help="0 picks a free port (printed)")
     add_device_flag(p, "the teacher ensemble (inputs mode)")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="queries per request (default 4096, at most 8192)")

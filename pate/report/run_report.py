@@ -180,6 +180,10 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
 
 
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
+    """The report comparing ``run_dirs`` (each run's report written first where missing), in
+    ``out_dir``; ``UserError`` when ``out_dir`` is a file."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir}: a file, not a directory for the report")
     reports = []
     for run_dir in run_dirs:
         path = RunDir(run_dir).report / "report.json"

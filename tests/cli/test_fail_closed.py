@@ -138,6 +138,44 @@ def test_a_damaged_run_directory_is_one_line(tmp_path: Path,
         assert _spent(votes, 1000.0) == spent
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--lr", "-1"], "--lr must be a finite number > 0"),
+    (["--lr", "nan"], "--lr must be a finite number > 0"),
+    (["--vat-eps", "inf"], "--vat-eps must be a finite number > 0"),
+    (["--width", "0"], "--width, --batch-size and --unlabelled-batch-size must be >= 1"),
+    (["--unlabelled-batch-size", "0"], "--unlabelled-batch-size must be >= 1"),
+    (["--seed", "-1"], "--seed >= 0"),
+])
+def test_student_flags_out_of_range_are_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str) -> None:
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=np.random.default_rng(6).multinomial(20, np.full(10, 0.1), size=250))
+    assert main(_student(tmp_path / "run", votes, "--budget-epsilon", "1000", *flags)) == 2
+    _one_error_line(capsys, message)
+    assert not (tmp_path / "ledger.db").exists()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--lr", "nan"], "lr a finite number > 0"), (["--seed", "-1"], "the seed must be >= 0")])
+def test_teacher_flags_out_of_range_are_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str) -> None:
+    assert main(["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
+                 "--teachers", "2", *flags]) == 2
+    _one_error_line(capsys, message)
+
+
+def test_a_port_out_of_range_and_a_file_for_the_report_are_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--votes", str(EXAMPLE), "--port", "70000"])
+    assert info.value.code == 2 and "a port is 0 to 65535" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["report", "--runs", str(tmp_path / "r1"), str(tmp_path / "r2"), "--out",
+                 str(blocker)]) == 2
+    _one_error_line(capsys, "a file, not a directory for the report")
+
+
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
 
