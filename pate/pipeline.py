@@ -37,13 +37,18 @@ from teachers.votes import collect_votes
 
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
-    """Create the run directory (0700) and its config.toml; a rerun must use the same config."""
+    """Create the run directory (0700) and its config.toml; a rerun must use the same config,
+    unless the first attempt stopped before it made anything (config.toml and log.txt are all
+    there is): then the new config replaces the old, and the log says so."""
     run.create()
     if run.config.is_file():
-        if parse_config(run.config.read_text(), str(run.config)) != config:
+        if parse_config(run.config.read_text(), str(run.config)) == config:
+            return
+        if {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name}:
             raise UserError(f"{run} was started with a different configuration; use a new "
                             f"--run directory (or delete {run.config})")
-        return
+        run.append_log("config.toml replaced: the last attempt stopped before any stage made "
+                       "anything")
     run.write_text(run.config, dump_config(config))
 
 
