@@ -18,6 +18,10 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, ClassVar
 
+# The noise scales the analysis computes (pate analyze checked for every mechanism at both ends
+# and beyond); noise of 1e-6 votes is no noise, and of 1e12 votes no answer.
+NOISE_RANGE = (1e-6, 1e12)
+
 
 def _parameter(help: str, *, positive: bool = True, probability: bool = False,
                costless_value: float | None = None) -> Any:
@@ -32,7 +36,8 @@ def _parameter(help: str, *, positive: bool = True, probability: bool = False,
 @dataclass(frozen=True)
 class _Parameters:
     """Validation shared by every mechanism: each parameter is a finite number (stored as a
-    float), > 0 where it is a noise scale and in [0, 1] where it is a probability."""
+    float), in ``NOISE_RANGE`` where it is a noise scale and in [0, 1] where it is a
+    probability."""
 
     name: ClassVar[str]   # the record's and the command line's name
     title: ClassVar[str]  # the name the papers and the report use
@@ -46,6 +51,10 @@ class _Parameters:
                 raise ValueError(f"--{f.name} must be finite, got {value!r}")
             if f.metadata["positive"] and value <= 0:
                 raise ValueError(f"--{f.name} must be > 0, got {value!r}")
+            if f.metadata["positive"] and not NOISE_RANGE[0] <= value <= NOISE_RANGE[1]:
+                raise ValueError(f"--{f.name} must lie in [{NOISE_RANGE[0]:g}, "
+                                 f"{NOISE_RANGE[1]:g}], got {value!r}: the analysis in float64 "
+                                 "over- or underflows far outside it")
             if f.metadata["probability"] and not 0.0 <= value <= 1.0:
                 raise ValueError(f"--{f.name} must be a probability in [0, 1], got {value!r}")
             object.__setattr__(self, f.name, float(value))

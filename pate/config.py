@@ -126,6 +126,13 @@ class AggregatorConfig(_Section):
     lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
     allow_large_delta: bool = False  # accept delta >= 1/n (pate.aggregation.delta_policy)
 
+    @model_validator(mode="after")
+    def _mechanisms_valid(self) -> AggregatorConfig:
+        """Both rounds' mechanisms as the analysis validates them (``analysis.mechanisms``)."""
+        for mechanism in (ConfidentGNMax.name, InteractiveGNMax.name):
+            self.round_mechanism(mechanism)
+        return self
+
     def round_mechanism(self, mechanism: str) -> ConfidentGNMax | InteractiveGNMax:
         """The mechanism of the round answered by ``mechanism`` (``confident`` or
         ``interactive``), with this section's parameters."""

@@ -37,6 +37,8 @@ def test_presets_load_and_round_trip() -> None:
      "delta = 1e-5\n", "aggregator.sigma1: Input should be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = inf\n"
      "delta = 1e-5\n", "aggregator.budget_epsilon: Input should be a finite number"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1e-300\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n", "aggregator: Value error, --sigma1 must lie in [1e-06, 1e+12]"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
     with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
