@@ -14,6 +14,7 @@ also the per-pair cost of the Bayesian accountant (``analysis.bayesian``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -28,6 +29,8 @@ from analysis.rdp import Conversion, epsilon_from_rdp
 # converged falls back to the next integer order, a valid upper bound since RDP is non-decreasing
 # in the order (Van Erven and Harremoës 2014, Thm. 3).
 _FRACTIONAL_TERM_LOG_TOL = -30.0
+# The noise multipliers the float64 series computes; outside, sampled_gaussian_rdp bounds.
+NOISE_FLOOR, NOISE_CEILING = 1e-6, 1e12
 _FRACTIONAL_MAX_TERMS = 20_000
 # Relative slack for rounding in the alternating series, so that it stays an upper bound.
 _LOG_ROUNDING_SLACK = np.log(1e-13)
@@ -132,7 +135,9 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: ArrayLike | 
 
     Integer orders use the exact binomial expansion; fractional orders the two-sided series, kept
     an upper bound and never negative (an order whose series does not converge takes the value
-    of the next integer order). q = 0 gives 0, q = 1 the Gaussian a / (2 sigma^2), sigma = 0 inf.
+    of the next integer order). q = 0 gives 0, q = 1 the Gaussian a / (2 sigma^2), sigma below
+    ``NOISE_FLOOR`` inf, and sigma above ``NOISE_CEILING`` the ceiling's curve: upper bounds both,
+    where the float64 series would over- or underflow.
     ``orders`` defaults to ``analysis.orders.default_orders()``.
     """
     _check_rate(q)
@@ -143,8 +148,9 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: ArrayLike | 
     a = as_orders(orders)
     if q == 0.0 or steps == 0:
         return np.zeros_like(a)
-    if noise_multiplier == 0.0:
+    if noise_multiplier < NOISE_FLOOR:  # inf bounds it; the series would overflow
         return np.full_like(a, np.inf)
+    noise_multiplier = min(noise_multiplier, NOISE_CEILING)  # more noise costs less
     if q == 1.0:
         return steps * a / (2.0 * noise_multiplier**2)
     integer = a == np.round(a)
@@ -188,8 +194,8 @@ def smallest_noise_for_epsilon(epsilon_of: Callable[[float], float], epsilon: fl
                                rtol: float = 1e-4) -> float:
     """The smallest noise multiplier (to relative tolerance ``rtol``, rounded up) at which the
     decreasing function ``epsilon_of`` is at most ``epsilon``: doubling, then bisection."""
-    if epsilon <= 0:
-        raise ValueError(f"target epsilon must be > 0, got {epsilon!r}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"target epsilon must be a finite number > 0, got {epsilon!r}")
     lo, hi = 0.0, 1.0
     while epsilon_of(hi) > epsilon:
         lo, hi = hi, 2.0 * hi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from scipy.stats import binom, norm
 
 from analysis.orders import default_orders
 from analysis.sampled_gaussian import (
+    NOISE_CEILING,
     dpsgd_epsilon,
     log_binomial_moment,
     noise_multiplier_for_epsilon,
@@ -170,3 +172,16 @@ def test_cli_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
                  "--steps", "10", "--delta", "1e-5"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("pate: error:") and err.count("\n") == 1
+
+
+def test_noise_outside_what_float64_computes_is_bounded_not_an_error() -> None:
+    """Below NOISE_FLOOR the RDP is inf, above NOISE_CEILING the ceiling's curve (both upper
+    bounds); inside, more noise costs strictly less. A target epsilon of inf is refused."""
+    tiny = sampled_gaussian_rdp(0.01, 1e-300, None, 100)
+    huge = sampled_gaussian_rdp(0.01, 1e300, None, 100)
+    assert np.all(np.isinf(tiny))
+    np.testing.assert_array_equal(huge, sampled_gaussian_rdp(0.01, NOISE_CEILING, None, 100))
+    assert np.all(sampled_gaussian_rdp(0.01, 1e3, None, 100)
+                  >= sampled_gaussian_rdp(0.01, 1e4, None, 100))
+    with pytest.raises(ValueError, match="finite number > 0"):
+        noise_multiplier_for_epsilon(math.inf, 0.01, 100, 1e-5)
