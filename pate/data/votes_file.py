@@ -26,8 +26,8 @@ def _load_array(path: Path, key: str) -> NDArray:
             names = list(data.files)
             if key in names:
                 return data[key]
-            if len(names) == 1:
-                return data[names[0]]
+            if names == ["arr_0"]:  # np.savez(path, array): an unnamed array
+                return data["arr_0"]
             raise UserError(f"{path}: expected an array named {key!r}, found {names}")
     return data
 

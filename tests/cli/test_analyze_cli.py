@@ -174,6 +174,8 @@ def bad_files(tmp: Path) -> dict[str, Path]:
     for name, arr in files.items():
         out[name] = tmp / f"{name}.npy"
         np.save(out[name], arr)
+    np.savez(tmp / "labels-only.npz", labels=np.array([3, 4]))
+    out["labels_only"] = tmp / "labels-only.npz"
     (tmp / "junk.npy").write_bytes(b"not numpy")
     out["junk"] = tmp / "junk.npy"
     return out
@@ -223,6 +225,8 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
           "--asked", str(files["asked_unknown"])], "not in the registered pool: [640]"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
           "--asked", str(files["fraction"])], "pool indices must be a non-empty 1-d array"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["labels_only"])], "expected an array named 'pool_index'"),
     ]
     proc = run_cli(*cases[0][0])  # one in a process of its own, the rest in this one
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
