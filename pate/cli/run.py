@@ -26,13 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pate.config import load_config
     from pate.pipeline import run_pipeline
+    from pate.report.figures import public_rows
     from pate.rundir import RunDir
 
     config = load_config(args.config)
     run_dir = Path(args.run) if args.run else Path("runs") / config.name
     start = time.monotonic()
     report = run_pipeline(config, run_dir)
-    summary = RunDir(run_dir).read_json(report.parent / "report.json")["table"]
+    summary = public_rows(RunDir(run_dir).read_json(report.parent / "report.json")["table"])
     print(json.dumps({"run": str(run_dir), "report": str(report),
                       "seconds": round(time.monotonic() - start, 1), "summary": summary}))
     return 0

@@ -179,8 +179,11 @@ def run_train(args: argparse.Namespace) -> int:
         eps = metrics["epsilon"]
         shown = ("" if eps["data_dependent_sanitised"] is None
                  else f", {eps['data_dependent_sanitised']:.3f} data-dependent (sanitised)")
-        print(f"accuracy {metrics['accuracy']:.4f}  labels {metrics['labels_used']} "
-              f"(label accuracy {metrics['label_accuracy']:.3f})  epsilon "
-              f"{eps['data_independent']:.3f} data-independent{shown} at delta "
-              f"{eps['delta']:g}  -> {RunDir(args.run).student_metrics}")
+        accuracy = ("accuracy –" if metrics["accuracy"] is None  # no test data
+                    else f"accuracy {metrics['accuracy']:.4f}")
+        labels = f"labels {metrics['labels_used']}"
+        if metrics["label_accuracy"] is not None:  # the pool's true labels known (benchmarks)
+            labels += f" (label accuracy {metrics['label_accuracy']:.3f})"
+        print(f"{accuracy}  {labels}  epsilon {eps['data_independent']:.3f} data-independent"
+              f"{shown} at delta {eps['delta']:g}  -> {RunDir(args.run).student_metrics}")
     return 0

@@ -350,6 +350,15 @@ def format_value(value: Any) -> str:
     return html.escape(str(value))
 
 
+# The summary table's columns that are not for publication (docs/design.md, privacy rule 2).
+PRIVATE_TABLE_KEYS = frozenset({"epsilon_data_dependent"})
+
+
+def public_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary table without its private columns: what may be printed or logged."""
+    return [{k: v for k, v in row.items() if k not in PRIVATE_TABLE_KEYS} for row in rows]
+
+
 TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("queries_answered", "Queries answered"),
                  ("epsilon_data_independent", "ε data-independent"),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pate.cli.main import main
 from pate.data.task import DataFiles, load_task
 from pate.errors import UserError
 
@@ -170,3 +171,21 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
     (tmp_path / "broken" / "x.png").write_bytes(b"not a png")
     with pytest.raises(UserError, match="unreadable image"):
         load_task(DataFiles(str(tmp_path / "broken"), str(tmp_path / "broken")))
+
+
+def test_student_by_hand_on_a_csv_without_test_data_prints_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Own data has no true pool labels and, here, no test file: the printed line says what it
+    knows (no accuracy, no label accuracy) instead of failing after the queries were paid."""
+    rng = np.random.default_rng(7)
+    (tmp_path / "private.csv").write_text(census(200, rng))
+    (tmp_path / "public.csv").write_text(census(150, rng))
+    np.savez(tmp_path / "votes.npz", votes=rng.multinomial(20, [0.8, 0.2], size=150))
+    assert main(["--quiet", "student", "train", "--run", str(tmp_path / "run"), "--votes",
+                 str(tmp_path / "votes.npz"), "--private", str(tmp_path / "private.csv"),
+                 "--public", str(tmp_path / "public.csv"),
+                 "--label", "income", "--classes", "<=50K", ">50K", "--method", "supervised",
+                 "--mechanism", "gnmax", "--sigma", "4", "--budget-epsilon", "1000",
+                 "--delta", "1e-5", "--queries", "30", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("accuracy –  labels ") and "label accuracy" not in out, out

@@ -23,6 +23,9 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert first.returncode == 0, first.stderr[-3000:]
     out = json.loads(first.stdout.strip().splitlines()[-1])
     assert out["report"] == str(run / "report" / "report.html")
+    # the printed line holds no private figure: no data-dependent epsilon, only public columns
+    assert out["summary"] and all("epsilon_data_dependent" not in r for r in out["summary"])
+    assert "epsilon_smooth_sensitivity" in out["summary"][0]
     for name in ("config.toml", "partition.json", "votes.npz", "labels.npz", "ledger.db",
                  "student/metrics.json", "report/report.json", "report/report.html",
                  "stages.json"):
