@@ -59,6 +59,7 @@ class DataConfig(_Section):
                                  "files), not both")
             if self.private is None or self.public is None:
                 raise ValueError("your own data needs both private and public")
+            self.source()  # the files' own checks (pate.data.task.DataFiles), at load
         return self
 
     def source(self) -> DataSource:
@@ -255,6 +256,14 @@ class RunConfig(_Section):
     student: StudentConfig = StudentConfig()
     dpsgd: DPSGDConfig = DPSGDConfig()
     compare: CompareConfig = CompareConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, value: str) -> str:
+        """The default run directory is runs/<name>: one folder name, not a path."""
+        if value in ("", ".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"name must be a folder name (runs/<name>), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _threshold_in_range(self) -> RunConfig:

@@ -30,6 +30,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 def kind_of(path: str | Path) -> str:
     """``npz``, ``csv`` or ``folder``, from the path (the format is chosen by it)."""
     p = Path(path)
+    _exists(p)
     if p.is_dir():
         return "folder"
     suffix = p.suffix.lower()
@@ -99,23 +100,39 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     return frame, labels
 
 
+def _visible(folder: Path) -> list[Path]:
+    """The entries of ``folder`` but hidden ones (``.ipynb_checkpoints``, ``.DS_Store``),
+    sorted."""
+    return sorted(e for e in folder.iterdir() if not e.name.startswith("."))
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return [f for f in _visible(folder) if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+
+
 def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
     """Image files of ``folder`` and their class (its subfolder's name), or ``None`` classes
-    when the images lie directly in the folder."""
-    subfolders = sorted(d for d in folder.iterdir() if d.is_dir())
+    when the images lie directly in the folder; a folder with both is refused (which would
+    be meant?)."""
+    subfolders = [d for d in _visible(folder) if d.is_dir()]
+    loose = _images_in(folder)
+    if subfolders and loose:
+        raise UserError(f"{folder}: holds both images and subfolders ({subfolders[0].name}, "
+                        "...): put the images in class subfolders, or leave no subfolder")
     if subfolders:
         files, names = [], []
         for d in subfolders:
-            found = sorted(f for f in d.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+            found = _images_in(d)
             files += found
             names += [d.name] * len(found)
         return files, names
-    return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES), None
+    return loose, None
 
 
 def image_folder_classes(path: str | Path) -> list[str]:
-    """The class subfolders of an image folder (its label set), sorted."""
-    return sorted(d.name for d in Path(path).iterdir() if d.is_dir())
+    """The class subfolders of an image folder (its label set), sorted; hidden ones are not
+    classes."""
+    return [d.name for d in _visible(Path(path)) if d.is_dir()]
 
 
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,

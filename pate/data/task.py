@@ -54,6 +54,13 @@ class DataFiles:
     classes: tuple[str, ...] | None = None
     image_size: tuple[int, int] | None = None
 
+    def __post_init__(self) -> None:
+        if self.classes is not None and len(set(self.classes)) != len(self.classes):
+            raise UserError(f"the classes {list(self.classes)} repeat a name: each class once")
+        if self.image_size is not None and min(self.image_size) < 1:
+            raise UserError(f"the image size {list(self.image_size)} must be positive "
+                            "(height, width)")
+
 
 DataSource = Benchmark | DataFiles
 

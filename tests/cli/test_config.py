@@ -33,6 +33,8 @@ def test_presets_load_and_round_trip() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: Value error, model must be one of"),
     ("name = \n", "invalid TOML"),
+    ("name = '../escape'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n", "name: Value error, name must be a folder name"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = inf\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = inf\n"

@@ -189,3 +189,31 @@ def test_student_by_hand_on_a_csv_without_test_data_prints_its_line(
                  "--delta", "1e-5", "--queries", "30", "--epochs", "1"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("accuracy –  labels ") and "label accuracy" not in out, out
+
+
+def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> None:
+    """A hidden folder (.ipynb_checkpoints) is no class and no pool; loose images beside class
+    subfolders are refused; a path that is not there says so; classes and sizes are checked."""
+    rng = np.random.default_rng(8)
+    x, y = _images(40, rng)
+    for role in ("private", "public"):
+        for i, (image, label) in enumerate(zip(x, y, strict=True)):
+            folder = tmp_path / role / ("" if role == "public" else ["dark", "bright"][label])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image, "L").save(folder / f"{i}.png")
+        hidden = tmp_path / role / ".ipynb_checkpoints"
+        hidden.mkdir()
+        Image.fromarray(x[0], "L").save(hidden / "0-checkpoint.png")
+    task = load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
+                               classes=("bright", "dark")), need_private=True)
+    assert len(task.pool_x) == 40 and len(task.private_y) == 40
+    Image.fromarray(x[0], "L").save(tmp_path / "private" / "loose.png")
+    with pytest.raises(UserError, match="holds both images and subfolders"):
+        load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
+                            classes=("bright", "dark")), need_private=True)
+    with pytest.raises(UserError, match="no such file or folder"):
+        load_task(DataFiles(str(tmp_path / "nosuchdir"), str(tmp_path / "public")))
+    with pytest.raises(UserError, match="repeat a name"):
+        DataFiles("p", "q", classes=("a", "b", "a"))
+    with pytest.raises(UserError, match="must be positive"):
+        DataFiles("p", "q", image_size=(0, 16))
