@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import secrets
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from pate.aggregation.delta_policy import check_delta
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, dump_config, parse_config
-from pate.data.task import Benchmark, data_kind
+from pate.data.task import Benchmark, data_kind, load_task
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
@@ -157,6 +158,18 @@ def _report(run: RunDir) -> None:
     say(f"pate run: report: {write_run_report(run.root)}")
 
 
+def _check_data(config: RunConfig) -> None:
+    """Before a new run directory is made or a teacher trained: the data loads (a wrong column,
+    a missing file) and delta suits its number of private records (``check_delta``; its
+    warning is left to the student's stage, which gives it once)."""
+    task = load_task(config.data.source(), need_private=True)
+    assert task.private_y is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_delta(config.aggregator.delta, len(task.private_y),
+                    config.aggregator.allow_large_delta)
+
+
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     """Run every unfinished stage in order; returns the report's path."""
     for section in (config.teachers, config.student):
@@ -164,6 +177,8 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         if problem:  # before the run directory exists
             raise UserError(problem)
     run = RunDir(run_dir)
+    if run.private_records() is None:
+        _check_data(config)
     prepare_run_dir(config, run)
     actions: dict[str, Callable[[], None]] = {
         "teachers": lambda: _teachers(config, run),

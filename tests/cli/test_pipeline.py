@@ -118,7 +118,7 @@ def test_rerun_with_another_config_is_refused(tmp_path: Path,
     (run / "config.toml").write_text(
         'name = "other"\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n'
         "budget_epsilon = 1\ndelta = 1e-5\n")
-    (run / "partition.json").write_text("{}")  # a stage made something
+    (run / "votes.npz").write_bytes(b"")  # a stage made something
     assert main(["run", "digits-tiny", "--run", str(run)]) == 2
     err = capsys.readouterr().err
     assert "different configuration" in err and err.count("\n") == 1
@@ -127,14 +127,23 @@ def test_rerun_with_another_config_is_refused(tmp_path: Path,
 def test_a_config_mended_after_a_failed_start_replaces_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A first attempt that stopped before any stage made anything leaves config.toml and
-    log.txt only; the mended config takes its place instead of being refused."""
+    log.txt only; the mended config takes its place instead of being refused. Data that does
+    not load, or a delta too large for it, stops before the run directory is made."""
     tiny = dump_config(load_config("digits-tiny"))
     run = tmp_path / "run"
-    for size in (100_000, 200_000):  # both too large: each stops at the teachers' start
-        config = tmp_path / f"pool-{size}.toml"
-        config.write_text(tiny.replace('dataset = "digits"',
-                                       f'dataset = "digits"\npool_size = {size}'))
+    for package in ("nosuchpkg_a", "nosuchpkg_b"):  # each stops at the teachers' start
+        config = tmp_path / f"{package}.toml"
+        config.write_text(tiny.replace("[teachers]\n",
+                                       f'[teachers]\nmodel = "{package}.mod:factory"\n'))
         assert main(["run", str(config), "--run", str(run), "--quiet"]) == 2
-        assert "--pool-size must be between" in capsys.readouterr().err
-        assert f"pool_size = {size}" in (run / "config.toml").read_text()
+        assert f"cannot import {package}.mod" in capsys.readouterr().err
+        assert package in (run / "config.toml").read_text()
     assert "config.toml replaced" in (run / "log.txt").read_text()
+    for change, message in (('dataset = "digits"\npool_size = 100000', "--pool-size must be"),
+                            ("delta = 0.01", "is at least 1/n")):
+        config = tmp_path / "early.toml"
+        config.write_text(tiny.replace('dataset = "digits"', change) if "pool" in change
+                          else tiny.replace("delta = 1e-05", change))
+        assert main(["run", str(config), "--run", str(tmp_path / "early"), "--quiet"]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "early").exists()
