@@ -159,6 +159,10 @@ def vmap_problem(name: str, model: nn.Module, state: dict[str, torch.Tensor],
         params = copy()
         with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(train):
             out = forward(params)
+            if out.dim() not in (3, 4) or out.shape[-1] != num_classes:
+                raise UserError(f"model {name!r}: its forward returns shape "
+                                f"{list(out.shape[1:])} for a batch of {PROBE_ROWS}; expected "
+                                f"[{PROBE_ROWS}, {num_classes}]")
             grads = []
             if train:
                 leaves = [params[n] for n in sorted(trainable & params.keys())]
@@ -170,12 +174,11 @@ def vmap_problem(name: str, model: nn.Module, state: dict[str, torch.Tensor],
     try:
         ref = run(lambda p: torch.stack([functional_call(model, {n: v[i] for n, v in p.items()},
                                                          (x[i],)) for i in range(k)]))
+    except UserError:  # its output's shape
+        raise
     except Exception as exc:  # the user's network fails on its own
         raise UserError(f"model {name!r}: its forward fails on a batch of shape "
                         f"{[PROBE_ROWS, *x.shape[2:]]} ({_describe(exc)})") from None
-    if ref[0].dim() not in (3, 4) or ref[0].shape[-1] != num_classes:
-        raise UserError(f"model {name!r}: its forward returns shape {list(ref[0].shape[1:])} "
-                        f"for a batch of {PROBE_ROWS}; expected [{PROBE_ROWS}, {num_classes}]")
     try:
         vec = run(lambda p: vmap(lambda q, xb: functional_call(model, q, (xb,)))(p, x))
     except Exception as exc:  # no vmap rule, random numbers, data-dependent control flow, ...

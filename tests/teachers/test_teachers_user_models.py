@@ -71,6 +71,10 @@ NETS = textwrap.dedent('''
         return 42
 
 
+    def seven_logits(input_shape, num_classes):
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 7))
+
+
     def broken(input_shape, num_classes):
         raise ValueError("no such\\nshape")
 
@@ -216,6 +220,16 @@ def test_unmappable_user_model_falls_back_with_one_warning(data, digits):
     np.testing.assert_array_equal(ens.vote(test_x, batch_size=50),
                                   _per_teacher_votes(cfg.model, [group, group],
                                                      torch.as_tensor(test_x)))
+
+
+def test_a_wrong_number_of_outputs_is_named_as_such(data):
+    """A network of 7 logits for 10 classes: the probe says so, rather than that its forward
+    failed (the probe's reshape used to fail first)."""
+    x, y, part, min_size = data
+    cfg = TrainConfig(model=f"{NAME}:seven_logits", **SETTINGS)
+    with pytest.raises(UserError) as exc:
+        train_group(cfg, x, y, 10, np.array([0, 1]), part.parts([0, 1]), min_size)
+    assert "its forward returns shape" in _one_line(exc) and "expected" in _one_line(exc)
 
 
 def test_runtime_env_ships_only_what_the_workers_lack(nets):
