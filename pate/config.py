@@ -30,7 +30,7 @@ from teachers.choices import MODELS, model_name_problem
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class DataConfig(_Section):

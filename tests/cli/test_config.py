@@ -33,6 +33,14 @@ def test_presets_load_and_round_trip() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: Value error, model must be one of"),
     ("name = \n", "invalid TOML"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = '2'\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n", "aggregator.sigma1: Input should be a valid number"),
+    ("name = 'x'\n[teachers]\ncount = 10.0\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.count: Input should be a valid "
+     "integer"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n[compare]\nenabled = 'yes'\n", "compare.enabled: Input should be a valid "
+     "boolean"),
     ("name = '../escape'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "name: Value error, name must be a folder name"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = inf\nsigma2 = 1\nbudget_epsilon = 1\n"
