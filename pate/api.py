@@ -13,13 +13,14 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
+from analysis.costs import check_threshold
 from analysis.mechanisms import Mechanism
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
@@ -34,14 +35,15 @@ from student.models import ModelSpec, build_classifier
 from student.rounds import Received, ask
 from student.training import (
     FitConfig,
-    MethodConfig,
     build_learner,
     fit,
     load_classifier,
+    method_for_data,
     predict_proba,
     save_model,
     seed_everything,
 )
+from teachers.choices import DEFAULT_MODEL
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
 from teachers.partition import make_partition
@@ -53,8 +55,30 @@ __all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_s
 def _features(x: ArrayLike) -> NDArray[np.float32]:
     """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
     features ``[n, d]``."""
-    a = np.asarray(x, np.float32)
+    try:
+        a = np.asarray(x, np.float32)
+    except (TypeError, ValueError):
+        raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
+                        "text columns first)") from None
+    if a.ndim not in (2, 3, 4):
+        raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], got shape "
+                        f"{list(a.shape)}")
     return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a)
+
+
+def _kind(x: NDArray[np.float32]) -> str:
+    """``tabular`` for feature rows, else ``image``."""
+    return "tabular" if x.ndim == 2 else "image"
+
+
+def _labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
+    """Class indices in [0, n_classes), one per row (the label set is the caller's, public)."""
+    a = np.asarray(y)
+    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) or a.size == 0 or \
+            a.min() < 0 or a.max() >= n_classes:
+        raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row "
+                        "(map names to indices first)")
+    return a.astype(np.int64)
 
 
 class Teachers:
@@ -62,22 +86,27 @@ class Teachers:
     private rows (a seeded partition), ``shard_size`` at a time, vectorised.
 
     ``model`` is a built-in architecture (``cnn``, ``cnn-pool``, ``resnet``, ``mlp``, ...) or a
-    ``"package.module:factory"``; ``n_classes`` is the label set's size (public schema: it is
-    never read from the private labels)."""
+    ``"package.module:factory"``, by default ``cnn`` on images and ``mlp`` on feature rows;
+    ``n_classes`` is the label set's size (public schema: it is never read from the private
+    labels)."""
 
-    def __init__(self, n_teachers: int, n_classes: int, *, model: str = "cnn", epochs: int = 20,
-                 batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25, seed: int = 0
-                 ) -> None:
+    def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
+                 epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
+                 seed: int = 0) -> None:
         self.n_teachers, self.n_classes, self.shard_size = n_teachers, n_classes, shard_size
-        self.config = TrainConfig(model=model, epochs=epochs, batch_size=batch_size, lr=lr,
-                                  seed=seed)
+        self.model = model
+        self.config = TrainConfig(model=model or DEFAULT_MODEL["image"], epochs=epochs,
+                                  batch_size=batch_size, lr=lr, seed=seed)
         self.ensemble_: Ensemble | None = None
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
         """Partition the private rows among the teachers and train them."""
-        xs, ys = _features(x), np.asarray(y, np.int64)
-        if ys.shape != (len(xs),) or ys.min() < 0 or ys.max() >= self.n_classes:
-            raise UserError(f"y must hold one label in [0, {self.n_classes}) per row of x")
+        xs, ys = _features(x), _labels(y, self.n_classes)
+        if len(ys) != len(xs):
+            raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
+                            f"{len(xs)} rows")
+        if self.model is None:
+            self.config = replace(self.config, model=DEFAULT_MODEL[_kind(xs)])
         part = make_partition(len(xs), self.n_teachers, self.config.seed)
         min_size = int(part.sizes.min())
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
@@ -119,6 +148,10 @@ class PrivateLabels:
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
                  delta: float, ledger: str | Path, conversion: Conversion = "improved") -> None:
         self.pool = VotePool(np.asarray(votes))
+        try:  # before the ledger exists, as pate serve
+            check_threshold(mechanism, self.pool.teachers)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         self.mechanism = mechanism
         url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
@@ -166,10 +199,8 @@ class Student:
 
     def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
                  batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
-        try:
-            self.method = MethodConfig(method, arch, lr=lr)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        self.arch, self.lr = arch, lr
+        self.method = method_for_data("image", method, arch, lr=lr)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
                                     seed=seed)
         self.model_: torch.nn.Module | None = None
@@ -182,18 +213,25 @@ class Student:
         answered = labels.answered
         if not answered.any():
             raise UserError("no answered labels to learn from")
-        self.spec_ = self.method.spec(x.shape[1:], n_classes)
+        method = self.method
+        if _kind(x) == "tabular":  # the MLP unless an arch was named, and none made for images
+            method = method_for_data("tabular", method.method, self.arch, lr=self.lr)
+        self.spec_ = method.spec(x.shape[1:], n_classes)
         seed_everything(self.fit_config.seed)
         self.model_ = build_classifier(self.spec_)
-        fit(build_learner(self.method, self.model_, self.spec_),
+        fit(build_learner(method, self.model_, self.spec_),
             x[labels.pool_index[answered]], labels.label[answered], x, self.fit_config)
         return self
 
     def predict_proba(self, x: ArrayLike) -> NDArray[np.float64]:
         """Class probabilities ``[rows, classes]``."""
-        if self.model_ is None:
+        if self.model_ is None or self.spec_ is None:
             raise UserError("fit or load the student first")
-        return predict_proba(self.model_, _features(x))
+        rows = _features(x)
+        if tuple(rows.shape[1:]) != tuple(self.spec_.in_shape):
+            raise UserError(f"x has rows of shape {list(rows.shape[1:])}; this student was "
+                            f"trained on {list(self.spec_.in_shape)}")
+        return predict_proba(self.model_, rows)
 
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
         return self.predict_proba(x).argmax(axis=1)

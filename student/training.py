@@ -80,6 +80,29 @@ class MethodConfig:
         return DEFAULT_LR[self.method] if self.lr is None else self.lr
 
 
+IMAGE_ARCHITECTURES = frozenset({"cnn", "cnn-hog", "cnn-hog-simclr"})
+
+
+def method_for_data(kind: str, method: str, arch: str | None = None, width: int = 32,
+                    lr: float | None = None, vat_eps: float = 2.0, entmin: bool = False
+                    ) -> MethodConfig:
+    """The method and its network for ``kind`` of data (``image`` or ``tabular``): on tabular
+    features the default network is the MLP, and the networks (and the GAN) made for images are
+    refused (``UserError``)."""
+    if kind == "tabular":
+        if method == "gan":
+            raise UserError("the improved-GAN student generates images; on tabular data use "
+                            "--method vat or supervised")
+        if arch is None:
+            arch = "mlp"
+        elif arch in IMAGE_ARCHITECTURES:
+            raise UserError(f"--arch {arch} needs images; on tabular data use mlp")
+    try:
+        return MethodConfig(method, arch, width, lr, vat_eps, entmin)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class FitConfig:
     """Hyper-parameters of the loop (the learners hold their own)."""

@@ -57,6 +57,7 @@ from student.training import (
     load_classifier,
     load_spec,
     load_weights,
+    method_for_data,
     predict_proba,
     save_model,
     seed_everything,
@@ -65,7 +66,6 @@ from teachers import checkpoints
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
 
 # The student networks made for images (the others take features too).
-IMAGE_ARCHITECTURES = frozenset({"cnn", "cnn-hog", "cnn-hog-simclr"})
 
 
 @dataclass(frozen=True)
@@ -122,20 +122,8 @@ class StudentOptions:
     def method_config(self, kind: str = "image") -> MethodConfig:
         """The method and its network for ``kind`` of data: on tabular features the default
         network is the MLP, and the networks (and the GAN) made for images are refused."""
-        arch = self.arch
-        if kind == "tabular":
-            if self.method == "gan":
-                raise UserError("the improved-GAN student generates images; on tabular data use "
-                                "--method vat or supervised")
-            if arch is None:
-                arch = "mlp"
-            elif arch in IMAGE_ARCHITECTURES:
-                raise UserError(f"--arch {arch} needs images; on tabular data use mlp")
-        try:
-            return MethodConfig(self.method, arch, self.width, self.lr, self.vat_eps,
-                                self.entmin)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        return method_for_data(kind, self.method, self.arch, self.width, self.lr,
+                               self.vat_eps, self.entmin)
 
     def fit_config(self, method: MethodConfig) -> FitConfig:
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.mechanisms import GNMax
+from analysis.mechanisms import ConfidentGNMax, GNMax
 from pate.api import PrivateLabels, Student, load_student
 from pate.errors import UserError
 
@@ -62,3 +62,37 @@ def test_load_student_says_what_is_missing(tmp_path: Path) -> None:
         load_student(tmp_path)
     with pytest.raises(UserError, match="fit the student first"):
         Student().save(tmp_path)
+
+
+def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
+        tmp_path: Path) -> None:
+    """Rows of features: the teachers default to the MLP and the VAT student to its MLP (the
+    CNN defaults are for images); string labels and rows of another width are one UserError."""
+    from pate.api import Teachers
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    teachers = Teachers(3, 2, epochs=2, shard_size=3).fit(x, y)
+    assert teachers.config.model == "mlp"
+    votes = teachers.vote(x[:100])
+    assert votes.shape == (100, 2) and set(votes.sum(axis=1)) == {3}
+    with pytest.raises(UserError, match="exceeds the number of teachers"):
+        PrivateLabels(votes, ConfidentGNMax(4, 1.0, 1.0), epsilon_budget=1000.0, delta=1e-5,
+                      ledger=tmp_path / "refused.db")
+    assert not (tmp_path / "refused.db").exists()
+    labels = PrivateLabels(votes, GNMax(sigma=1.0), epsilon_budget=1000.0, delta=1e-5,
+                           ledger=tmp_path / "ledger.db")
+    try:
+        got = labels.ask(np.arange(40))
+    finally:
+        labels.close()
+    student = Student("vat", epochs=2).fit(x[:100], got, 2)
+    assert student.spec_ is not None and student.spec_.arch == "mlp"
+    assert student.predict(x[:5]).shape == (5,)
+    with pytest.raises(UserError, match="trained on \\[6\\]"):
+        student.predict(x[:5, :4])
+    with pytest.raises(UserError, match="integer class indices"):
+        Teachers(3, 2).fit(x, np.where(y == 1, "yes", "no"))
+    with pytest.raises(UserError, match="x must be numbers"):
+        Teachers(3, 2).fit([["a"] * 6] * 300, y)
