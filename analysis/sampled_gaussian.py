@@ -29,11 +29,11 @@ from analysis.rdp import Conversion, epsilon_from_rdp
 # converged falls back to the next integer order, a valid upper bound since RDP is non-decreasing
 # in the order (Van Erven and Harremoës 2014, Thm. 3).
 _FRACTIONAL_TERM_LOG_TOL = -30.0
-# The noise multipliers the float64 series computes; outside, sampled_gaussian_rdp bounds.
-NOISE_FLOOR, NOISE_CEILING = 1e-6, 1e12
 _FRACTIONAL_MAX_TERMS = 20_000
 # Relative slack for rounding in the alternating series, so that it stays an upper bound.
 _LOG_ROUNDING_SLACK = np.log(1e-13)
+# The noise multipliers the float64 series computes; outside, sampled_gaussian_rdp bounds.
+NOISE_FLOOR, NOISE_CEILING = 1e-6, 1e12
 
 
 def _check_rate(q: float) -> None:

@@ -20,13 +20,16 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import check_threshold
 from analysis.mechanisms import Mechanism
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
 from analysis.votes_analysis import QuerySegment, analyze_segments
 from pate.aggregation.aggregators import Aggregator
-from pate.aggregation.label_service import InProcessLabels, LabelService
+from pate.aggregation.label_service import (
+    InProcessLabels,
+    LabelService,
+    check_pool_threshold,
+)
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
 from pate.errors import UserError
@@ -148,10 +151,7 @@ class PrivateLabels:
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
                  delta: float, ledger: str | Path, conversion: Conversion = "improved") -> None:
         self.pool = VotePool(np.asarray(votes))
-        try:  # before the ledger exists, as pate serve
-            check_threshold(mechanism, self.pool.teachers)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        check_pool_threshold(mechanism, self.pool)  # before the ledger exists
         self.mechanism = mechanism
         url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)

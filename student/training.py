@@ -80,6 +80,7 @@ class MethodConfig:
         return DEFAULT_LR[self.method] if self.lr is None else self.lr
 
 
+# The student networks made for images (the others take features too).
 IMAGE_ARCHITECTURES = frozenset({"cnn", "cnn-hog", "cnn-hog-simclr"})
 
 

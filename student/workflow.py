@@ -65,8 +65,6 @@ from student.training import (
 from teachers import checkpoints
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
 
-# The student networks made for images (the others take features too).
-
 
 @dataclass(frozen=True)
 class StudentOptions:

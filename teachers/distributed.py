@@ -225,11 +225,12 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
     result as it arrives."""
     import ray
 
-    gpus = ray.cluster_resources().get("GPU", 0)
+    resources = ray.cluster_resources()
+    gpus = resources.get("GPU", 0)
     if cluster.device == "cuda" and gpus < cluster.gpus_per_shard:
         raise UserError(f"the Ray cluster has {gpus:g} GPU(s), a shard on cuda needs "
                         f"{cluster.gpus_per_shard:g}: it would wait for one forever")
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // cluster.workers)
+    cpus = max(1, int(resources.get("CPU", 1)) // cluster.workers)
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)

@@ -227,6 +227,15 @@ class LabelService:
         self.ledger.close()
 
 
+def check_pool_threshold(mechanism: Mechanism, pool: VotePool) -> None:
+    """``analysis.costs.check_threshold`` against the pool's number of teachers, as a
+    ``UserError``: call it before the ledger exists, so a refused mechanism writes nothing."""
+    try:
+        check_threshold(mechanism, pool.teachers)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: float,
                        run_dir: str | Path | None = None, votes_path: str | Path | None = None,
                        ensemble: TeacherEnsemble | None = None, ledger_url: str | None = None,
@@ -249,10 +258,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if (home / "votes.npz").is_file():
             pool = VotePool.from_file(home / "votes.npz")
     if pool is not None:
-        try:  # before the ledger exists: nothing is asked, nothing is written
-            check_threshold(mechanism, pool.teachers)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        check_pool_threshold(mechanism, pool)
     ledger = Ledger(ledger_url or f"sqlite:///{home / 'ledger.db'}", default_orders(),
                     delta, epsilon_budget, conversion)
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)
