@@ -5,7 +5,8 @@ process), ``PrivateLabels`` answers the student's queries with a PATE mechanism 
 privacy budget, charging the same durable ledger as ``pate serve`` (no HTTP), ``Student`` learns
 from the public pool and the answers, and ``PrivateLabels.epsilon`` gives the epsilons you may
 publish. ``load_student`` reads back the student of a ``pate run`` directory (or of
-``Student.save``). The README's example is run by the test suite (``tests/test_api.py``).
+``Student.save``); such a student also scores raw files (``Student.predict_file``). The
+README's example is run by the test suite (``tests/test_api.py``).
 
 Privacy: the votes, the ledger and the private arrays stay private; publish the student and
 the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from numpy.typing import ArrayLike, NDArray
 
@@ -33,8 +36,10 @@ from pate.aggregation.label_service import (
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
 from pate.errors import UserError
-from pate.rundir import RunDir
+from pate.io import write_json_atomic
+from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec, build_classifier
+from student.predict import load_schema, score_file
 from student.rounds import Received, ask
 from student.training import (
     FitConfig,
@@ -205,6 +210,7 @@ class Student:
                                     seed=seed)
         self.model_: torch.nn.Module | None = None
         self.spec_: ModelSpec | None = None
+        self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
 
     def fit(self, x_public: ArrayLike, labels: Received, n_classes: int) -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
@@ -217,6 +223,7 @@ class Student:
         if _kind(x) == "tabular":  # the MLP unless an arch was named, and none made for images
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr)
         self.spec_ = method.spec(x.shape[1:], n_classes)
+        self.schema_ = None  # fitted on arrays: it predicts on arrays
         seed_everything(self.fit_config.seed)
         self.model_ = build_classifier(self.spec_)
         fit(build_learner(method, self.model_, self.spec_),
@@ -236,18 +243,32 @@ class Student:
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
         return self.predict_proba(x).argmax(axis=1)
 
+    def predict_file(self, data: str | Path) -> pd.DataFrame:
+        """Score a file of new raw rows (a ``.csv``, a ``.npz`` or a folder of images) read as
+        the run's training data were (``pate student predict``): a frame of ``row``,
+        ``label``, ``confidence`` and ``p_<class>``. For a student loaded from a run."""
+        if self.model_ is None or self.spec_ is None:
+            raise UserError("fit or load the student first")
+        if self.schema_ is None:
+            raise UserError("this student was fitted on arrays: predict on arrays (a student "
+                            "loaded from a run reads raw files)")
+        return score_file(self.model_, self.spec_, self.schema_, data)
+
     def score(self, x: ArrayLike, y: ArrayLike) -> float:
         """Accuracy on labelled rows (measure it on data you may: a test set, never the
         private data)."""
         return float(np.mean(self.predict(x) == np.asarray(y)))
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` and ``model.json`` (the network) into ``directory``."""
+        """Write ``model.safetensors`` and ``model.json`` (the network) into ``directory``, and
+        ``schema.json`` for a student loaded from a run."""
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit the student first")
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         save_model(self.model_, self.spec_, out)
+        if self.schema_ is not None:
+            write_json_atomic(out / STUDENT_SCHEMA, self.schema_)
         return out
 
 
@@ -261,4 +282,6 @@ def load_student(path: str | Path) -> Student:
         raise UserError(f"{root}: no saved student (model.safetensors and model.json)")
     student = Student("supervised", arch=loaded[1].arch)
     student.model_, student.spec_ = loaded
+    if (folder / STUDENT_SCHEMA).is_file():
+        student.schema_ = load_schema(folder, loaded[1])
     return student

@@ -21,6 +21,8 @@ from typing import Any
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 
+STUDENT_SCHEMA = "schema.json"  # in any student folder: a run's student/ or Student.save's
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -69,7 +71,8 @@ class RunDir:
 
     @property
     def student(self) -> Path:
-        """``student/``: the model, ``rounds.json``, ``probs.npz``, ``metrics.json``."""
+        """``student/``: the model, ``schema.json``, ``rounds.json``, ``probs.npz``,
+        ``metrics.json``."""
         return self.root / "student"
 
     @property
@@ -80,6 +83,12 @@ class RunDir:
     def probs(self) -> Path:
         """The probabilities the student sent to Interactive-GNMax (its analysis needs them)."""
         return self.student / "probs.npz"
+
+    @property
+    def student_schema(self) -> Path:
+        """``student/schema.json``: the student's class names and how raw rows become its
+        inputs (``pate.data.preprocessing``; fitted on public data only)."""
+        return self.student / STUDENT_SCHEMA
 
     @property
     def student_metrics(self) -> Path:

@@ -10,6 +10,7 @@ also gets the current student's probabilities, so it needs the student a previou
 
 Writes, through ``pate.rundir.RunDir``: ``labels.npz`` (after every request, so nothing paid for
 is lost), ``student/model.safetensors`` (+ ``model.json``; the GAN's generator too),
+``student/schema.json`` (class names and preprocessing, ``student.predict``),
 ``student/rounds.json`` (one public record per round), ``student/probs.npz`` (what was sent to
 Interactive-GNMax, which its analysis needs) and ``student/metrics.json``.
 """
@@ -47,6 +48,7 @@ from student.models import (
     build_classifier,
     same_tensors,
 )
+from student.predict import student_schema
 from student.rounds import Received, analyze_rounds, ask, select_queries
 from student.training import (
     FitConfig,
@@ -413,6 +415,7 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     model, learner, result, acc = _fit_on_answers(
         task, options, spec, features, lab_index, lab_y, on_epoch, out if continued else None)
     save_model(model, spec, out)
+    run.write_json(run.student_schema, student_schema(task))
     if options.method == "gan":
         save_model(learner.generator_net, spec, out, "generator")
 

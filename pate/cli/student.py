@@ -1,4 +1,5 @@
-"""``pate student train``: one query round against an aggregator, then semi-supervised training.
+"""``pate student train``: one query round against an aggregator, then semi-supervised training;
+``pate student predict``: the trained student on new raw rows.
 
 The aggregator is a running service (``--server URL --token-file F``) or, in this process, the
 service core over a votes file (``--votes FILE``, default ``DIR/votes.npz``) with the flags of
@@ -105,6 +106,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(handler=run_train)
 
+    pr = sub.add_parser(
+        "predict", help="score new raw rows with a trained student (spends no privacy)",
+        description="Read a file of new rows the way the student's training data were read "
+                    "(student/schema.json: the public pool's scaling and vocabularies, the "
+                    "image size and colour mode) and write one CSV row per input: row, label, "
+                    "confidence, p_<class> for every class. Asks the aggregator nothing.")
+    where = pr.add_mutually_exclusive_group(required=True)
+    where.add_argument("--run", type=Path, metavar="DIR", help="the run whose student scores")
+    where.add_argument("--student", type=Path, metavar="FOLDER",
+                       help="a student folder (a run's student/, or Student.save's)")
+    pr.add_argument("data", type=Path, metavar="DATA",
+                    help="new rows in the training data's format: a .csv (a label column is "
+                         "ignored), a .npz with x, or a folder of images")
+    pr.add_argument("--out", type=Path, metavar="FILE",
+                    help="write the CSV here (atomically) instead of to standard output")
+    add_device_flag(pr, "the student")
+    pr.set_defaults(handler=run_predict)
+
 
 def _session(args: argparse.Namespace) -> AggregatorSession:
     """The label source of the flags: the HTTP client of ``--server``, or the label service in
@@ -186,4 +205,16 @@ def run_train(args: argparse.Namespace) -> int:
             labels += f" (label accuracy {metrics['label_accuracy']:.3f})"
         print(f"{accuracy}  {labels}  epsilon {eps['data_independent']:.3f} data-independent"
               f"{shown} at delta {eps['delta']:g}  -> {RunDir(args.run).student_metrics}")
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from student.predict import predict_file
+
+    folder = args.student if args.student is not None else RunDir(args.run).student
+    scored = predict_file(folder, args.data, args.out, args.device)
+    if args.out is None:
+        print(scored.to_csv(index=False), end="")
+    else:
+        print(f"{len(scored)} rows scored -> {args.out}")
     return 0

@@ -135,6 +135,12 @@ def image_folder_classes(path: str | Path) -> list[str]:
     return [d.name for d in _visible(Path(path)) if d.is_dir()]
 
 
+def image_names(path: str | Path) -> list[str]:
+    """The image files of a folder, relative to it, in the order ``read_image_folder`` reads
+    them."""
+    return [f.relative_to(path).as_posix() for f in _image_files(Path(path))[0]]
+
+
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
                       size: tuple[int, int] | None = None
                       ) -> tuple[NDArray[np.float32], NDArray | None, str, tuple[int, int]]:

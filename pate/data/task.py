@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from pate.data import files
 from pate.data.datasets import load_dataset, public_split
+from pate.data.preprocessing import Standardiser, TabularEncoder, as_features, benchmark_record
 from pate.errors import UserError
 
 
@@ -130,72 +131,11 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, source.pool_size)
     kind = "image" if pool_x.ndim == 4 else "tabular"
     return Task(ds.name, kind, tuple(str(c) for c in range(ds.num_classes)), "dataset",
-                pool_x, pool_y, eval_x, eval_y, ds.train_x, ds.train_y)
+                pool_x, pool_y, eval_x, eval_y, ds.train_x, ds.train_y,
+                benchmark_record(ds.name, pool_x.shape[1:]))
 
 
 # --- a user's files -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TabularEncoder:
-    """Features of a table, fitted on the public pool: numeric columns standardised with the
-    pool's mean and standard deviation (a missing value becomes the mean, 0); string columns
-    one-hot over the pool's values plus one "other" slot (unseen values and missing ones)."""
-
-    numeric: tuple[str, ...]
-    means: tuple[float, ...]
-    stds: tuple[float, ...]
-    categorical: tuple[str, ...]
-    vocabularies: tuple[tuple[str, ...], ...]
-
-    @classmethod
-    def fit(cls, public: pd.DataFrame) -> TabularEncoder:
-        numeric = tuple(c for c in public.columns if pd.api.types.is_numeric_dtype(public[c]))
-        categorical = tuple(c for c in public.columns if c not in numeric)
-        values = public[list(numeric)].to_numpy(np.float64)
-        means = np.nan_to_num(np.nanmean(values, axis=0)) if numeric else np.zeros(0)
-        stds = np.nan_to_num(np.nanstd(values, axis=0)) if numeric else np.zeros(0)
-        stds[stds == 0] = 1.0
-        vocab = tuple(tuple(sorted(public[c].dropna().astype(str).unique())) for c in categorical)
-        return cls(numeric, tuple(means.tolist()), tuple(stds.tolist()), categorical, vocab)
-
-    @property
-    def width(self) -> int:
-        return len(self.numeric) + sum(len(v) + 1 for v in self.vocabularies)
-
-    def transform(self, frame: pd.DataFrame, what: str) -> NDArray[np.float32]:
-        """``float32 [rows, width]``; the columns must be the pool's (any order)."""
-        expected = set(self.numeric) | set(self.categorical)
-        if set(frame.columns) != expected:
-            missing = sorted(expected - set(frame.columns))
-            extra = sorted(set(frame.columns) - expected)
-            raise UserError(f"{what}: its columns differ from the public data's"
-                            + (f"; missing {', '.join(missing)}" if missing else "")
-                            + (f"; not in the public data: {', '.join(extra)}" if extra else ""))
-        parts = []
-        if self.numeric:
-            raw = frame[list(self.numeric)]
-            numbers = raw.apply(pd.to_numeric, errors="coerce")
-            bad = [c for c in self.numeric if (numbers[c].isna() & raw[c].notna()).any()]
-            if bad:
-                raise UserError(f"{what}: column {bad[0]} is numeric in the public data but "
-                                "holds text here")
-            z = (numbers.to_numpy(np.float64) - np.asarray(self.means)) / np.asarray(self.stds)
-            parts.append(np.nan_to_num(z, nan=0.0))
-        for column, vocab in zip(self.categorical, self.vocabularies, strict=True):
-            values = frame[column]
-            codes = pd.Index(vocab).get_indexer(values.astype(str).where(values.notna()))
-            codes[codes < 0] = len(vocab)  # unseen or missing: the "other" slot
-            parts.append(np.eye(len(vocab) + 1)[codes])
-        return np.concatenate(parts, axis=1).astype(np.float32)
-
-    def describe(self) -> dict[str, Any]:
-        """Public description: column names, the pool's statistics and vocabularies."""
-        return {"fitted_on": "public", "numeric": list(self.numeric),
-                "means": list(self.means), "stds": list(self.stds),
-                "categorical": {c: list(v) for c, v in zip(self.categorical, self.vocabularies,
-                                                           strict=True)},
-                "features": self.width}
-
 
 def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[str, ...], str]:
     if source.classes:
@@ -229,24 +169,6 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
     return codes
 
 
-def _standardiser(pool: NDArray[np.float32]) -> tuple[NDArray, NDArray]:
-    mean = pool.mean(axis=0)
-    std = pool.std(axis=0)
-    std[std == 0] = 1.0
-    return mean, std
-
-
-def _as_features(x: NDArray, what: str) -> NDArray[np.float32]:
-    """``.npz`` arrays as float32: integer images scaled to [0, 1], ``[n, H, W]`` given a
-    channel axis."""
-    if np.issubdtype(x.dtype, np.integer) and x.ndim > 2:
-        x = x / 255.0
-    x = np.asarray(x, np.float32)
-    if not np.isfinite(x).all():
-        raise UserError(f"{what}: x holds NaN or infinite values")
-    return x[:, None] if x.ndim == 3 else x
-
-
 def _files(source: DataFiles, need_private: bool) -> Task:
     kinds = {files.kind_of(p) for p in (source.private, source.public, source.test) if p}
     if len(kinds) != 1:
@@ -266,16 +188,15 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         encoder = TabularEncoder.fit(frames["public"][0])
         reads = {role: (encoder.transform(frame, str(wanted[role][0])), y)
                  for role, (frame, y) in frames.items()}
-        preprocessing.update(encoder.describe())
+        preprocessing.update({"label": source.label, **encoder.describe()})
     elif kind == "npz":
         raw = {role: files.read_npz(path, labelled)
                for role, (path, labelled) in wanted.items() if path}
-        reads = {role: (_as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
+        reads = {role: (as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
         if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics
-            mean, std = _standardiser(reads["public"][0])
-            reads = {role: (((x - mean) / std).astype(np.float32), y)
-                     for role, (x, y) in reads.items()}
-            preprocessing.update({"fitted_on": "public", "standardised": True})
+            standardiser = Standardiser.fit(reads["public"][0])
+            reads = {role: (standardiser.transform(x), y) for role, (x, y) in reads.items()}
+            preprocessing.update(standardiser.describe())
     else:
         size = None if source.image_size is None else (source.image_size[1],
                                                        source.image_size[0])

@@ -73,6 +73,9 @@ def _run(tmp_path: Path, data: str, capsys: pytest.CaptureFixture) -> dict:
     assert (run / "report" / "report.html").is_file()
     metrics = json.loads((run / "student" / "metrics.json").read_text())
     assert out["summary"][0]["queries_answered"] == metrics["answered"] > 0
+    schema = json.loads((run / "student" / "schema.json").read_text())
+    assert schema["classes"] == metrics["classes"]
+    assert schema["preprocessing"]["fitted_on"] == "public"
     return metrics
 
 
@@ -125,9 +128,11 @@ def test_preprocessing_is_fitted_on_public_data_only(tmp_path: Path) -> None:
     task = load_task(source)
     public = task.preprocessing
     assert public["fitted_on"] == "public"
-    assert "Never-seen" not in public["categorical"]["workclass"]  # a private-only category
+    assert [c["column"] for c in public["categorical"]] == ["workclass", "education"]
+    workclass = public["categorical"][0]["values"]
+    assert "Never-seen" not in workclass  # a private-only category
     # the private rows of the unseen category land in the "other" slot of workclass
-    width = len(public["categorical"]["workclass"]) + 1
+    width = len(workclass) + 1
     start = len(public["numeric"])
     other = task.private_x[:, start + width - 1]
     assert other.sum() > 0 and task.private_x.shape[1] == public["features"]

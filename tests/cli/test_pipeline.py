@@ -27,8 +27,8 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert out["summary"] and all("epsilon_data_dependent" not in r for r in out["summary"])
     assert "epsilon_smooth_sensitivity" in out["summary"][0]
     for name in ("config.toml", "partition.json", "votes.npz", "labels.npz", "ledger.db",
-                 "student/metrics.json", "report/report.json", "report/report.html",
-                 "stages.json"):
+                 "student/metrics.json", "student/schema.json", "report/report.json",
+                 "report/report.html", "stages.json"):
         assert (run / name).is_file(), name
     for private in ("votes.npz", "ledger.db", "service.token"):
         assert stat.S_IMODE((run / private).stat().st_mode) == 0o600, private

@@ -1,0 +1,184 @@
+"""How raw rows become model inputs, described as data and interpreted in one place.
+
+A task's *preprocessing record* (``Task.preprocessing``, a JSON object) says how its rows were
+read and transformed; ``encode_new_rows`` applies the same record to a file of new rows, so a
+published student scores raw data the way it was trained (``pate student predict``). Every
+statistic in a record is fitted on the public pool or taken from the config, never from the
+private file (docs/design.md, "Your own data"), so the record is public and travels with the
+student (``student/schema.json``).
+
+Records by ``format``:
+
+- ``benchmark``: a built-in dataset; ``channels``, ``height``, ``width``. New rows are images
+  (``.npz`` or a folder), scaled to [0, 1] as the dataset's loader does.
+- ``csv``: ``label`` (the label column, dropped from new rows if present), ``numeric`` columns
+  standardised with the pool's ``means`` and ``stds``, ``categorical`` columns one-hot over the
+  pool's values plus an "other" slot (``TabularEncoder``).
+- ``npz``: images scaled to [0, 1] if integer; feature rows standardised with the pool's
+  ``mean`` and ``std`` (``Standardiser``).
+- ``folder``: images converted to ``mode`` and resized to ``height`` x ``width``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from pate.data import files
+from pate.errors import UserError
+
+
+@dataclass(frozen=True)
+class TabularEncoder:
+    """Features of a table, fitted on the public pool: numeric columns standardised with the
+    pool's mean and standard deviation (a missing value becomes the mean, 0); string columns
+    one-hot over the pool's values plus one "other" slot (unseen values and missing ones)."""
+
+    numeric: tuple[str, ...]
+    means: tuple[float, ...]
+    stds: tuple[float, ...]
+    categorical: tuple[str, ...]
+    vocabularies: tuple[tuple[str, ...], ...]
+
+    @classmethod
+    def fit(cls, public: pd.DataFrame) -> TabularEncoder:
+        numeric = tuple(c for c in public.columns if pd.api.types.is_numeric_dtype(public[c]))
+        categorical = tuple(c for c in public.columns if c not in numeric)
+        values = public[list(numeric)].to_numpy(np.float64)
+        means = np.nan_to_num(np.nanmean(values, axis=0)) if numeric else np.zeros(0)
+        stds = np.nan_to_num(np.nanstd(values, axis=0)) if numeric else np.zeros(0)
+        stds[stds == 0] = 1.0
+        vocab = tuple(tuple(sorted(public[c].dropna().astype(str).unique())) for c in categorical)
+        return cls(numeric, tuple(means.tolist()), tuple(stds.tolist()), categorical, vocab)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TabularEncoder:
+        """The encoder a ``describe()`` record was written from."""
+        categorical = record["categorical"]
+        return cls(tuple(record["numeric"]), tuple(record["means"]), tuple(record["stds"]),
+                   tuple(c["column"] for c in categorical),
+                   tuple(tuple(c["values"]) for c in categorical))
+
+    @property
+    def width(self) -> int:
+        return len(self.numeric) + sum(len(v) + 1 for v in self.vocabularies)
+
+    def transform(self, frame: pd.DataFrame, what: str) -> NDArray[np.float32]:
+        """``float32 [rows, width]``; the columns must be the pool's (any order)."""
+        expected = set(self.numeric) | set(self.categorical)
+        if set(frame.columns) != expected:
+            missing = sorted(expected - set(frame.columns))
+            extra = sorted(set(frame.columns) - expected)
+            raise UserError(f"{what}: its columns differ from the public data's"
+                            + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; not in the public data: {', '.join(extra)}" if extra else ""))
+        parts = []
+        if self.numeric:
+            raw = frame[list(self.numeric)]
+            numbers = raw.apply(pd.to_numeric, errors="coerce")
+            bad = [c for c in self.numeric if (numbers[c].isna() & raw[c].notna()).any()]
+            if bad:
+                raise UserError(f"{what}: column {bad[0]} is numeric in the public data but "
+                                "holds text here")
+            z = (numbers.to_numpy(np.float64) - np.asarray(self.means)) / np.asarray(self.stds)
+            parts.append(np.nan_to_num(z, nan=0.0))
+        for column, vocab in zip(self.categorical, self.vocabularies, strict=True):
+            values = frame[column]
+            codes = pd.Index(vocab).get_indexer(values.astype(str).where(values.notna()))
+            codes[codes < 0] = len(vocab)  # unseen or missing: the "other" slot
+            parts.append(np.eye(len(vocab) + 1)[codes])
+        return np.concatenate(parts, axis=1).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        """Public description: column names, the pool's statistics and vocabularies, in the
+        order of the features (lists, so a JSON writer that sorts keys keeps it)."""
+        return {"fitted_on": "public", "numeric": list(self.numeric),
+                "means": list(self.means), "stds": list(self.stds),
+                "categorical": [{"column": c, "values": list(v)}
+                                for c, v in zip(self.categorical, self.vocabularies, strict=True)],
+                "features": self.width}
+
+
+@dataclass(frozen=True)
+class Standardiser:
+    """Feature rows standardised with the pool's per-column mean and standard deviation (a
+    constant column keeps its scale)."""
+
+    mean: NDArray[np.float32]
+    std: NDArray[np.float32]
+
+    @classmethod
+    def fit(cls, pool: NDArray[np.float32]) -> Standardiser:
+        std = pool.std(axis=0)
+        std[std == 0] = 1.0
+        return cls(pool.mean(axis=0), std)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Standardiser:
+        return cls(np.asarray(record["mean"], np.float32), np.asarray(record["std"], np.float32))
+
+    def transform(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        return ((x - self.mean) / self.std).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {"fitted_on": "public", "standardised": True, "mean": self.mean.tolist(),
+                "std": self.std.tolist()}
+
+
+def as_features(x: NDArray, what: str) -> NDArray[np.float32]:
+    """``.npz`` arrays as float32: integer images scaled to [0, 1], ``[n, H, W]`` given a
+    channel axis."""
+    if np.issubdtype(x.dtype, np.integer) and x.ndim > 2:
+        x = x / 255.0
+    x = np.asarray(x, np.float32)
+    if not np.isfinite(x).all():
+        raise UserError(f"{what}: x holds NaN or infinite values")
+    return x[:, None] if x.ndim == 3 else x
+
+
+def benchmark_record(name: str, image_shape: tuple[int, ...]) -> dict[str, Any]:
+    """The record of a built-in image dataset of ``[C, H, W]`` images."""
+    channels, height, width = image_shape
+    return {"format": "benchmark", "dataset": name, "channels": channels, "height": height,
+            "width": width}
+
+
+def _images(path: str | Path, mode: str, height: int, width: int
+            ) -> tuple[NDArray[np.float32], list[str]]:
+    """New images of ``path`` (a ``.npz`` or a folder) and their names: a folder's image paths
+    relative to it, a ``.npz``'s row numbers."""
+    if files.kind_of(path) == "folder":
+        x, _, _, _ = files.read_image_folder(path, False, mode, (width, height))
+        return x, files.image_names(path)
+    if files.kind_of(path) == "csv":
+        raise UserError(f"{path}: this student reads images: a .npz or a folder of images")
+    x = as_features(files.read_npz(path, False)[0], str(path))
+    return x, [str(i) for i in range(len(x))]
+
+
+def encode_new_rows(record: dict[str, Any], path: str | Path
+                    ) -> tuple[NDArray[np.float32], list[str]]:
+    """The rows of ``path`` transformed as ``record`` says, and a name per row (its row number,
+    or its image's path inside the folder). A label column, a ``y`` array or class subfolders
+    are ignored: only the inputs are read."""
+    kind = record["format"]
+    if kind == "benchmark":
+        return _images(path, "L" if record["channels"] == 1 else "RGB", record["height"],
+                       record["width"])
+    if kind == "folder":
+        return _images(path, record["mode"], record["height"], record["width"])
+    if files.kind_of(path) != kind:
+        raise UserError(f"{path}: this student was trained on .{kind} data: give a .{kind} file")
+    if kind == "csv":
+        frame, _ = files.read_csv(path, record["label"], False)
+        x = TabularEncoder.from_record(record).transform(frame, str(path))
+    else:
+        x = as_features(files.read_npz(path, False)[0], str(path))
+        if record.get("standardised") and x.ndim == 2:
+            x = Standardiser.from_record(record).transform(x)
+    return x, [str(i) for i in range(len(x))]

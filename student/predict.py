@@ -1,0 +1,87 @@
+"""The published student on new raw rows: its schema (class names and preprocessing record,
+``student/schema.json``) and ``predict_file``, which reads a file of new rows the way the
+student's training data were read (``pate.data.preprocessing``) and scores them.
+
+Everything here is public: the schema's statistics were fitted on the public pool, and the
+student is the model a run publishes. Scoring asks the aggregator nothing and spends no privacy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from torch import nn
+
+from pate.data.preprocessing import encode_new_rows
+from pate.data.task import Task
+from pate.errors import UserError
+from pate.io import write_bytes_atomic
+from pate.rundir import STUDENT_SCHEMA
+from student.models import ModelSpec
+from student.training import load_classifier, predict_proba
+
+
+def student_schema(task: Task) -> dict[str, Any]:
+    """What a student of ``task`` needs to score raw rows: its class names, in output order,
+    and the task's preprocessing record."""
+    return {"classes": list(task.classes), "preprocessing": task.preprocessing}
+
+
+def load_schema(folder: Path, spec: ModelSpec) -> dict[str, Any]:
+    """``folder/schema.json`` of the student ``spec``; a student saved without one (fitted on
+    arrays, or by a version before schemas) cannot read raw files."""
+    path = folder / STUDENT_SCHEMA
+    if not path.is_file():
+        raise UserError(f"{folder}: no {STUDENT_SCHEMA}, so how raw rows become this "
+                        "student's inputs is unknown (`pate student train --queries 0` on the "
+                        "run writes it; a student fitted on arrays predicts on arrays)")
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # UnicodeDecodeError too
+        schema = None
+    if not (isinstance(schema, dict) and isinstance(schema.get("classes"), list)
+            and isinstance(schema.get("preprocessing"), dict)
+            and "format" in schema["preprocessing"]):
+        raise UserError(f"{path}: not a student's schema: this folder is damaged")
+    if len(schema["classes"]) != spec.num_classes:
+        raise UserError(f"{path}: {len(schema['classes'])} classes for a student of "
+                        f"{spec.num_classes}: this folder is damaged")
+    return schema
+
+
+def score_file(model: nn.Module, spec: ModelSpec, schema: dict[str, Any], data: str | Path,
+               device: str = "cpu") -> pd.DataFrame:
+    """``model`` on the rows of ``data``, read as ``schema`` says: one row per input with its
+    name (row number, or image path inside the folder), the predicted class, its probability
+    (``confidence``) and every class's probability (``p_<class>``)."""
+    x, names = encode_new_rows(schema["preprocessing"], data)
+    if tuple(x.shape[1:]) != tuple(spec.in_shape):
+        raise UserError(f"{data}: rows of shape {list(x.shape[1:])}; this student takes "
+                        f"{list(spec.in_shape)}")
+    probs = predict_proba(model.to(device), x, device)
+    classes = [str(c) for c in schema["classes"]]
+    top = probs.argmax(axis=1)
+    frame = pd.DataFrame({"row": names, "label": np.asarray(classes, dtype=object)[top],
+                          "confidence": probs[np.arange(len(top)), top]})
+    return pd.concat([frame, pd.DataFrame(probs, columns=[f"p_{c}" for c in classes])], axis=1)
+
+
+def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = None,
+                 device: str = "cpu") -> pd.DataFrame:
+    """The student saved in ``folder`` (a run's ``student/`` or ``Student.save``'s) on the rows
+    of ``data`` (``score_file``), written to ``out`` as CSV (atomically) if given."""
+    folder = Path(folder)
+    if out is not None and Path(out).is_dir():
+        raise UserError(f"{out}: a folder; --out names the CSV file to write")
+    loaded = load_classifier(folder)
+    if loaded is None:
+        raise UserError(f"{folder}: no saved student (model.safetensors and model.json)")
+    model, spec = loaded
+    scored = score_file(model, spec, load_schema(folder, spec), data, device)
+    if out is not None:
+        write_bytes_atomic(out, scored.to_csv(index=False).encode())
+    return scored
