@@ -111,7 +111,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
             say(f"pate run: {mechanism} aggregation service on {url}")
             session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism)
             options = _student_options(config, queries, select)
-            metrics = train_student(run, lambda: session, options, config.data.source(),
+            # the server's votes are the run's own, checked by the stage that made them
+            metrics = train_student(run, lambda _check: session, options, config.data.source(),
                                     on_epoch=_epoch_line(run, stage),
                                     say=lambda text: say(f"pate run: {text}"))
     finally:

@@ -1,8 +1,10 @@
 """``pate status``: where a run stands (docs/cli.md): each stage of ``pate run`` done (with its
-seconds), running or interrupted (started in ``log.txt`` but not finished), or pending; and the
-privacy budget of the run's ledger: epsilon spent (data-independent, the only figure that may be
-shown) and left. Reads only public records and the ledger's running totals; works while a run is
-going on (SQLite in WAL mode lets a reader in beside the writer)."""
+seconds), running or interrupted (started in ``log.txt`` but not finished), or pending (for a
+directory the stage commands built, each command's output, there or not); and the privacy budget
+of the run's ledger, with the settings it was created with: epsilon spent (data-independent, the
+only figure that may be shown) and left. Reads only public records and the ledger's settings and
+running totals; works while a run is going on (SQLite in WAL mode lets a reader in beside the
+writer)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from analysis.orders import default_orders
-from pate.aggregation.ledger import Ledger
-from pate.config import STAGES, RunConfig, parse_config
+from pate.aggregation.ledger import Ledger, stored_settings
+from pate.config import RunConfig, parse_config
 from pate.errors import UserError
 from pate.rundir import RunDir
 
 
-def _stages(run: RunDir, config: RunConfig | None) -> list[dict[str, Any]]:
+def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
+    """The stages of ``pate run``: done (stages.json), started in log.txt, or pending."""
     done = run.finished_stages()
     started = set()
     if run.log.is_file():
@@ -25,7 +28,7 @@ def _stages(run: RunDir, config: RunConfig | None) -> list[dict[str, Any]]:
             if len(parts) == 2 and parts[1].endswith(": started"):
                 started.add(parts[1].removesuffix(": started"))
     out = []
-    for stage in STAGES if config is None else config.stages():
+    for stage in config.stages():
         if stage in done:
             out.append({"stage": stage, "state": "done", "seconds": done[stage]})
         else:
@@ -34,11 +37,31 @@ def _stages(run: RunDir, config: RunConfig | None) -> list[dict[str, Any]]:
     return out
 
 
-def _budget(run: RunDir, config: RunConfig | None) -> dict[str, Any] | None:
-    if config is None or not run.ledger.is_file():
+def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
+    """A directory the stage commands built (no config.toml): each command's output, there or
+    not (the teachers' manifest says whether every teacher is trained)."""
+    manifest = run.read_json(run.manifest)
+    teachers = ("not run" if manifest is None
+                else "done" if manifest.get("done") else "running or interrupted")
+    student = run.read_json(run.student_metrics)
+    states = [("teachers", teachers, None),
+              ("votes", "done" if run.votes.is_file() else "not run", None),
+              ("student", "not run" if student is None else "done",
+               None if student is None else student.get("seconds")),
+              ("report", "done" if (run.report / "report.json").is_file() else "not run", None)]
+    return [{"stage": stage, "state": state, **({} if seconds is None else {"seconds": seconds})}
+            for stage, state, seconds in states]
+
+
+def _budget(run: RunDir) -> dict[str, Any] | None:
+    """The run's ledger's budget, opened with the settings it was created with."""
+    if not run.ledger.is_file():
         return None
-    a = config.aggregator
-    ledger = Ledger(run.ledger_url, default_orders(), a.delta, a.budget_epsilon)
+    settings = stored_settings(run.ledger_url)
+    if settings is None:
+        return None
+    ledger = Ledger(run.ledger_url, default_orders(), settings["delta"],
+                    settings["epsilon_budget"], settings["conversion"])
     try:
         b = ledger.budget()
     finally:
@@ -57,4 +80,5 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
               else None)
     last = run.log.read_text().splitlines()[-1] if run.log.is_file() else None
     return {"run": str(run), "name": None if config is None else config.name,
-            "stages": _stages(run, config), "budget": _budget(run, config), "last_log": last}
+            "stages": _stages_by_hand(run) if config is None else _stages(run, config),
+            "budget": _budget(run), "last_log": last}

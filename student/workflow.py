@@ -323,7 +323,8 @@ def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
     return points
 
 
-def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
+def train_student(run: RunDir,
+                  open_session: Callable[[Callable[[VotePool], None]], AggregatorSession],
                   options: StudentOptions, data: DataSource, *,
                   conversion: str = "improved",
                   on_epoch: Callable[[int, dict[str, float]], None] | None = None,
@@ -332,7 +333,10 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     ``student/metrics.json``.
 
     Everything that can be checked is checked before ``open_session`` is called (the options,
-    the data, the labels so far, the pool encoder), so a mistake spends nothing. ``on_epoch``
+    the data, the labels so far, the pool encoder), so a mistake spends nothing.
+    ``open_session(check_votes)`` opens the aggregator; one over local votes calls
+    ``check_votes`` on them before its ledger opens (a votes file of another pool or run is
+    refused with nothing created). ``on_epoch``
     gets (epoch, mean losses) after each training epoch; ``say`` one line of news."""
     started = time.perf_counter()
     task = load_task(data, need_private=False)
@@ -354,11 +358,9 @@ def train_student(run: RunDir, open_session: Callable[[], AggregatorSession],
     previous = load_classifier(out)
     rounds_before = run.read_json(run.rounds) or []
 
-    session = open_session()
+    session = open_session(lambda pool: _check_votes(run, pool, task))
     interactive = session.mechanism == "interactive"
     try:
-        if session.service is not None and session.service.pool is not None:
-            _check_votes(run, session.service.pool, task)
         candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:
             candidates = np.intersect1d(candidates, session.service.pool.pool_indices)

@@ -21,6 +21,7 @@ import base64
 import binascii
 import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
@@ -240,11 +241,13 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        run_dir: str | Path | None = None, votes_path: str | Path | None = None,
                        ensemble: TeacherEnsemble | None = None, ledger_url: str | None = None,
                        conversion: Conversion = "improved", limits: Limits | None = None,
-                       offline_seed: int | None = None) -> LabelService:
+                       offline_seed: int | None = None,
+                       check_pool: Callable[[VotePool], None] | None = None) -> LabelService:
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); the ledger defaults to ``sqlite:///DIR/ledger.db`` in
-    the run directory, or next to the votes file. Raises ``UserError``, ``LedgerError``."""
+    the run directory, or next to the votes file. ``check_pool`` may refuse the votes before
+    the ledger exists. Raises ``UserError``, ``LedgerError``."""
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
     pool = None
@@ -259,6 +262,8 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
             pool = VotePool.from_file(home / "votes.npz")
     if pool is not None:
         check_pool_threshold(mechanism, pool)
+        if check_pool is not None:
+            check_pool(pool)
     ledger = Ledger(ledger_url or f"sqlite:///{home / 'ledger.db'}", default_orders(),
                     delta, epsilon_budget, conversion)
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)

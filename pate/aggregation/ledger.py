@@ -264,6 +264,28 @@ def _engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
     return eng, eng
 
 
+def stored_settings(url: str) -> dict[str, Any] | None:
+    """The delta, epsilon budget and conversion the ledger at ``url`` was created with (public
+    parameters), or None when it holds none yet; reads only, creates nothing."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
+        return None
+    _, reader = _engines(url)
+    try:
+        with reader.connect() as conn:
+            if not sa.inspect(conn).has_table(meta_table.name):
+                return None
+            found = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+        if not {"delta", "epsilon_budget", "conversion"} <= found.keys():
+            return None
+        return {"delta": float(found["delta"]), "epsilon_budget": float(found["epsilon_budget"]),
+                "conversion": found["conversion"]}
+    except (sa.exc.SQLAlchemyError, ValueError) as exc:
+        raise LedgerError(f"cannot read the ledger: {exc.__class__.__name__}") from None
+    finally:
+        reader.dispose()
+
+
 def _migrate_from_1(conn: sa.Connection) -> None:
     """Schema 1 to 2 inside the open transaction: request ids become ``client/request_id`` (they
     were global), and the columns of replays are added (NULL for the old rows: they were all

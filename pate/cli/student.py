@@ -32,6 +32,9 @@ from pate.progress import progress_bar
 from pate.rundir import RunDir
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pate.aggregation.vote_pool import VotePool
     from pate.data.task import DataSource
     from student.workflow import AggregatorSession
 
@@ -125,9 +128,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.set_defaults(handler=run_predict)
 
 
-def _session(args: argparse.Namespace) -> AggregatorSession:
+def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
+             ) -> AggregatorSession:
     """The label source of the flags: the HTTP client of ``--server``, or the label service in
-    this process over ``--votes`` (default the run's votes)."""
+    this process over ``--votes`` (default the run's votes), which ``check_votes`` sees before
+    the ledger opens."""
     from pate.aggregation.delta_policy import check_delta
     from pate.aggregation.label_service import InProcessLabels, open_label_service
     from pate.service.client import LabelClient
@@ -154,7 +159,7 @@ def _session(args: argparse.Namespace) -> AggregatorSession:
     service = open_label_service(mechanism_from_flags(args),
                                  epsilon_budget=args.budget_epsilon, delta=args.delta,
                                  votes_path=votes, ledger_url=args.ledger,
-                                 conversion=args.conversion)
+                                 conversion=args.conversion, check_pool=check_votes)
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 
@@ -187,7 +192,8 @@ def run_train(args: argparse.Namespace) -> int:
     data = source_from_flags(args, _teachers_source(RunDir(args.run)))
     with progress_bar(f"student {args.method}", args.epochs, "epoch") as bar:
         try:
-            metrics = train_student(RunDir(args.run), lambda: _session(args), options, data,
+            metrics = train_student(RunDir(args.run), lambda check: _session(args, check),
+                                    options, data,
                                     conversion=args.conversion,
                                     on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:

@@ -48,7 +48,19 @@ def test_votes_that_are_not_the_pools_are_refused_before_any_charge(
     run = tmp_path / "run"
     assert main(_student(run, votes, "--budget-epsilon", "100")) == 2
     _one_error_line(capsys, "the votes have 2 classes, the data 10")
-    assert not (run / "labels.npz").exists() and _spent(votes, 100.0) == 0.0
+    # refused before the ledger was opened: no ledger.db beside the votes, nothing written
+    assert not (tmp_path / "ledger.db").exists() and not (run / "labels.npz").exists()
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=300))
+    assert main(_student(run, votes, "--budget-epsilon", "100")) == 2
+    _one_error_line(capsys, "the votes cover pool rows up to 299, but the pool has 250 rows")
+    assert not (tmp_path / "ledger.db").exists()
+    # another run's votes: 20 teachers voted, this run has 30 (its manifest says so)
+    (run / "teachers").mkdir(parents=True)
+    (run / "teachers" / "manifest.json").write_text('{"num_teachers": 30}')
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    assert main(_student(run, votes, "--budget-epsilon", "100")) == 2
+    _one_error_line(capsys, "the votes are of 20 teachers, the run's teachers number 30")
+    assert not (tmp_path / "ledger.db").exists() and not (run / "labels.npz").exists()
 
 
 def test_a_budget_that_covers_no_query_is_one_line_and_writes_nothing(

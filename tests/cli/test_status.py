@@ -48,3 +48,32 @@ def test_status_of_a_missing_run_is_one_line(tmp_path: Path,
                                              capsys: pytest.CaptureFixture) -> None:
     assert main(["status", "--run", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """No config.toml (the stage commands built it): each command's output, there or not, and
+    the budget with the settings the ledger was created with (here not the presets')."""
+    rng = np.random.default_rng(0)
+    votes = tmp_path / "votes.npz"  # the digits pool: 250 rows, 10 classes, 20 teachers
+    np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
+    run = tmp_path / "run"
+    assert main(["--quiet", "student", "train", "--run", str(run), "--votes", str(votes),
+                 "--ledger", f"sqlite:///{run / 'ledger.db'}", "--dataset", "digits",
+                 "--method", "supervised", "--mechanism", "gnmax", "--sigma", "40",
+                 "--budget-epsilon", "77", "--delta", "1e-6", "--queries", "20",
+                 "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert main(["status", "--run", str(run), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    states = {s["stage"]: s["state"] for s in status["stages"]}
+    assert states == {"teachers": "not run", "votes": "not run", "student": "done",
+                      "report": "not run"}
+    assert status["stages"][2]["seconds"] > 0
+    budget = status["budget"]
+    assert (budget["epsilon_budget"], budget["delta"], budget["queries"]) == (77.0, 1e-6, 20)
+    assert 0 < budget["epsilon_spent"] < 77
+    (run / "teachers").mkdir()
+    (run / "teachers" / "manifest.json").write_text('{"done": false}')
+    assert main(["status", "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "teachers             running or interrupted" in out and "spent of 77" in out
