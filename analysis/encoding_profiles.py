@@ -16,12 +16,20 @@ from numpy.typing import NDArray
 # The paper's threshold below which a drawn value is set to zero.
 ZERO_BELOW = 1e-5
 _ROWS_PER_CHUNK = 64
+# Psi is held whole (the accountant and the encoder both need every profile): a set larger than
+# this is refused before anything is allocated, instead of exhausting the machine's memory.
+MAX_PROFILE_BYTES = 4 * 2**30
 
 
 def sorted_profiles(count: int, dimension: int, seed: int) -> NDArray[np.float64]:
     """[count, dimension] float64: each row a unit-norm magnitude profile, sorted descending."""
     if count < 1 or dimension < 1:
         raise ValueError(f"Psi needs count >= 1 and dimension >= 1, got {count}, {dimension}")
+    size = count * dimension * np.dtype(np.float64).itemsize
+    if size > MAX_PROFILE_BYTES:
+        raise ValueError(f"{count} profiles of {dimension} coordinates would take "
+                         f"{size / 2**30:.3g} GiB; Psi is limited to "
+                         f"{MAX_PROFILE_BYTES / 2**30:g} GiB (fewer profiles)")
     rng = np.random.default_rng(seed)
     out = np.empty((count, dimension), np.float64)
     for start in range(0, count, _ROWS_PER_CHUNK):

@@ -168,6 +168,8 @@ def test_cli_epsilon_gaussian_is_the_plain_figure(capsys: pytest.CaptureFixture[
     (["--noise", "laplace"], "encoded gradients only"),
     (["--noise", "student-t", "--dof", "2", "--encode", "5"], "dof > 2"),
     (["--noise", "student-t", "--encode", "0"], "count >= 1"),
+    # refused before allocating: 1e8 profiles of the default CNN's size would take 19 TiB
+    (["--noise", "laplace", "--encode", "100000000"], "Psi is limited to 4 GiB"),
 ])
 def test_cli_epsilon_refuses_in_one_line(args: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
