@@ -269,6 +269,8 @@ class Student:
         save_model(self.model_, self.spec_, out)
         if self.schema_ is not None:
             write_json_atomic(out / STUDENT_SCHEMA, self.schema_)
+        else:  # fitted on arrays: a schema left by another student would misread files
+            (out / STUDENT_SCHEMA).unlink(missing_ok=True)
         return out
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
-from pate.data.preprocessing import encode_new_rows
+from pate.data.preprocessing import encode_new_rows, record_problem
 from pate.data.task import Task
 from pate.errors import UserError
 from pate.io import write_bytes_atomic
@@ -37,19 +37,24 @@ def load_schema(folder: Path, spec: ModelSpec) -> dict[str, Any]:
     path = folder / STUDENT_SCHEMA
     if not path.is_file():
         raise UserError(f"{folder}: no {STUDENT_SCHEMA}, so how raw rows become this "
-                        "student's inputs is unknown (`pate student train --queries 0` on the "
-                        "run writes it; a student fitted on arrays predicts on arrays)")
+                        "student's inputs is unknown (a student fitted on arrays predicts on "
+                        "arrays; `pate student train --queries 0` on its run writes one, but "
+                        "retrains the student)")
     try:
         schema = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:  # UnicodeDecodeError too
         schema = None
-    if not (isinstance(schema, dict) and isinstance(schema.get("classes"), list)
-            and isinstance(schema.get("preprocessing"), dict)
-            and "format" in schema["preprocessing"]):
+    if not isinstance(schema, dict):
         raise UserError(f"{path}: not a student's schema: this folder is damaged")
-    if len(schema["classes"]) != spec.num_classes:
-        raise UserError(f"{path}: {len(schema['classes'])} classes for a student of "
-                        f"{spec.num_classes}: this folder is damaged")
+    classes = schema.get("classes")
+    problem = record_problem(schema.get("preprocessing"))
+    if problem is None and not (isinstance(classes, list) and len(set(classes)) == len(classes)
+                                and all(isinstance(c, str) and c for c in classes)):
+        problem = "the classes must be distinct names"
+    if problem is None and len(classes) != spec.num_classes:
+        problem = f"{len(classes)} classes for a student of {spec.num_classes}"
+    if problem is not None:
+        raise UserError(f"{path}: {problem}: this folder is damaged")
     return schema
 
 
@@ -75,13 +80,18 @@ def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = 
     """The student saved in ``folder`` (a run's ``student/`` or ``Student.save``'s) on the rows
     of ``data`` (``score_file``), written to ``out`` as CSV (atomically) if given."""
     folder = Path(folder)
-    if out is not None and Path(out).is_dir():
-        raise UserError(f"{out}: a folder; --out names the CSV file to write")
+    target = None if out is None else Path(out).resolve()  # a link: its target is written
+    if target is not None and target.exists() and not target.is_file():
+        raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
     loaded = load_classifier(folder)
     if loaded is None:
         raise UserError(f"{folder}: no saved student (model.safetensors and model.json)")
     model, spec = loaded
     scored = score_file(model, spec, load_schema(folder, spec), data, device)
-    if out is not None:
-        write_bytes_atomic(out, scored.to_csv(index=False).encode())
+    if target is not None:
+        try:
+            write_bytes_atomic(target, scored.to_csv(index=False).encode())
+        except OSError as exc:
+            raise UserError(f"{out}: cannot write it ({exc.strerror or exc.__class__.__name__})"
+                            ) from None
     return scored

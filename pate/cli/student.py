@@ -123,7 +123,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="new rows in the training data's format: a .csv (a label column is "
                          "ignored), a .npz with x, or a folder of images")
     pr.add_argument("--out", type=Path, metavar="FILE",
-                    help="write the CSV here (atomically) instead of to standard output")
+                    help="write the CSV here (atomically; a link's target) instead of to "
+                         "standard output (also: -)")
     add_device_flag(pr, "the student")
     pr.set_defaults(handler=run_predict)
 
@@ -218,8 +219,9 @@ def run_predict(args: argparse.Namespace) -> int:
     from student.predict import predict_file
 
     folder = args.student if args.student is not None else RunDir(args.run).student
-    scored = predict_file(folder, args.data, args.out, args.device)
-    if args.out is None:
+    to_stdout = args.out is None or str(args.out) == "-"
+    scored = predict_file(folder, args.data, None if to_stdout else args.out, args.device)
+    if to_stdout:
         print(scored.to_csv(index=False), end="")
     else:
         print(f"{len(scored)} rows scored -> {args.out}")

@@ -10,7 +10,8 @@ import numpy as np
 @dataclass(frozen=True)
 class Dataset:
     """A labelled image dataset. ``train_x``/``train_y`` are None when only the test split was
-    loaded (``need_train=False``)."""
+    loaded (``need_train=False``). ``pixel_max``: the raw integer value the loader scaled to 1
+    (255 for 8-bit images; new integer images are scaled the same way)."""
 
     name: str
     train_x: np.ndarray | None
@@ -18,3 +19,4 @@ class Dataset:
     test_x: np.ndarray
     test_y: np.ndarray
     num_classes: int
+    pixel_max: float = 255.0

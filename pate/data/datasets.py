@@ -237,11 +237,11 @@ def _digits(data_dir: Path | None, need_train: bool) -> Dataset:
 
     bunch = load_digits()
     order = np.random.default_rng(0).permutation(len(bunch.target))
-    x = (bunch.images[order, None] / 16.0).astype(np.float32)
+    x = (bunch.images[order, None] / 16.0).astype(np.float32)  # its pixels run 0 to 16
     y = bunch.target[order].astype(np.int64)
     n = len(y) - DIGITS_TEST
     return Dataset("digits", x[:n] if need_train else None, y[:n] if need_train else None,
-                   x[n:], y[n:], 10)
+                   x[n:], y[n:], 10, pixel_max=16.0)
 
 
 @register("glyphs")

@@ -14,14 +14,19 @@ Every mistake is one ``UserError`` line naming the file, never a value of a priv
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
 from pate.errors import UserError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 MISSING_VALUES = ("?", "", "NA", "N/A", "NaN", "nan", "null", "None")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -72,32 +77,50 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
 
 def read_csv(path: str | Path, label: str | None, need_labels: bool
              ) -> tuple[pd.DataFrame, NDArray | None]:
-    """The feature columns and (if ``need_labels``) the ``label`` column of a ``.csv``. A label
-    column in a file that needs none (the public pool's) is dropped unread."""
+    """The feature columns, as text with surrounding spaces removed (``NaN`` where missing), and
+    (if ``need_labels``) the ``label`` column of a ``.csv``: integers when every label is one,
+    else text. Every file is read the same way, so a column's values do not change with what
+    else a file holds (``01`` stays ``01``); ``pate.data.preprocessing`` decides which columns
+    are numbers. A label column in a file that needs none (the public pool's) is dropped
+    unread."""
     p = Path(path)
     _exists(p)
     if label is None:
         raise UserError(f"{p}: a .csv needs data.label (--label), the name of its label column")
     try:
-        frame = pd.read_csv(p, na_values=list(MISSING_VALUES), keep_default_na=True,
-                            skipinitialspace=True)
+        frame = pd.read_csv(p, dtype=str, na_values=list(MISSING_VALUES), keep_default_na=True,
+                            skipinitialspace=True, index_col=False)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not a readable .csv file ({exc.__class__.__name__})") from None
     if frame.empty:
         raise UserError(f"{p}: no rows")
     frame.columns = [str(c).strip() for c in frame.columns]
+    repeated = frame.columns[frame.columns.duplicated()]
+    if len(repeated):
+        raise UserError(f"{p}: the column {repeated[0]!r} appears more than once")
+    frame = frame.apply(lambda column: column.str.strip()).replace(
+        list(MISSING_VALUES), np.nan)
     labels = None
     if label in frame.columns:
-        labels = frame.pop(label).to_numpy() if need_labels else None
+        labels = frame.pop(label) if need_labels else None
         if not need_labels:
             frame = frame.drop(columns=[label], errors="ignore")
     elif need_labels:
         raise UserError(f"{p}: no label column {label!r} (columns: {', '.join(frame.columns)})")
-    if labels is not None and pd.isna(labels).any():
-        raise UserError(f"{p}: the label column {label!r} has missing values")
+    if labels is not None:
+        if labels.isna().any():
+            raise UserError(f"{p}: the label column {label!r} has missing values")
+        labels = _integers_or_text(labels)
     if frame.shape[1] == 0:
         raise UserError(f"{p}: no feature columns besides the label")
     return frame, labels
+
+
+def _integers_or_text(column: pd.Series) -> NDArray:
+    """A column of text as int64 when every value is an integer (``3``, ``-1``), else as text."""
+    if column.str.fullmatch(r"[+-]?\d{1,18}").all():  # within int64
+        return column.astype(np.int64).to_numpy()
+    return column.to_numpy(dtype=object)
 
 
 def _visible(folder: Path) -> list[Path]:
@@ -120,13 +143,19 @@ def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
         raise UserError(f"{folder}: holds both images and subfolders ({subfolders[0].name}, "
                         "...): put the images in class subfolders, or leave no subfolder")
     if subfolders:
-        files, names = [], []
+        files, names, skipped = [], [], []
         for d in subfolders:
             found = _images_in(d)
             files += found
             names += [d.name] * len(found)
-        return files, names
-    return loose, None
+            skipped += [e for e in _visible(d) if e not in found]
+    else:
+        files, names, skipped = loose, None, [e for e in _visible(folder) if e not in loose]
+    if skipped:
+        warnings.warn(f"{folder}: {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
+                      f"skipped, not {'/'.join(IMAGE_SUFFIXES)} images one level down "
+                      f"({skipped[0].relative_to(folder).as_posix()}, ...)", stacklevel=2)
+    return files, names
 
 
 def image_folder_classes(path: str | Path) -> list[str]:
@@ -135,10 +164,23 @@ def image_folder_classes(path: str | Path) -> list[str]:
     return [d.name for d in _visible(Path(path)) if d.is_dir()]
 
 
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """A 16- or 32-bit grey image as 8-bit grey (the top 8 of 16 bits): Pillow's own conversion
+    clips every value above 255 to white."""
+    from PIL import Image
+
+    if image.mode not in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        return image.copy()
+    wide = np.clip(np.asarray(image, np.int64), 0, 65535)
+    return Image.fromarray((wide >> 8).astype(np.uint8), "L")
+
+
 def image_names(path: str | Path) -> list[str]:
     """The image files of a folder, relative to it, in the order ``read_image_folder`` reads
-    them."""
-    return [f.relative_to(path).as_posix() for f in _image_files(Path(path))[0]]
+    them (whose warning of skipped entries is not repeated)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [f.relative_to(path).as_posix() for f in _image_files(Path(path))[0]]
 
 
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
@@ -164,7 +206,7 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
         try:
             with Image.open(f) as im:
                 im.load()
-                images.append(im.copy())
+                images.append(_eight_bit(im))
         except (OSError, UnidentifiedImageError) as exc:
             raise UserError(f"{f}: unreadable image ({exc.__class__.__name__})") from None
     if mode is None:

@@ -9,8 +9,9 @@ student (``student/schema.json``).
 
 Records by ``format``:
 
-- ``benchmark``: a built-in dataset; ``channels``, ``height``, ``width``. New rows are images
-  (``.npz`` or a folder), scaled to [0, 1] as the dataset's loader does.
+- ``benchmark``: a built-in dataset; ``channels``, ``height``, ``width``, ``pixel_max``. New
+  rows are images (``.npz`` or a folder); integer pixels are divided by ``pixel_max``, as the
+  dataset's loader did (255, or 16 for ``digits``), float ones taken as they are.
 - ``csv``: ``label`` (the label column, dropped from new rows if present), ``numeric`` columns
   standardised with the pool's ``means`` and ``stds``, ``categorical`` columns one-hot over the
   pool's values plus an "other" slot (``TabularEncoder``).
@@ -47,13 +48,18 @@ class TabularEncoder:
 
     @classmethod
     def fit(cls, public: pd.DataFrame) -> TabularEncoder:
-        numeric = tuple(c for c in public.columns if pd.api.types.is_numeric_dtype(public[c]))
+        """Fitted on the pool's columns as ``files.read_csv`` reads them (text, ``NaN`` where
+        missing): a column is numeric when every value it holds is a number."""
+        numbers = public.apply(pd.to_numeric, errors="coerce")
+        numeric = tuple(c for c in public.columns
+                        if public[c].notna().any() and not (numbers[c].isna()
+                                                            & public[c].notna()).any())
         categorical = tuple(c for c in public.columns if c not in numeric)
-        values = public[list(numeric)].to_numpy(np.float64)
+        values = _finite(numbers[list(numeric)], "the public data")
         means = np.nan_to_num(np.nanmean(values, axis=0)) if numeric else np.zeros(0)
         stds = np.nan_to_num(np.nanstd(values, axis=0)) if numeric else np.zeros(0)
         stds[stds == 0] = 1.0
-        vocab = tuple(tuple(sorted(public[c].dropna().astype(str).unique())) for c in categorical)
+        vocab = tuple(tuple(sorted(public[c].dropna().unique())) for c in categorical)
         return cls(numeric, tuple(means.tolist()), tuple(stds.tolist()), categorical, vocab)
 
     @classmethod
@@ -85,11 +91,11 @@ class TabularEncoder:
             if bad:
                 raise UserError(f"{what}: column {bad[0]} is numeric in the public data but "
                                 "holds text here")
-            z = (numbers.to_numpy(np.float64) - np.asarray(self.means)) / np.asarray(self.stds)
+            z = (_finite(numbers, what) - np.asarray(self.means)) / np.asarray(self.stds)
             parts.append(np.nan_to_num(z, nan=0.0))
         for column, vocab in zip(self.categorical, self.vocabularies, strict=True):
             values = frame[column]
-            codes = pd.Index(vocab).get_indexer(values.astype(str).where(values.notna()))
+            codes = pd.Index(vocab).get_indexer(values)
             codes[codes < 0] = len(vocab)  # unseen or missing: the "other" slot
             parts.append(np.eye(len(vocab) + 1)[codes])
         return np.concatenate(parts, axis=1).astype(np.float32)
@@ -102,6 +108,16 @@ class TabularEncoder:
                 "categorical": [{"column": c, "values": list(v)}
                                 for c, v in zip(self.categorical, self.vocabularies, strict=True)],
                 "features": self.width}
+
+
+def _finite(numbers: pd.DataFrame, what: str) -> NDArray[np.float64]:
+    """The numeric columns as float64; an infinite value, or one beyond float32, is refused."""
+    values = numbers.to_numpy(np.float64)
+    bad = np.abs(values) > np.finfo(np.float32).max  # NaN (missing) compares False
+    if bad.any():
+        column = numbers.columns[int(np.argwhere(bad)[0][1])]
+        raise UserError(f"{what}: column {column} holds an infinite or too large number")
+    return values
 
 
 @dataclass(frozen=True)
@@ -130,25 +146,78 @@ class Standardiser:
                 "std": self.std.tolist()}
 
 
-def as_features(x: NDArray, what: str) -> NDArray[np.float32]:
-    """``.npz`` arrays as float32: integer images scaled to [0, 1], ``[n, H, W]`` given a
-    channel axis."""
+def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.float32]:
+    """``.npz`` arrays as float32: integer images scaled to [0, 1] (divided by ``pixel_max``),
+    ``[n, H, W]`` given a channel axis. NaN, infinite values and numbers beyond float32 are
+    refused."""
     if np.issubdtype(x.dtype, np.integer) and x.ndim > 2:
-        x = x / 255.0
-    x = np.asarray(x, np.float32)
+        x = x / pixel_max
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        x = np.asarray(x, np.float32)
     if not np.isfinite(x).all():
-        raise UserError(f"{what}: x holds NaN or infinite values")
+        raise UserError(f"{what}: x holds NaN, infinite or too large values")
     return x[:, None] if x.ndim == 3 else x
 
 
-def benchmark_record(name: str, image_shape: tuple[int, ...]) -> dict[str, Any]:
-    """The record of a built-in image dataset of ``[C, H, W]`` images."""
+def benchmark_record(name: str, image_shape: tuple[int, ...], pixel_max: float
+                     ) -> dict[str, Any]:
+    """The record of a built-in image dataset of ``[C, H, W]`` images whose loader divided
+    raw integer pixels by ``pixel_max``."""
     channels, height, width = image_shape
     return {"format": "benchmark", "dataset": name, "channels": channels, "height": height,
-            "width": width}
+            "width": width, "pixel_max": pixel_max}
 
 
-def _images(path: str | Path, mode: str, height: int, width: int
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _are_numbers(values: Any, length: int | None = None, positive: bool = False) -> bool:
+    return (isinstance(values, list) and (length is None or len(values) == length)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and np.isfinite(v) and (v > 0 or not positive) for v in values))
+
+
+def _are_names(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, str) for v in values)
+
+
+def record_problem(record: Any) -> str | None:
+    """What is wrong with a preprocessing record read back from a file, or None: every key
+    ``encode_new_rows`` uses, of its type and length."""
+    if not isinstance(record, dict):
+        return "the preprocessing is not an object"
+    kind = record.get("format")
+    if kind in ("benchmark", "folder"):
+        if not (_is_count(record.get("height")) and _is_count(record.get("width"))):
+            return "the image height and width must be positive integers"
+        if kind == "benchmark":
+            ok = (record.get("channels") in (1, 3)
+                  and _are_numbers([record.get("pixel_max")], positive=True))
+        else:
+            ok = record.get("mode") in ("L", "RGB")
+        return None if ok else f"the {kind} record lacks its channels or scale"
+    if kind == "csv":
+        numeric = record.get("numeric")
+        categorical = record.get("categorical")
+        if not (isinstance(record.get("label"), str) and _are_names(numeric)
+                and _are_numbers(record.get("means"), len(numeric))
+                and _are_numbers(record.get("stds"), len(numeric), True)
+                and isinstance(categorical, list)
+                and all(isinstance(c, dict) and isinstance(c.get("column"), str)
+                        and _are_names(c.get("values")) for c in categorical)):
+            return "the table's columns, statistics or vocabularies are missing or malformed"
+        return None
+    if kind == "npz":
+        if record.get("standardised"):
+            mean = record.get("mean")
+            if not (_are_numbers(mean) and _are_numbers(record.get("std"), len(mean), True)):
+                return "the feature means and deviations are missing or malformed"
+        return None
+    return f"unknown format {kind!r}"
+
+
+def _images(path: str | Path, mode: str, height: int, width: int, pixel_max: float = 255.0
             ) -> tuple[NDArray[np.float32], list[str]]:
     """New images of ``path`` (a ``.npz`` or a folder) and their names: a folder's image paths
     relative to it, a ``.npz``'s row numbers."""
@@ -157,19 +226,19 @@ def _images(path: str | Path, mode: str, height: int, width: int
         return x, files.image_names(path)
     if files.kind_of(path) == "csv":
         raise UserError(f"{path}: this student reads images: a .npz or a folder of images")
-    x = as_features(files.read_npz(path, False)[0], str(path))
+    x = as_features(files.read_npz(path, False)[0], str(path), pixel_max)
     return x, [str(i) for i in range(len(x))]
 
 
 def encode_new_rows(record: dict[str, Any], path: str | Path
                     ) -> tuple[NDArray[np.float32], list[str]]:
-    """The rows of ``path`` transformed as ``record`` says, and a name per row (its row number,
-    or its image's path inside the folder). A label column, a ``y`` array or class subfolders
-    are ignored: only the inputs are read."""
+    """The rows of ``path`` transformed as ``record`` (checked by ``record_problem``) says, and
+    a name per row (its row number, or its image's path inside the folder). A label column, a
+    ``y`` array or class subfolders are ignored: only the inputs are read."""
     kind = record["format"]
     if kind == "benchmark":
         return _images(path, "L" if record["channels"] == 1 else "RGB", record["height"],
-                       record["width"])
+                       record["width"], record["pixel_max"])
     if kind == "folder":
         return _images(path, record["mode"], record["height"], record["width"])
     if files.kind_of(path) != kind:
@@ -180,5 +249,8 @@ def encode_new_rows(record: dict[str, Any], path: str | Path
     else:
         x = as_features(files.read_npz(path, False)[0], str(path))
         if record.get("standardised") and x.ndim == 2:
+            if x.shape[1] != len(record["mean"]):
+                raise UserError(f"{path}: rows of {x.shape[1]} features; this student takes "
+                                f"{len(record['mean'])}")
             x = Standardiser.from_record(record).transform(x)
     return x, [str(i) for i in range(len(x))]

@@ -132,7 +132,7 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
     kind = "image" if pool_x.ndim == 4 else "tabular"
     return Task(ds.name, kind, tuple(str(c) for c in range(ds.num_classes)), "dataset",
                 pool_x, pool_y, eval_x, eval_y, ds.train_x, ds.train_y,
-                benchmark_record(ds.name, pool_x.shape[1:]))
+                benchmark_record(ds.name, pool_x.shape[1:], ds.pixel_max))
 
 
 # --- a user's files -------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     kind = kinds.pop()
     name = Path(source.private).stem
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
-    preprocessing: dict[str, Any] = {"format": kind}
+    preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
     wanted = {"public": (source.public, False), "test": (source.test, True),
               "private": (source.private, True)}
     if not need_private:

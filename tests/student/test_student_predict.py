@@ -101,6 +101,17 @@ def test_csv_columns_in_any_order_unseen_categories_and_stdout(
     assert len(shuffled) == 50 and (rows["workclass"] == "Never-seen").any()
     assert shuffled["label"].tolist() == ordered["label"].tolist()
     assert np.allclose(shuffled["p_>50K"], ordered["p_>50K"])
+    # --out through a link writes its target and keeps the link; "-" is standard output
+    (tmp_path / "target.csv").write_text("")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "target.csv")
+    assert main(["student", "predict", "--run", str(tmp_path / "run"), str(tmp_path / "new.csv"),
+                 "--out", str(tmp_path / "link.csv")]) == 0
+    assert (tmp_path / "link.csv").is_symlink()
+    assert pd.read_csv(tmp_path / "target.csv")["label"].tolist() == ordered["label"].tolist()
+    capsys.readouterr()
+    assert main(["student", "predict", "--run", str(tmp_path / "run"), str(tmp_path / "new.csv"),
+                 "--out", "-"]) == 0
+    assert len(pd.read_csv(StringIO(capsys.readouterr().out))) == 50
 
 
 def test_bad_inputs_are_one_line(csv_run: tuple[Path, dict], capsys: pytest.CaptureFixture
@@ -110,11 +121,18 @@ def test_bad_inputs_are_one_line(csv_run: tuple[Path, dict], capsys: pytest.Capt
     _census(5, np.random.default_rng(6)).drop(columns="age").to_csv(tmp_path / "narrow.csv",
                                                                      index=False)
     np.savez(tmp_path / "x.npz", x=np.zeros((3, 4), np.float32))
+    (tmp_path / "inf.csv").write_text("age,hours,workclass,education\ninf,40,Private,HS-grad\n")
+    (tmp_path / "twice.csv").write_text("age,hours,workclass,education,age \n1,2,a,b,3\n")
+    (tmp_path / "file").write_text("")
     cases = [
         ([str(tmp_path / "narrow.csv")], "its columns differ from the public data's; missing age"),
         ([str(tmp_path / "x.npz")], "trained on .csv data"),
         ([str(tmp_path / "nothing.csv")], "no such file or folder"),
-        ([str(tmp_path / "test.csv"), "--out", str(tmp_path)], "--out names the CSV file"),
+        ([str(tmp_path / "inf.csv")], "column age holds an infinite or too large number"),
+        ([str(tmp_path / "twice.csv")], "the column 'age' appears more than once"),
+        ([str(tmp_path / "test.csv"), "--out", str(tmp_path)], "not a regular file"),
+        ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "file" / "x.csv")],
+         "cannot write it"),
     ]
     for argv, message in cases:
         capsys.readouterr()
@@ -135,16 +153,29 @@ def test_a_student_without_a_schema_says_how_to_get_one(
     assert (saved / "schema.json").is_file()
     again = load_student(saved).predict_file(source / "test.csv")
     assert len(again) == 200
-    (saved / "schema.json").write_text('{"classes": ["a"], "preprocessing": {"format": "csv"}}')
-    assert main(["student", "predict", "--student", str(saved), str(source / "test.csv")]) == 2
-    assert "1 classes for a student of 2" in capsys.readouterr().err
+    good = json.loads((saved / "schema.json").read_text())
+    damaged = [({"classes": ["a"]}, "1 classes for a student of 2"),
+               ({"classes": ["a", "a"]}, "the classes must be distinct names"),
+               ({"preprocessing": {**good["preprocessing"], "means": [1.0]}}, "malformed"),
+               ({"preprocessing": {**good["preprocessing"], "categorical": {}}}, "malformed"),
+               ({"preprocessing": {"format": "parquet"}}, "unknown format 'parquet'")]
+    for change, message in damaged:
+        (saved / "schema.json").write_text(json.dumps({**good, **change}))
+        assert main(["student", "predict", "--student", str(saved),
+                     str(source / "test.csv")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "damaged" in err and err.count("\n") == 1, err
     (saved / "schema.json").unlink()
     assert main(["student", "predict", "--student", str(saved), str(source / "test.csv")]) == 2
-    assert "--queries 0" in capsys.readouterr().err
+    assert "retrains the student" in capsys.readouterr().err
+    # a student fitted on arrays saved over the folder leaves no stale schema behind
     fitted = Student("supervised", arch="mlp", epochs=1)
     fitted.model_, fitted.spec_ = load_student(saved).model_, load_student(saved).spec_
     with pytest.raises(UserError, match="fitted on arrays"):
         fitted.predict_file(source / "test.csv")
+    (saved / "schema.json").write_text(json.dumps(good))
+    fitted.save(saved)
+    assert not (saved / "schema.json").exists()
 
 
 def _pngs(folder: Path, x: np.ndarray, y: np.ndarray | None, size: int, mode: str) -> None:

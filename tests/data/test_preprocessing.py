@@ -1,0 +1,70 @@
+"""``pate.data.preprocessing`` on files made here: a table's columns are read the same way in
+every file (codes that look like numbers stay codes, spaces and trailing commas do not move
+values), feature rows of another width and integer pixels of a built-in dataset are handled as
+the record says, and image folders read 16-bit grey and say what they skip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pate.data import files
+from pate.data.preprocessing import TabularEncoder, benchmark_record, encode_new_rows
+from pate.errors import UserError
+
+
+def _record(tmp_path: Path, public: str) -> dict:
+    (tmp_path / "public.csv").write_text(public)
+    frame, _ = files.read_csv(tmp_path / "public.csv", "y", False)
+    return {"format": "csv", "label": "y", **TabularEncoder.fit(frame).describe()}
+
+
+def test_codes_that_look_like_numbers_stay_codes(tmp_path: Path) -> None:
+    record = _record(tmp_path, "code,x,y\n01,1,a\nA,2,b\n02,3,a\n1,4,b\n")
+    assert record["numeric"] == ["x"]
+    assert record["categorical"] == [{"column": "code", "values": ["01", "02", "1", "A"]}]
+    # a file holding only number-like codes, a missing value, trailing spaces and commas
+    (tmp_path / "new.csv").write_text("code,x\n01 ,1,\n02,?,\n1,3,\n?,4,\n")
+    x, names = encode_new_rows(record, tmp_path / "new.csv")
+    assert names == ["0", "1", "2", "3"]
+    one_hot = x[:, 1:]
+    assert one_hot.argmax(axis=1).tolist() == [0, 1, 2, 4]  # 4: the "other" slot (missing)
+    assert x[1, 0] == 0.0  # a missing number is the public mean
+
+
+def test_labels_are_integers_only_when_all_are(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("x,y\n1,3\n2,-1\n")
+    (tmp_path / "b.csv").write_text("x,y\n1,3\n2,1.5\n")
+    assert files.read_csv(tmp_path / "a.csv", "y", True)[1].tolist() == [3, -1]
+    assert files.read_csv(tmp_path / "b.csv", "y", True)[1].tolist() == ["3", "1.5"]
+
+
+def test_feature_rows_of_another_width_are_refused_before_scaling(tmp_path: Path) -> None:
+    record = {"format": "npz", "standardised": True, "mean": [0.0] * 5, "std": [1.0] * 5}
+    for width in (1, 6):
+        np.savez(tmp_path / "x.npz", x=np.zeros((3, width), np.float32))
+        with pytest.raises(UserError, match=f"rows of {width} features; this student takes 5"):
+            encode_new_rows(record, tmp_path / "x.npz")
+    np.savez(tmp_path / "x.npz", x=np.full((3, 5), 1e39))
+    with pytest.raises(UserError, match="too large"):
+        encode_new_rows(record, tmp_path / "x.npz")
+
+
+def test_integer_pixels_are_scaled_as_the_dataset_was(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", x=np.full((2, 8, 8), 8, np.int64))
+    x, _ = encode_new_rows(benchmark_record("digits", (1, 8, 8), 16.0), tmp_path / "d.npz")
+    assert x.shape == (2, 1, 8, 8) and np.allclose(x, 0.5)
+
+
+def test_sixteen_bit_grey_and_skipped_entries(tmp_path: Path) -> None:
+    folder = tmp_path / "new"
+    folder.mkdir()
+    Image.fromarray(np.full((4, 4), 32768, np.uint16)).save(folder / "a.png")
+    (folder / "notes.txt").write_text("not an image")
+    with pytest.warns(UserWarning, match="1 entry skipped.*notes.txt"):
+        x, names = encode_new_rows({"format": "folder", "mode": "L", "height": 4, "width": 4},
+                                   folder)
+    assert names == ["a.png"] and np.allclose(x, 128 / 255)
