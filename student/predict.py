@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
-from pate.data.preprocessing import encode_new_rows, record_problem
+from pate.data.preprocessing import are_names, encode_new_rows, record_problem
 from pate.data.task import Task
 from pate.errors import UserError
 from pate.io import write_bytes_atomic
@@ -48,8 +48,7 @@ def load_schema(folder: Path, spec: ModelSpec) -> dict[str, Any]:
         raise UserError(f"{path}: not a student's schema: this folder is damaged")
     classes = schema.get("classes")
     problem = record_problem(schema.get("preprocessing"))
-    if problem is None and not (isinstance(classes, list) and len(set(classes)) == len(classes)
-                                and all(isinstance(c, str) and c for c in classes)):
+    if problem is None and not (are_names(classes) and all(classes)):
         problem = "the classes must be distinct names"
     if problem is None and len(classes) != spec.num_classes:
         problem = f"{len(classes)} classes for a student of {spec.num_classes}"
@@ -80,9 +79,12 @@ def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = 
     """The student saved in ``folder`` (a run's ``student/`` or ``Student.save``'s) on the rows
     of ``data`` (``score_file``), written to ``out`` as CSV (atomically) if given."""
     folder = Path(folder)
-    target = None if out is None else Path(out).resolve()  # a link: its target is written
-    if target is not None and target.exists() and not target.is_file():
-        raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
+    try:
+        target = None if out is None else Path(out).resolve()  # a link: its target is written
+        if target is not None and target.exists() and not target.is_file():
+            raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
+    except (OSError, RuntimeError) as exc:  # a name too long, a loop of links
+        raise UserError(f"{out}: not a path to write ({exc.__class__.__name__})") from None
     loaded = load_classifier(folder)
     if loaded is None:
         raise UserError(f"{folder}: no saved student (model.safetensors and model.json)")

@@ -88,16 +88,23 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     if label is None:
         raise UserError(f"{p}: a .csv needs data.label (--label), the name of its label column")
     try:
-        frame = pd.read_csv(p, dtype=str, na_values=list(MISSING_VALUES), keep_default_na=True,
-                            skipinitialspace=True, index_col=False)
+        with warnings.catch_warnings():  # a row with more fields than the header: refused
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            header = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
+            frame = pd.read_csv(p, dtype=str, na_values=list(MISSING_VALUES),
+                                keep_default_na=True, skipinitialspace=True, index_col=False)
+    except pd.errors.ParserWarning:
+        raise UserError(f"{p}: a row has more fields than the header (a comma inside a value "
+                        "needs quotes)") from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not a readable .csv file ({exc.__class__.__name__})") from None
     if frame.empty:
         raise UserError(f"{p}: no rows")
-    frame.columns = [str(c).strip() for c in frame.columns]
-    repeated = frame.columns[frame.columns.duplicated()]
-    if len(repeated):
+    names = pd.Index([str(c).strip() for c in header.iloc[0]])
+    repeated = names[names.duplicated()]
+    if len(repeated):  # read_csv itself would have renamed a repeat "age.1"
         raise UserError(f"{p}: the column {repeated[0]!r} appears more than once")
+    frame.columns = [str(c).strip() for c in frame.columns]
     frame = frame.apply(lambda column: column.str.strip()).replace(
         list(MISSING_VALUES), np.nan)
     labels = None
@@ -149,6 +156,7 @@ def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
             files += found
             names += [d.name] * len(found)
             skipped += [e for e in _visible(d) if e not in found]
+        skipped += [e for e in _visible(folder) if not e.is_dir()]
     else:
         files, names, skipped = loose, None, [e for e in _visible(folder) if e not in loose]
     if skipped:

@@ -151,6 +151,9 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
     ``[n, H, W]`` given a channel axis. NaN, infinite values and numbers beyond float32 are
     refused."""
     if np.issubdtype(x.dtype, np.integer) and x.ndim > 2:
+        if x.size and (x.min() < 0 or x.max() > pixel_max):
+            raise UserError(f"{what}: integer pixels must lie in [0, {pixel_max:g}] for this "
+                            "data (give floats in [0, 1] otherwise)")
         x = x / pixel_max
     with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
         x = np.asarray(x, np.float32)
@@ -178,8 +181,10 @@ def _are_numbers(values: Any, length: int | None = None, positive: bool = False)
                     and np.isfinite(v) and (v > 0 or not positive) for v in values))
 
 
-def _are_names(values: Any) -> bool:
-    return isinstance(values, list) and all(isinstance(v, str) for v in values)
+def are_names(values: Any) -> bool:
+    """A list of distinct strings."""
+    return (isinstance(values, list) and all(isinstance(v, str) for v in values)
+            and len(set(values)) == len(values))
 
 
 def record_problem(record: Any) -> str | None:
@@ -200,12 +205,12 @@ def record_problem(record: Any) -> str | None:
     if kind == "csv":
         numeric = record.get("numeric")
         categorical = record.get("categorical")
-        if not (isinstance(record.get("label"), str) and _are_names(numeric)
+        if not (isinstance(record.get("label"), str) and are_names(numeric)
                 and _are_numbers(record.get("means"), len(numeric))
                 and _are_numbers(record.get("stds"), len(numeric), True)
                 and isinstance(categorical, list)
                 and all(isinstance(c, dict) and isinstance(c.get("column"), str)
-                        and _are_names(c.get("values")) for c in categorical)):
+                        and are_names(c.get("values")) for c in categorical)):
             return "the table's columns, statistics or vocabularies are missing or malformed"
         return None
     if kind == "npz":

@@ -68,3 +68,17 @@ def test_sixteen_bit_grey_and_skipped_entries(tmp_path: Path) -> None:
         x, names = encode_new_rows({"format": "folder", "mode": "L", "height": 4, "width": 4},
                                    folder)
     assert names == ["a.png"] and np.allclose(x, 128 / 255)
+
+
+def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_path: Path
+                                                                         ) -> None:
+    record = _record(tmp_path, "code,x,y\n01,1,a\nA,2,b\n")
+    (tmp_path / "ragged.csv").write_text("code,x\nSelf,emp,3\n01,2\n")
+    with pytest.raises(UserError, match="more fields than the header"):
+        encode_new_rows(record, tmp_path / "ragged.csv")
+    (tmp_path / "twice.csv").write_text("code,x,x\n01,1,2\n")
+    with pytest.raises(UserError, match="the column 'x' appears more than once"):
+        encode_new_rows(record, tmp_path / "twice.csv")
+    np.savez(tmp_path / "d.npz", x=np.full((2, 8, 8), 255, np.uint8))
+    with pytest.raises(UserError, match=r"integer pixels must lie in \[0, 16\]"):
+        encode_new_rows(benchmark_record("digits", (1, 8, 8), 16.0), tmp_path / "d.npz")

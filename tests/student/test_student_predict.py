@@ -156,6 +156,9 @@ def test_a_student_without_a_schema_says_how_to_get_one(
     good = json.loads((saved / "schema.json").read_text())
     damaged = [({"classes": ["a"]}, "1 classes for a student of 2"),
                ({"classes": ["a", "a"]}, "the classes must be distinct names"),
+               ({"classes": [["a"], {"b": 1}]}, "the classes must be distinct names"),
+               ({"preprocessing": {**good["preprocessing"], "categorical": [
+                   {"column": "workclass", "values": ["Private", "Private"]}]}}, "malformed"),
                ({"preprocessing": {**good["preprocessing"], "means": [1.0]}}, "malformed"),
                ({"preprocessing": {**good["preprocessing"], "categorical": {}}}, "malformed"),
                ({"preprocessing": {"format": "parquet"}}, "unknown format 'parquet'")]
