@@ -67,7 +67,7 @@ def score_file(model: nn.Module, spec: ModelSpec, schema: dict[str, Any], data: 
         raise UserError(f"{data}: rows of shape {list(x.shape[1:])}; this student takes "
                         f"{list(spec.in_shape)}")
     probs = predict_proba(model.to(device), x, device)
-    classes = [str(c) for c in schema["classes"]]
+    classes = schema["classes"]  # distinct names (load_schema, or the task's own)
     top = probs.argmax(axis=1)
     frame = pd.DataFrame({"row": names, "label": np.asarray(classes, dtype=object)[top],
                           "confidence": probs[np.arange(len(top)), top]})

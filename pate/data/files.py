@@ -136,29 +136,31 @@ def _visible(folder: Path) -> list[Path]:
     return sorted(e for e in folder.iterdir() if not e.name.startswith("."))
 
 
-def _images_in(folder: Path) -> list[Path]:
-    return [f for f in _visible(folder) if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+def _is_image(entry: Path) -> bool:
+    return entry.is_file() and entry.suffix.lower() in IMAGE_SUFFIXES
 
 
 def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
     """Image files of ``folder`` and their class (its subfolder's name), or ``None`` classes
     when the images lie directly in the folder; a folder with both is refused (which would
     be meant?)."""
-    subfolders = [d for d in _visible(folder) if d.is_dir()]
-    loose = _images_in(folder)
+    entries = _visible(folder)  # each folder is listed once
+    subfolders = [d for d in entries if d.is_dir()]
+    loose = [e for e in entries if _is_image(e)]
     if subfolders and loose:
         raise UserError(f"{folder}: holds both images and subfolders ({subfolders[0].name}, "
                         "...): put the images in class subfolders, or leave no subfolder")
     if subfolders:
         files, names, skipped = [], [], []
         for d in subfolders:
-            found = _images_in(d)
+            inside = _visible(d)
+            found = [e for e in inside if _is_image(e)]
             files += found
             names += [d.name] * len(found)
-            skipped += [e for e in _visible(d) if e not in found]
-        skipped += [e for e in _visible(folder) if not e.is_dir()]
+            skipped += [e for e in inside if not _is_image(e)]
+        skipped += [e for e in entries if not e.is_dir()]
     else:
-        files, names, skipped = loose, None, [e for e in _visible(folder) if e not in loose]
+        files, names, skipped = loose, None, [e for e in entries if not _is_image(e)]
     if skipped:
         warnings.warn(f"{folder}: {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
                       f"skipped, not {'/'.join(IMAGE_SUFFIXES)} images one level down "
