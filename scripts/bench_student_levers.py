@@ -24,15 +24,20 @@ the answers already paid for and the public pool.
   with confidence >= ``--st-tau`` join the answers with its labels, and a fresh student trains
   on both (a classic of semi-supervised learning; Q. Xie et al., "Self-training with Noisy
   Student", CVPR 2020, without the noise).
-- ``true-labels``: a diagnostic, not a lever: the pool's true labels of the asked rows
-  (``--true-rows 0``) or of the first ``--true-rows`` pool rows, which no private run has;
-  the ceiling a student could reach from perfect answers.
+
+``--labels-from`` (the labels any lever learns from):
+- ``answers``: the run's answers, as paid for.
+- ``true``: a diagnostic: the pool's true labels of the asked rows (``--true-rows 0``) or of
+  the first ``--true-rows`` pool rows, which no private run has; the ceiling a student could
+  reach from perfect answers.
 - ``plurality``: a diagnostic too: the noiseless plurality of the run's teachers (``--votes
-  RUN/votes.npz``, a private artifact read offline) on the first ``--true-rows`` pool rows (0:
-  the asked rows), what the teachers could teach with an unlimited budget.
+  RUN/votes.npz``, a private artifact read offline) on the same rows, what the teachers could
+  teach with an unlimited budget.
 
     python scripts/bench_student_levers.py --labels RUN/labels.npz --lever fixmatch \
         --epochs 40 --seeds 0 1 2 [--augment shift-flip] [--threads 1]
+    python scripts/bench_student_levers.py --labels RUN/labels.npz --lever fixmatch --width 64 \
+        --batch-size 64 --unlabelled-batch-size 448 --epochs 600 --eval-every 60 --device cuda
     python scripts/bench_student_levers.py --labels MNIST/labels.npz --dataset mnist \
         --data-dir DIR --pool-size 9000 --arch cnn --method vat --entmin --augment shift --epochs 30
 """
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import sys
 from pathlib import Path
@@ -176,10 +182,11 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
     """One student ``spec`` from ``seed`` on the labelled rows ``(li, ly)``; returns it and its
     accuracy."""
     seed_everything(seed)
-    method = MethodConfig(args.method, spec.arch, entmin=args.entmin)
-    model = build_classifier(spec)
-    config = FitConfig(args.epochs, args.batch_size, lr=method.learning_rate,
-                       augment=args.augment, seed=seed)
+    method = MethodConfig(args.method, spec.arch, spec.width, entmin=args.entmin)
+    model = build_classifier(spec).to(args.device)
+    config = FitConfig(args.epochs, args.batch_size, args.unlabelled_batch_size,
+                       lr=method.learning_rate, augment=args.augment, seed=seed,
+                       device=args.device)
     if args.lever == "fixmatch":
         learner = FixMatchLearner(model, method.learning_rate, args.tau, args.lam, seed,
                                   mirror=args.augment == "shift-flip")
@@ -190,15 +197,25 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
         model = learner.average
     else:
         learner = build_learner(method, model, spec)
-    fit(learner, pool_x[li], ly, pool_x, config)
-    return model, accuracy(model, eval_x, eval_y)
+
+    def progress(epoch: int, losses: dict[str, float]) -> None:
+        """Every ``--eval-every`` epochs, one line of the evaluated model's accuracy so far."""
+        if args.eval_every and (epoch + 1) % args.eval_every == 0:
+            acc = accuracy(model, eval_x, eval_y, args.device)
+            model.train()  # back in training mode: the mean teacher's average too
+            learner.model.train()
+            print(json.dumps({"seed": seed, "epoch": epoch + 1, "accuracy": acc, **losses}),
+                  file=sys.stderr, flush=True)
+
+    fit(learner, pool_x[li], ly, pool_x, config, on_epoch=progress)
+    return model, accuracy(model, eval_x, eval_y, args.device)
 
 
 def plurality(args: argparse.Namespace, ap: argparse.ArgumentParser,
               rows: np.ndarray) -> np.ndarray:
     """The teachers' plurality on the pool rows ``rows`` (ties to the lower class)."""
     if args.votes is None:
-        ap.error("--lever plurality needs --votes RUN/votes.npz")
+        ap.error("--labels-from plurality needs --votes RUN/votes.npz")
     votes, index = load_votes_with_index(args.votes)
     where = np.full(int(index.max()) + 1, -1)
     where[index] = np.arange(len(index))
@@ -210,14 +227,22 @@ def plurality(args: argparse.Namespace, ap: argparse.ArgumentParser,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--labels", type=Path, required=True, help="a run's labels.npz")
-    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "self-train",
-                                         "true-labels", "plurality"),
+    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "self-train"),
                     default="none")
+    ap.add_argument("--labels-from", choices=("answers", "true", "plurality"),
+                    default="answers")
     ap.add_argument("--method", choices=("supervised", "vat"), default="supervised")
     ap.add_argument("--entmin", action="store_true", help="vat: add entropy minimisation")
     ap.add_argument("--arch", default="cnn-hog")
+    ap.add_argument("--width", type=int, default=MethodConfig.width,
+                    help="channels of the Conv-Small's first layers")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=32, help="labelled rows per step")
+    ap.add_argument("--unlabelled-batch-size", type=int, default=FitConfig.unlabelled_batch_size,
+                    help="pool rows per step (one epoch is one pass over the pool)")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="print the accuracy so far every N epochs to stderr (0: never)")
+    ap.add_argument("--device", default="cpu", help="torch device of the student (cpu, cuda)")
     ap.add_argument("--augment", default="none", help="weak augmentation (pate.data.augment)")
     ap.add_argument("--tau", type=float, default=0.95, help="fixmatch: confidence threshold")
     ap.add_argument("--lam", type=float, default=1.0,
@@ -226,7 +251,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="self-train: rounds")
     ap.add_argument("--st-tau", type=float, default=0.9, help="self-train: confidence")
     ap.add_argument("--true-rows", type=int, default=0,
-                    help="true-labels: the first N pool rows (0: the asked rows)")
+                    help="true, plurality: the first N pool rows (0: the asked rows)")
     ap.add_argument("--votes", type=Path, help="plurality: the run's votes.npz")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, default=1)
@@ -236,18 +261,18 @@ def main() -> int:
 
     task = load_task(source_from_flags(args), need_private=False)
     pool_x, pool_y, eval_x, eval_y = task.pool_x, task.pool_y, task.eval_x, task.eval_y
-    spec = MethodConfig(args.method, args.arch).spec(task.input_shape, task.num_classes)
+    spec = MethodConfig(args.method, args.arch, args.width).spec(task.input_shape, task.num_classes)
     with np.load(args.labels, allow_pickle=False) as data:
         answered = data["label"] >= 0
         li, ly = data["pool_index"][answered], data["label"][answered]
-    if args.lever in ("true-labels", "plurality"):
+    if args.labels_from != "answers":
         li = np.arange(args.true_rows) if args.true_rows else li
-        ly = pool_y[li] if args.lever == "true-labels" else plurality(args, ap, li)
+        ly = pool_y[li] if args.labels_from == "true" else plurality(args, ap, li)
     for seed in args.seeds:
         model, acc = train(args, spec, seed, pool_x, li, ly, eval_x, eval_y)
         accs = [acc]
         for r in range(args.rounds if args.lever == "self-train" else 0):
-            probs = predict_proba(model, pool_x)
+            probs = predict_proba(model, pool_x, args.device)
             confident = probs.max(axis=1) >= args.st_tau
             confident[li] = False
             rows = np.flatnonzero(confident)

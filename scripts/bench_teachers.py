@@ -20,16 +20,19 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_json_atomic
-from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, train_group, train_one
 from teachers.partition import make_partition
 from teachers.votes import Ensemble, load_ensemble
+
+if TYPE_CHECKING:
+    from teachers.distributed import TrainJob
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench_teachers"
 
@@ -76,7 +79,8 @@ def main() -> None:
         dt = time.perf_counter() - t0
         stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                    for n, _ in models[0].named_parameters()}
-        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [stacked]).accuracy(eval_x, eval_y)
+        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [stacked], args.device).accuracy(
+            eval_x, eval_y)
         emit("one_at_a_time", teachers=args.one, seconds=round(dt, 2),
              teachers_per_second=args.one / dt, mean_accuracy=float(acc.mean()), **common)
 
@@ -86,7 +90,8 @@ def main() -> None:
         group_params = train_group(cfg, x, y, 10, np.arange(args.group), part.parts(ids),
                                    min_size)
         dt = time.perf_counter() - t0
-        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [group_params]).accuracy(
+        group_params = {k: v.to(args.device) for k, v in group_params.items()}
+        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [group_params], args.device).accuracy(
             eval_x, eval_y)
         emit("vectorised", teachers=args.group, seconds=round(dt, 2),
              teachers_per_second=args.group / dt, mean_accuracy=float(acc.mean()), **common)
@@ -94,6 +99,9 @@ def main() -> None:
     for workers in (1, 2):
         if f"ray_{workers}" not in args.cases:
             continue
+        # imported for the Ray cases only: a GPU machine without Ray runs the others
+        from teachers.distributed import Cluster, TrainJob, train_teachers
+
         job = TrainJob("fashion-mnist", args.teachers, args.group, cfg)
         shards = list(range(-(-args.ray_teachers // args.group)))
         with tempfile.TemporaryDirectory() as tmp:

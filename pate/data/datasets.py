@@ -32,6 +32,12 @@ from pate.data.dataset import Dataset
 from pate.errors import UserError
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+# the label names their publishers give (Zalando's Fashion-MNIST README; A. Krizhevsky's
+# CIFAR-10 page), in label order
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                   "truck")
 
 # md5 of the upstream MNIST .gz files, as published in torchvision.datasets.MNIST.resources.
 MNIST_MD5 = {
@@ -155,14 +161,14 @@ def _torchvision_download(cls_name: str, root: Path, missing: str) -> None:
 
 def _mnist_like(name: str, cls_name: str, sums: dict[str, tuple[str | None, str | None]],
                 dirs: list[Path], missing: str, data_dir: Path | None,
-                need_train: bool) -> Dataset:
+                need_train: bool, class_names: tuple[str, ...] = ()) -> Dataset:
     raw_dirs = [p for d in dirs for p in (d, d / cls_name / "raw")]
     stems = [s for s in sums if need_train or s.startswith("t10k")]
     if any(_find_idx(s, raw_dirs) is None for s in stems):
         _torchvision_download(cls_name, data_dir or _default_cache(), missing)
     test_x, test_y = _idx_pair("t10k", raw_dirs, sums, missing)
     train_x, train_y = _idx_pair("train", raw_dirs, sums, missing) if need_train else (None, None)
-    return Dataset(name, train_x, train_y, test_x, test_y, 10)
+    return Dataset(name, train_x, train_y, test_x, test_y, 10, class_names=class_names)
 
 
 @register("fashion-mnist")
@@ -177,7 +183,8 @@ def _fashion_mnist(data_dir: Path | None, need_train: bool) -> Dataset:
     dirs = [d for d in (data_dir, DEBIAN_FASHION_MNIST, _default_cache()) if d is not None]
     missing = ("install Debian's package (apt-get install dataset-fashion-mnist) or put the four "
                "Fashion-MNIST .gz files in $PATE_DATA or --data-dir")
-    return _mnist_like("fashion-mnist", "FashionMNIST", sums, dirs, missing, data_dir, need_train)
+    return _mnist_like("fashion-mnist", "FashionMNIST", sums, dirs, missing, data_dir, need_train,
+                       FASHION_MNIST_CLASSES)
 
 
 @register("mnist")
@@ -223,7 +230,7 @@ def _cifar10(data_dir: Path | None, need_train: bool) -> Dataset:
 
     test_x, test_y = split(False)
     train_x, train_y = split(True) if need_train else (None, None)
-    return Dataset("cifar10", train_x, train_y, test_x, test_y, 10)
+    return Dataset("cifar10", train_x, train_y, test_x, test_y, 10, class_names=CIFAR10_CLASSES)
 
 
 DIGITS_TEST = 500

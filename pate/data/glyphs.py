@@ -219,4 +219,5 @@ def load_glyphs(need_train: bool = True, seed: int = 0) -> Dataset:
     if need_train:
         train_x, train_y, _ = render("train", 0, train_size, seed)
     test_x, _, test_y = render("test", 0, test_size, seed)
-    return Dataset("glyphs", train_x, train_y, test_x, test_y, len(build_spec(seed).symbols))
+    symbols = build_spec(seed).symbols
+    return Dataset("glyphs", train_x, train_y, test_x, test_y, len(symbols), class_names=symbols)

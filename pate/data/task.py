@@ -130,7 +130,7 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
     ds = load_dataset(source.name, source.data_dir, need_train=need_private)
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, source.pool_size)
     kind = "image" if pool_x.ndim == 4 else "tabular"
-    return Task(ds.name, kind, tuple(str(c) for c in range(ds.num_classes)), "dataset",
+    return Task(ds.name, kind, ds.classes, "dataset",
                 pool_x, pool_y, eval_x, eval_y, ds.train_x, ds.train_y,
                 benchmark_record(ds.name, pool_x.shape[1:], ds.pixel_max))
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import gzip
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pate.data.datasets import DEBIAN_FASHION_MNIST, LOADERS, load_dataset, public_split
+from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
 
 needs_fashion = pytest.mark.skipif(
@@ -23,6 +25,12 @@ def test_digits_convention(digits):
     assert digits.train_y.dtype == np.int64 and len(digits.train_y) == len(digits.train_x)
     assert digits.train_x.min() >= 0.0 and digits.train_x.max() <= 1.0
     assert digits.num_classes == 10 and set(np.unique(digits.test_y)) == set(range(10))
+    assert digits.classes == tuple("0123456789")  # no published names: the indices
+
+
+def test_class_names_must_name_every_class(digits):
+    with pytest.raises(ValueError, match="9 class names for 10 classes"):
+        replace(digits, class_names=tuple("abcdefghi"))
 
 
 def test_public_split_halves_and_pool_size(digits):
@@ -51,6 +59,9 @@ def test_fashion_mnist_test_split_only(tmp_path):
     assert ds.train_x is None and ds.train_y is None
     assert ds.test_x.shape == (10000, 1, 28, 28) and ds.test_x.dtype == np.float32
     assert np.bincount(ds.test_y).tolist() == [1000] * 10
+    task = load_task(Benchmark("fashion-mnist", str(tmp_path)), need_private=False)
+    assert task.classes[0] == "T-shirt/top" and task.classes[6] == "Shirt"
+    assert task.classes[9] == "Ankle boot" and task.classes_from == "dataset"
 
 
 @needs_fashion
