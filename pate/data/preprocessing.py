@@ -22,6 +22,7 @@ Records by ``format``:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from numpy.typing import NDArray
 
 from pate.data import files
 from pate.errors import UserError
+
+MOSTLY_NUMBERS = 0.9  # a text column this much numbers is worth a warning: a typo, perhaps
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,13 @@ class TabularEncoder:
                         if public[c].notna().any() and not (numbers[c].isna()
                                                             & public[c].notna()).any())
         categorical = tuple(c for c in public.columns if c not in numeric)
+        for c in categorical:
+            held, text = int(public[c].notna().sum()), int((numbers[c].isna()
+                                                          & public[c].notna()).sum())
+            if text and held - text >= MOSTLY_NUMBERS * held:
+                warnings.warn(f"the public data's column {c} is read as categories: {text} of "
+                              f"its {held} values are not numbers (if they are typos, correct "
+                              "them, or empty those cells to mark them missing)", stacklevel=2)
         values = _finite(numbers[list(numeric)], "the public data")
         means = np.nan_to_num(np.nanmean(values, axis=0)) if numeric else np.zeros(0)
         stds = np.nan_to_num(np.nanstd(values, axis=0)) if numeric else np.zeros(0)

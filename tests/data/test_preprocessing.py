@@ -35,6 +35,15 @@ def test_codes_that_look_like_numbers_stay_codes(tmp_path: Path) -> None:
     assert x[1, 0] == 0.0  # a missing number is the public mean
 
 
+def test_a_number_column_with_a_few_words_is_warned_about(tmp_path: Path) -> None:
+    rows = "".join(f"{a},{c},y{a % 2}\n" for a, c in zip(range(20, 40), "AB" * 10, strict=True))
+    with pytest.warns(UserWarning, match=r"column age is read as categories: 1 of its 21 values"
+                                         r" are not numbers") as caught:
+        record = _record(tmp_path, "age,code,y\n" + rows + "forty,A,y0\n")
+    assert record["numeric"] == [] and len(caught) == 1  # the column of codes: no warning
+    assert "forty" not in str(caught[0].message)  # counts only, never a value
+
+
 def test_labels_are_integers_only_when_all_are(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("x,y\n1,3\n2,-1\n")
     (tmp_path / "b.csv").write_text("x,y\n1,3\n2,1.5\n")
