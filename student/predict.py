@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
-from pate.data.preprocessing import are_names, encode_new_rows, record_problem
+from pate.data.preprocessing import are_names, encode_new_rows, record_problem, record_shape
 from pate.data.task import Task
 from pate.errors import UserError
 from pate.io import write_bytes_atomic
@@ -52,6 +52,10 @@ def load_schema(folder: Path, spec: ModelSpec) -> dict[str, Any]:
         problem = "the classes must be distinct names"
     if problem is None and len(classes) != spec.num_classes:
         problem = f"{len(classes)} classes for a student of {spec.num_classes}"
+    shape = None if problem else record_shape(schema["preprocessing"])
+    if shape is not None and shape != tuple(spec.in_shape):
+        problem = (f"its preprocessing makes rows of shape {list(shape)}, the student takes "
+                   f"{list(spec.in_shape)}")
     if problem is not None:
         raise UserError(f"{path}: {problem}: this folder is damaged")
     return schema

@@ -232,6 +232,19 @@ def record_problem(record: Any) -> str | None:
     return f"unknown format {kind!r}"
 
 
+def record_shape(record: dict[str, Any]) -> tuple[int, ...] | None:
+    """The shape of one input row that a record (checked by ``record_problem``) makes, or None
+    where the record does not fix it (an ``.npz`` of images or of unscaled features)."""
+    kind = record["format"]
+    if kind in ("benchmark", "folder"):
+        channels = record["channels"] if kind == "benchmark" else {"L": 1, "RGB": 3}[record["mode"]]
+        return (channels, record["height"], record["width"])
+    if kind == "csv":
+        return (len(record["numeric"])
+                + sum(len(c["values"]) + 1 for c in record["categorical"]),)
+    return (len(record["mean"]),) if record.get("standardised") else None
+
+
 def _images(path: str | Path, mode: str, height: int, width: int, pixel_max: float = 255.0
             ) -> tuple[NDArray[np.float32], list[str]]:
     """New images of ``path`` (a ``.npz`` or a folder) and their names: a folder's image paths

@@ -12,7 +12,12 @@ import pytest
 from PIL import Image
 
 from pate.data import files
-from pate.data.preprocessing import TabularEncoder, benchmark_record, encode_new_rows
+from pate.data.preprocessing import (
+    TabularEncoder,
+    benchmark_record,
+    encode_new_rows,
+    record_shape,
+)
 from pate.errors import UserError
 
 
@@ -91,3 +96,13 @@ def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_pa
     np.savez(tmp_path / "d.npz", x=np.full((2, 8, 8), 255, np.uint8))
     with pytest.raises(UserError, match=r"integer pixels must lie in \[0, 16\]"):
         encode_new_rows(benchmark_record("digits", (1, 8, 8), 16.0), tmp_path / "d.npz")
+
+
+def test_record_shape_is_the_shape_the_record_makes(tmp_path: Path) -> None:
+    assert record_shape(benchmark_record("fashion-mnist", (1, 28, 28), 255.0)) == (1, 28, 28)
+    assert record_shape({"format": "folder", "mode": "RGB", "height": 6, "width": 4}) == (3, 6, 4)
+    assert record_shape({"format": "npz"}) is None  # images or unscaled features: not fixed
+    assert record_shape({"format": "npz", "standardised": True, "mean": [0.0] * 5,
+                         "std": [1.0] * 5}) == (5,)
+    record = _record(tmp_path, "x,c,y\n1,a,p\n2,b,q\n")
+    assert record_shape(record) == (1 + 3,)  # a number, two categories and the "other" slot

@@ -161,7 +161,12 @@ def test_a_student_without_a_schema_says_how_to_get_one(
                    {"column": "workclass", "values": ["Private", "Private"]}]}}, "malformed"),
                ({"preprocessing": {**good["preprocessing"], "means": [1.0]}}, "malformed"),
                ({"preprocessing": {**good["preprocessing"], "categorical": {}}}, "malformed"),
-               ({"preprocessing": {"format": "parquet"}}, "unknown format 'parquet'")]
+               ({"preprocessing": {"format": "parquet"}}, "unknown format 'parquet'"),
+               ({"preprocessing": {**good["preprocessing"],  # well formed, but not its own
+                                   "numeric": [*good["preprocessing"]["numeric"], "extra"],
+                                   "means": [*good["preprocessing"]["means"], 0.0],
+                                   "stds": [*good["preprocessing"]["stds"], 1.0]}},
+                "its preprocessing makes rows of shape")]
     for change, message in damaged:
         (saved / "schema.json").write_text(json.dumps({**good, **change}))
         assert main(["student", "predict", "--student", str(saved),
