@@ -240,8 +240,7 @@ def record_shape(record: dict[str, Any]) -> tuple[int, ...] | None:
         channels = record["channels"] if kind == "benchmark" else {"L": 1, "RGB": 3}[record["mode"]]
         return (channels, record["height"], record["width"])
     if kind == "csv":
-        return (len(record["numeric"])
-                + sum(len(c["values"]) + 1 for c in record["categorical"]),)
+        return (TabularEncoder.from_record(record).width,)
     return (len(record["mean"]),) if record.get("standardised") else None
 
 
