@@ -42,14 +42,18 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     unless the first attempt stopped before it made anything (config.toml and log.txt are all
     there is): then the new config replaces the old, and the log says so."""
     run.create()
+    made = {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name}
     if run.config.is_file():
         if parse_config(run.config.read_text(), str(run.config)) == config:
             return
-        if {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name}:
+        if made:
             raise UserError(f"{run} was started with a different configuration; use a new "
-                            f"--run directory (or delete {run.config})")
+                            "--run directory")
         run.append_log("config.toml replaced: the last attempt stopped before any stage made "
                        "anything")
+    elif run.stages.is_file():  # finished stages, of a configuration no longer known
+        raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
+                        "directory")
     run.write_text(run.config, dump_config(config))
 
 

@@ -122,6 +122,13 @@ def test_rerun_with_another_config_is_refused(tmp_path: Path,
     assert main(["run", "digits-tiny", "--run", str(run)]) == 2
     err = capsys.readouterr().err
     assert "different configuration" in err and err.count("\n") == 1
+    # without its config.toml, a run's finished stages would be taken for the new config's
+    (run / "config.toml").unlink()
+    (run / "stages.json").write_text('{"teachers": 1.0, "votes": 1.0}')
+    assert main(["run", "digits-tiny", "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "no config.toml; use a new --run directory" in err and err.count("\n") == 1
+    assert not (run / "config.toml").exists()
 
 
 def test_a_config_mended_after_a_failed_start_replaces_it(
