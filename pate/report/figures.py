@@ -97,6 +97,8 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
         "pool_size": int(data.votes.shape[0]),
         "queries": {"asked": int(labels.size), "answered": int(answered.sum()),
                     "label_accuracy": label_accuracy,
+                    "epsilon_data_independent": (prefix_epsilon(data, int(labels.size))
+                                                 if labels.size else None),
                     "per_round": [{"mechanism": s.mechanism.name, "asked": int(s.labels.size),
                                    "answered": int((s.labels >= 0).sum())}
                                   for s in data.segments]},
@@ -204,7 +206,8 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
                                                 for m in privacy["mechanism"].split("+")),
             "student": _student_name(report["student"] or {}),
             "queries_answered": report["queries"]["answered"],
-            "epsilon_data_independent": privacy["data_independent"]["epsilon"],
+            "epsilon_data_independent": report["queries"]["epsilon_data_independent"],
+            "epsilon_data_independent_expected": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
             "epsilon_smooth_sensitivity": ss["epsilon"] if ss else None,
             "epsilon_spent": ((report["student"] or {}).get("epsilon") or {}).get(
@@ -351,7 +354,8 @@ def format_value(value: Any) -> str:
 
 
 # The summary table's columns that are not for publication (docs/design.md, privacy rule 2).
-PRIVATE_TABLE_KEYS = frozenset({"epsilon_data_dependent"})
+# statistics of the votes: the analysis' expectations over the threshold's noise
+PRIVATE_TABLE_KEYS = frozenset({"epsilon_data_dependent", "epsilon_data_independent_expected"})
 
 
 def public_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -362,7 +366,8 @@ def public_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("queries_answered", "Queries answered"),
                  ("epsilon_data_independent", "ε data-independent"),
-                 ("epsilon_data_dependent", "ε data-dependent (private)"),
+                 ("epsilon_data_independent_expected", "ε data-independent, expected (private)"),
+                 ("epsilon_data_dependent", "ε data-dependent, expected (private)"),
                  ("epsilon_smooth_sensitivity", "ε smooth-sensitivity"),
                  ("epsilon_spent", "ε charged by the ledger"),
                  ("epsilon_bayesian", "ε Bayesian"), ("delta", "δ"),
@@ -431,10 +436,11 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
     note = ('<p class="note">This report contains private statistics (the teachers\' vote '
-            "histogram and the data-dependent ε). Share only the data-independent or the "
-            "smooth-sensitivity-sanitised ε, and the student's accuracy. The three ε of the "
-            "analysis are expectations over which queries the threshold lets through (PATE "
-            "2018, Table 2); the ledger charged what was realised.</p>")
+            "histogram and the columns marked private). Share only the data-independent ε, the "
+            "smooth-sensitivity-sanitised ε and the student's accuracy. The data-independent "
+            "ε is that of the queries asked and answered, counts the student holds anyway; "
+            "the columns marked expected are PATE 2018's Table 2 analysis, expectations over "
+            "which queries the threshold lets through, and depend on the votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("Details", f"<table>{detail_rows}</table>")]
 
