@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="delta of the (epsilon, delta) budget")
     p.add_argument("--conversion", choices=("classic", "improved"), default="improved",
                    help="RDP to (epsilon, delta) for the budget (default: improved)")
+    p.add_argument("--allow-large-delta", action="store_true",
+                   help="accept a delta of 1/n or more (n the run's private records)")
     p.add_argument("--token-file", required=True, metavar="F",
                    help="bearer tokens, one per line; edit the file to add or revoke tokens")
     p.add_argument("--ledger", metavar="URL", help="SQLAlchemy URL (default: "
@@ -65,10 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.mechanisms import mechanism_to_dict
+    from pate.aggregation.delta_policy import check_delta
     from pate.aggregation.label_requests import Limits
+    from pate.rundir import RunDir
     from pate.service.server import open_server
 
     mechanism = mechanism_from_flags(args)
+    if args.run is not None:  # a votes file alone does not say how many records it protects
+        check_delta(args.delta, RunDir(args.run).private_records(), args.allow_large_delta)
     server = open_server(
         mechanism, token_file=args.token_file, epsilon_budget=args.budget_epsilon,
         delta=args.delta, run_dir=args.run, votes_path=args.votes, ledger_url=args.ledger,

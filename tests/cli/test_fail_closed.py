@@ -276,6 +276,13 @@ def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
     args[args.index("--votes") + 1] = str(other)
     args[args.index("--delta") + 1] = "0.01"
     assert main([*args, "--queries", "5", "--allow-large-delta"]) == 0
+    # pate serve over the run holds the same rule, before its ledger is opened
+    capsys.readouterr()
+    assert main(["serve", "--run", str(run.root), "--mechanism", "gnmax", "--sigma", "4",
+                 "--budget-epsilon", "10", "--delta", "0.01", "--token-file",
+                 str(tmp_path / "tokens"), "--port", "0"]) == 2
+    _one_error_line(capsys, "delta 0.01 is at least 1/n for the n = 1297 private records")
+    assert not run.ledger.exists()
 
 
 def test_a_command_registers_only_its_own_module() -> None:
