@@ -160,7 +160,8 @@ class StudentConfig(_Section):
     # (stage student-active); `select` is round 1's selection.
     active_queries: int = Field(default=0, ge=0)
     interactive_queries: int = Field(default=0, ge=0)
-    select: Literal["first", "random", "uncertainty"] = "random"
+    # round 1 has no student yet to be unsure: `uncertainty` is the active round's
+    select: Literal["first", "random"] = "random"
     request_size: int = Field(default=512, ge=1)
     epochs: int = Field(default=20, ge=1)
     width: int = Field(default=32, ge=1)

@@ -19,6 +19,9 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from analysis.costs import realised_rdp_independent
+from analysis.orders import default_orders
+from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, dump_config, parse_config
@@ -31,7 +34,7 @@ from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
 from student.workflow import AggregatorSession, StudentOptions, train_student
-from teachers.choices import DEFAULT_MODEL
+from teachers.choices import DEFAULT_MODEL, model_data_problem
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, augment_for
 from teachers.votes import collect_votes
@@ -164,15 +167,32 @@ def _report(run: RunDir) -> None:
 
 
 def _check_data(config: RunConfig) -> None:
-    """Before a new run directory is made or a teacher trained: the data loads (a wrong column,
-    a missing file) and delta suits its number of private records (``check_delta``; its
-    warning is left to the student's stage, which gives it once)."""
+    """Before a new run directory is made or a teacher trained, what would otherwise fail only
+    after hours of training: the data loads (a wrong column, a missing file); delta suits its
+    number of private records (``check_delta``; its warning is left to the student's stage,
+    which gives it once); there are rows for every teacher; the teachers' model and the
+    student's method and network suit the kind of data; and the budget covers one query."""
     task = load_task(config.data.source(), need_private=True)
     assert task.private_y is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_delta(config.aggregator.delta, len(task.private_y),
                     config.aggregator.allow_large_delta)
+    if config.teachers.count > len(task.private_y):
+        raise UserError(f"teachers.count {config.teachers.count} is more than the "
+                        f"{len(task.private_y)} private records: each teacher needs one")
+    problem = model_data_problem(config.teachers.model or DEFAULT_MODEL[task.kind], task.kind)
+    if problem:
+        raise UserError(f"teachers.{problem}")
+    _student_options(config, config.student.queries).method_config(task.kind)
+    a = config.aggregator
+    orders = default_orders()
+    one = epsilon_from_rdp(realised_rdp_independent(a.round_mechanism("confident"), 1, 1, orders),
+                           orders, a.delta)[0]
+    if one > a.budget_epsilon:
+        raise UserError(f"aggregator.budget_epsilon {a.budget_epsilon:g} does not cover even one "
+                        f"query: its worst case is epsilon {one:.3g} at delta {a.delta:g} (a "
+                        "larger budget, or larger sigma1 and sigma2)")
 
 
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:

@@ -9,6 +9,16 @@ MODELS: tuple[str, ...] = ("cnn", "cnn-pool", "resnet", "mlp", "hog", "cnn-pool-
                           "cnn-pool-hog-simclr")
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).
 DEFAULT_MODEL: dict[str, str] = {"image": "cnn", "tabular": "mlp"}
+# The built-ins that take feature rows; the others are made for images.
+TABULAR_MODELS: frozenset[str] = frozenset({"mlp"})
+
+
+def model_data_problem(name: str, kind: str) -> str | None:
+    """Why built-in model ``name`` cannot learn from ``kind`` data (``image`` or ``tabular``),
+    or None (a user's network is checked when it is built)."""
+    if kind == "tabular" and name in MODELS and name not in TABULAR_MODELS:
+        return f"model {name} needs images; on tabular data use mlp"
+    return None
 
 # ``package.module:factory`` (the attribute may be dotted: ``module:Class.build``).
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")

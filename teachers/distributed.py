@@ -24,6 +24,7 @@ from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
 from teachers import checkpoints
+from teachers.choices import model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
 from teachers.partition import (
     Partition,
@@ -135,6 +136,9 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     """Load the data, record or verify the partition, and read or create the manifest."""
     data = load_task(job.source)
     assert data.private_x is not None and data.private_y is not None
+    problem = model_data_problem(job.train.model, data.kind)
+    if problem:  # before the partition is recorded
+        raise UserError(problem)
     n = len(data.private_y)
     part = make_partition(n, job.num_teachers, job.train.seed)
     recorded = read_partition(run_dir)

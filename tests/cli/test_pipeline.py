@@ -158,3 +158,31 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
         assert main(["run", str(config), "--run", str(tmp_path / "early"), "--quiet"]) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "early").exists()
+
+
+def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each of these used to pass the config's validation, train the teachers, and fail at a
+    later stage in a directory that its mended config could no longer use."""
+    tiny = dump_config(load_config("digits-tiny"))
+    rows = "".join(f"{i % 7},{'ab'[i % 2]},{i % 2}\n" for i in range(60))
+    for role in ("private", "public", "test"):
+        (tmp_path / f"{role}.csv").write_text("x,c,y\n" + rows)
+    table = tiny.replace('dataset = "digits"', "\n".join(
+        f'{role} = "{tmp_path / role}.csv"' for role in ("private", "public", "test"))
+        + '\nlabel = "y"')
+    cases = [(tiny.replace("count = 10", "count = 5000"),
+              "teachers.count 5000 is more than the 1297 private records"),
+             (tiny.replace("budget_epsilon = 1000.0", "budget_epsilon = 0.5"),
+              "aggregator.budget_epsilon 0.5 does not cover even one query"),
+             (tiny.replace('select = "random"', 'select = "uncertainty"'), "student.select"),
+             (table.replace("[teachers]\n", '[teachers]\nmodel = "cnn"\n'),
+              "teachers.model cnn needs images; on tabular data use mlp"),
+             (table.replace('method = "supervised"', 'method = "gan"'), "GAN")]
+    for text, message in cases:
+        config = tmp_path / "c.toml"
+        config.write_text(text)
+        assert main(["run", str(config), "--run", str(tmp_path / "r"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not (tmp_path / "r").exists()
