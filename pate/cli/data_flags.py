@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
 from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
@@ -48,11 +49,15 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
                             "files), not both")
         if not (args.private and args.public):
             raise UserError("your own data needs --private and --public")
-        return DataFiles(args.private, args.public, args.test, args.label,
+        # absolute, as a config's: a run's manifest keeps them for commands run elsewhere
+        private, public, test = (None if p is None else str(Path(p).resolve())
+                                 for p in (args.private, args.public, args.test))
+        return DataFiles(private, public, test, args.label,
                          None if args.classes is None else tuple(args.classes))
     if args.dataset is None and args.pool_size is None and default is not None:
         if isinstance(default, Benchmark) and args.data_dir is not None:
-            return replace(default, data_dir=str(args.data_dir))
+            return replace(default, data_dir=str(Path(args.data_dir).resolve()))
         return default
     return Benchmark(args.dataset or DEFAULT_DATASET,
-                     None if args.data_dir is None else str(args.data_dir), args.pool_size)
+                     None if args.data_dir is None else str(Path(args.data_dir).resolve()),
+                     args.pool_size)
