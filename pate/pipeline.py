@@ -220,6 +220,13 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         "compare": lambda: _compare(config, run),
         "report": lambda: _report(run),
     }
+    with run.exclusive():
+        _run_stages(config, run, actions)
+    return run.report / "report.html"
+
+
+def _run_stages(config: RunConfig, run: RunDir, actions: dict[str, Callable[[], None]]) -> None:
+    """Every stage of ``config`` not finished yet, in order, each logged and timed."""
     done = run.finished_stages()
     for stage in config.stages():
         if stage in done:
@@ -233,4 +240,3 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         run.finish_stage(stage, seconds)
         run.append_log(f"{stage}: finished in {seconds:.1f} s")
         say(f"pate run: {stage}: finished in {seconds:.1f} s")
-    return run.report / "report.html"

@@ -12,8 +12,12 @@ checkpoints``, ``teachers.votes``, ``student.rounds``, ``pate.aggregation.ledger
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,6 +184,22 @@ class RunDir:
         if not _writable(self.root):
             raise UserError(f"the run directory {self.root} is not writable")
         return self
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the directory for one command (an advisory ``flock`` on the directory itself,
+        released when the process ends, however it ends); ``UserError`` while another holds
+        it: two commands would train the same stage at once."""
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"{self} is in use by another pate run; wait for it to end, or "
+                                "stop it") from None
+            yield
+        finally:
+            os.close(fd)
 
     def private_dir(self, path: Path) -> Path:
         """Create ``path`` (a folder of this run) 0700 and return it."""

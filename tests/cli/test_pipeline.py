@@ -186,3 +186,18 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
         assert not (tmp_path / "r").exists()
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Two `pate run`s on one directory would train the same stage at once."""
+    from pate.rundir import RunDir
+
+    run = RunDir(tmp_path / "run").create()
+    with run.exclusive():  # another command holds it
+        assert main(["run", "digits-tiny", "--run", str(run), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "is in use by another pate run" in err and err.count("\n") == 1
+    assert not run.stages.exists()
+    with run.exclusive():  # released when its holder ends
+        pass
