@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from analysis.costs import ExpectedCosts, GaussianArgmax, check_threshold, expected_costs, steps
+from analysis.costs import (
+    ExpectedCosts,
+    GaussianArgmax,
+    check_threshold,
+    expected_costs,
+    realised_rdp_independent,
+    steps,
+)
 from analysis.mechanisms import Mechanism
 from analysis.orders import as_orders
 from analysis.rdp import Conversion, epsilon_curve, epsilon_from_rdp
@@ -181,8 +188,10 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
     if c5 and c6:
         epsilon = float(epsilon_curve(rdp_total + release.rdp_cost, order_dep, delta,
                                       conversion))
-    else:  # the smooth-sensitivity proof does not apply: release only the safe bound
-        epsilon = float(epsilon_curve(total_ind[idx], order_dep, delta, conversion))
+    else:  # the proof does not apply: release a bound that reads no vote, every query answered
+        worst = sum(realised_rdp_independent(s.mechanism, len(v), len(v), orders)
+                    for v, s in zip(votes, segments, strict=True))
+        epsilon = epsilon_from_rdp(worst, orders, delta, conversion)[0]
     return result(SmoothSensitivityBound(
         order=order_dep, beta=release.beta, value=release.value,
         sigma=release.sigma if math.isfinite(release.sigma) else None,

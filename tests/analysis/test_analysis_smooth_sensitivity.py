@@ -9,7 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analysis.costs import realised_rdp_independent
 from analysis.gaussian import gnmax_logq
+from analysis.mechanisms import ConfidentGNMax
+from analysis.orders import default_orders
+from analysis.rdp import epsilon_from_rdp
 from analysis.smooth_sensitivity import (
     GNMaxSensitivity,
     check_conditions,
@@ -20,6 +24,7 @@ from analysis.smooth_sensitivity import (
     threshold_local_sensitivity_total,
 )
 from analysis.threshold import threshold_logpr_answered, threshold_rdp_dependent
+from analysis.votes_analysis import analyze_votes
 
 
 def all_vote_vectors(teachers: int, classes: int) -> np.ndarray:
@@ -135,3 +140,17 @@ def test_conditions_hold_for_paper_parameters_and_fail_where_they_do() -> None:
     assert check_conditions(100.0, 150, 54.0) == (True, True)
     assert check_conditions(3.0, 3, 5.0) == (True, False)  # beta(b_u(q)) - beta(q) dips
     assert check_conditions(40.0, 1, 17.0) == (True, True)  # one class: nothing to check
+
+
+def test_the_fallback_where_the_proof_fails_reads_no_vote() -> None:
+    """Where conditions C5/C6 fail nothing data-dependent may be released: the fallback is the
+    data-independent bound of every query answered, the same whatever the votes."""
+    mechanism, orders = ConfidentGNMax(14, 4, 2), default_orders()
+    worst = epsilon_from_rdp(realised_rdp_independent(mechanism, 10, 10, orders), orders,
+                             1e-5)[0]
+    released = set()
+    for row in ([20, 0, 0], [7, 7, 6], [12, 5, 3]):
+        result = analyze_votes(np.array([row] * 10), mechanism, 1e-5).smooth_sensitivity
+        assert result is not None and result.fallback
+        released.add(result.epsilon)
+    assert released == {worst}
