@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pate import __version__
@@ -61,14 +61,24 @@ def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPars
     return found
 
 
-def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"pate: warning: {message}", file=sys.stderr)
+def _warning_printer() -> Callable[..., None]:
+    """``warnings.showwarning`` for one command: each warning as one ``pate: warning:`` line,
+    once (the stages of ``pate run`` read the same data again, and every change of the warning
+    filters would otherwise let a warning shown before through again)."""
+    shown: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if str(message) not in shown:
+            shown.add(str(message))
+            print(f"pate: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
-    warnings.showwarning = _warning_line
+    warnings.showwarning = _warning_printer()
     was_quiet = quiet()
     if getattr(args, "quiet", False):
         set_quiet(True)

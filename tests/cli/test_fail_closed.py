@@ -300,3 +300,21 @@ def test_a_command_registers_only_its_own_module() -> None:
     for argv in (None, ["bogus"]):
         names = build_parser(argv)._subparsers._group_actions[0].choices
         assert {"run", "serve", "status", "teachers", "student", "dpsgd"} <= set(names)
+
+
+def test_a_warning_is_one_line_once_per_command(capsys: pytest.CaptureFixture) -> None:
+    """The stages of `pate run` read the same data again, and each change of the warning
+    filters lets a warning through again: the command prints it once."""
+    import warnings
+
+    from pate.cli.main import _warning_printer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _warning_printer()
+        for _ in range(3):
+            warnings.warn("the public data's column age is read as categories", stacklevel=1)
+        warnings.warn("another", stacklevel=1)
+    assert capsys.readouterr().err.splitlines() == [
+        "pate: warning: the public data's column age is read as categories",
+        "pate: warning: another"]
