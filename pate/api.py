@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike, NDArray
 
+from analysis.costs import realised_rdp_independent
 from analysis.mechanisms import Mechanism
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
@@ -135,7 +136,8 @@ class Teachers:
 @dataclass(frozen=True)
 class PublishableEpsilon:
     """What may be published about the answers given so far, at ``delta``: the
-    data-independent epsilon (PATE 2018's Table 2 analysis of the asked queries), the
+    data-independent epsilon of the queries asked and answered (their counts, which the
+    answers show anyway; not PATE 2018's Table 2 expectation, a function of the votes), the
     smooth-sensitivity-sanitised data-dependent one (None for LNMax), and what the ledger
     charged (data-independent, realised, every client of the budget)."""
 
@@ -169,10 +171,14 @@ class PrivateLabels:
     def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
             request_size: int = 512) -> Received:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
-        the budget allows; Interactive-GNMax also takes the student's probabilities."""
+        the budget allows; Interactive-GNMax also takes the student's probabilities. A budget
+        that covers not one of them is a ``UserError``: nothing was asked or spent."""
         index = np.asarray(indices, np.int64)
         probs = None if student_probs is None else np.asarray(student_probs, np.float64)
-        got, _ = ask(self._source, index, probs, request_size)
+        got, exhausted = ask(self._source, index, probs, request_size)
+        if exhausted and not len(got):
+            raise UserError("the privacy budget does not cover even one more query: nothing "
+                            "was asked or spent (a larger epsilon_budget, or a new ledger)")
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])
@@ -190,8 +196,10 @@ class PrivateLabels:
                                   budget.delta, conversion=self.ledger.conversion)
         sanitised = (None if result.smooth_sensitivity is None
                      else result.smooth_sensitivity.epsilon)
-        return PublishableEpsilon(result.data_independent.epsilon, sanitised,
-                                  budget.epsilon_spent, budget.delta)
+        answered = int((self.received.label >= 0).sum())
+        independent = self.ledger.epsilon(realised_rdp_independent(
+            self.mechanism, len(self.received), answered, self.ledger.orders))
+        return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
 
     def close(self) -> None:
         self.service.close()

@@ -34,6 +34,8 @@ def test_the_readme_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture,
     eps = scope["labels"].epsilon()
     assert eps.smooth_sensitivity > 0 and eps.data_independent > 0
     assert eps.ledger_spent == pytest.approx(scope["labels"].ledger.budget().epsilon_spent)
+    # one client, one ledger: the publishable data-independent epsilon is what it charged
+    assert eps.data_independent == pytest.approx(eps.ledger_spent, rel=1e-9)
     student = scope["student"]
     student.save(tmp_path / "saved")
     again = load_student(tmp_path / "saved")
@@ -54,6 +56,9 @@ def test_labels_stop_at_the_budget_and_the_ledger_persists(tmp_path: Path) -> No
                           ledger=ledger)
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     assert len(again.ask(np.arange(300, 300))) == 0
+    with pytest.raises(UserError, match="does not cover even one more query"):
+        again.ask(np.arange(len(got), 300))  # rows not yet asked: the budget is spent
+    assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     again.close()
 
 
