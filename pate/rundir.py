@@ -201,6 +201,14 @@ class RunDir:
         finally:
             os.close(fd)
 
+    def in_use(self) -> bool:
+        """Whether a command holds the directory now (:meth:`exclusive`)."""
+        try:
+            with self.exclusive():
+                return False
+        except UserError:
+            return True
+
     def private_dir(self, path: Path) -> Path:
         """Create ``path`` (a folder of this run) 0700 and return it."""
         return ensure_dir(path, private=True)

@@ -1,5 +1,6 @@
 """``pate status``: where a run stands (docs/cli.md): each stage of ``pate run`` done (with its
-seconds), running or interrupted (started in ``log.txt`` but not finished), or pending (for a
+seconds), running (started in ``log.txt``, and a ``pate run`` holds the directory), stopped
+(started, not finished, and no command holds it: it failed or was interrupted), or pending (for a
 directory the stage commands built, each command's output, there or not); and the privacy budget
 of the run's ledger, with the settings it was created with: epsilon spent (data-independent, the
 only figure that may be shown) and left. Reads only public records and the ledger's settings and
@@ -27,13 +28,14 @@ def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
             parts = line.split(" ", 1)
             if len(parts) == 2 and parts[1].endswith(": started"):
                 started.add(parts[1].removesuffix(": started"))
+    unfinished = "running" if run.in_use() else "stopped"  # `pate run` holds the directory
     out = []
     for stage in config.stages():
         if stage in done:
             out.append({"stage": stage, "state": "done", "seconds": done[stage]})
         else:
             out.append({"stage": stage,
-                        "state": "running or interrupted" if stage in started else "pending"})
+                        "state": unfinished if stage in started else "pending"})
     return out
 
 
