@@ -351,7 +351,6 @@ def train_student(run: RunDir,
     given = _given_encoder(run, options, pool_x.shape[1]) if pool_features else None
     run.create()
     out = run.student
-    out.mkdir(exist_ok=True)
     before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
     if np.any(before.pool_index >= len(pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
@@ -359,6 +358,7 @@ def train_student(run: RunDir,
     rounds_before = run.read_json(run.rounds) or []
 
     session = open_session(lambda pool: _check_votes(run, pool, task))
+    out.mkdir(exist_ok=True)  # once the aggregator has accepted the round
     interactive = session.mechanism == "interactive"
     try:
         candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)

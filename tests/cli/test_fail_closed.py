@@ -267,6 +267,7 @@ def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
     assert main(args) == 2
     _one_error_line(capsys, "delta 0.01 is at least 1/n for the n = 1297 private records")
     assert not run.labels.exists() and not (tmp_path / "ledger.db").exists()
+    assert not run.student.exists()  # not even an empty folder
     args[args.index("--delta") + 1] = "5e-4"  # below 1/n, above 1/(10 n): a warning
     assert main([*args, "--queries", "5"]) == 0
     assert "pate: warning: delta 0.0005 is above 1/(10 n)" in capsys.readouterr().err
