@@ -289,7 +289,10 @@ def preset_names() -> list[str]:
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    """The first error, key and message; an unknown key comes first, since a key missing
+    beside it is most likely the same key misspelt."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     where = ".".join(str(x) for x in err["loc"]) or "config"
     return f"{where}: {err['msg']}"
 

@@ -25,6 +25,9 @@ def test_presets_load_and_round_trip() -> None:
      "delta = 2\n", "aggregator.delta"),
     ("name = 'x'\n[teachers]\ncount = 5\nbogus = 1\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
      "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
+    # a required key misspelt: the unknown key is named, not only the missing one
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsgima1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n", "aggregator.sgima1: Extra inputs"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "threshold must lie in"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 4\nsigma1 = 1\nsigma2 = 1\n"
