@@ -50,7 +50,8 @@ class Partition:
 def make_partition(num_rows: int, num_teachers: int, seed: int) -> Partition:
     """Deal a seeded permutation of ``num_rows`` rows round-robin to ``num_teachers`` teachers."""
     if not 1 <= num_teachers <= num_rows:
-        raise UserError(f"--teachers must be between 1 and {num_rows} (the training rows)")
+        raise UserError(f"the number of teachers must be between 1 and {num_rows} (the training "
+                        "rows)")
     keys = rng.uniform(seed, np.zeros(1, dtype=np.int64), PARTITION_STREAM,
                        np.arange(num_rows)[None])
     assignment = np.empty(num_rows, dtype=np.int32)

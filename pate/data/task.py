@@ -19,6 +19,7 @@ an image folder; a private label outside it is an error. Accuracy is measured on
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from pate.data import files
 from pate.data.datasets import load_dataset, public_split
 from pate.data.preprocessing import Standardiser, TabularEncoder, as_features, benchmark_record
 from pate.errors import UserError
+
+MANY_NUMBER_CLASSES = 20  # more classes than this, all numbers: perhaps a numeric column
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,14 @@ def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[st
     if source.classes:
         return tuple(str(c) for c in source.classes), "config"
     if test_labels is not None:
-        return tuple(sorted({str(v) for v in test_labels.tolist()})), "test"
+        classes = tuple(sorted({str(v) for v in test_labels.tolist()}))
+        if len(classes) > MANY_NUMBER_CLASSES and pd.to_numeric(
+                pd.Series(classes), errors="coerce").notna().all():
+            warnings.warn(f"the test labels{f' ({source.label})' if source.label else ''} hold "
+                          f"{len(classes)} distinct numbers, each a class: if that is not the "
+                          "label you meant, give data.label (--label); else data.classes "
+                          "(--classes) says so", stacklevel=2)
+        return classes, "test"
     if files.kind_of(source.private) == "folder":
         return tuple(files.image_folder_classes(source.private)), "folders"
     raise UserError("the label set is unknown: give data.classes (--classes) or labelled test "

@@ -5,6 +5,8 @@ the record says, and image folders read 16-bit grey and say what they skip."""
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from pate.data.preprocessing import (
     encode_new_rows,
     record_shape,
 )
+from pate.data.task import DataFiles, load_task
 from pate.errors import UserError
 
 
@@ -106,3 +109,18 @@ def test_record_shape_is_the_shape_the_record_makes(tmp_path: Path) -> None:
                          "std": [1.0] * 5}) == (5,)
     record = _record(tmp_path, "x,c,y\n1,a,p\n2,b,q\n")
     assert record_shape(record) == (1 + 3,)  # a number, two categories and the "other" slot
+
+
+def test_a_label_column_of_many_numbers_is_warned_about(tmp_path: Path) -> None:
+    """A numeric column given as the label makes a class of every value; the run would spend
+    its budget on queries no teacher majority answers."""
+    rows = "".join(f"{20 + i % 40},{'ab'[i % 2]},{i % 2}\n" for i in range(120))
+    for role in ("private", "public", "test"):
+        (tmp_path / f"{role}.csv").write_text("age,c,y\n" + rows)
+    source = DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                       str(tmp_path / "test.csv"), "age")
+    with pytest.warns(UserWarning, match=r"the test labels \(age\) hold 40 distinct numbers"):
+        assert len(load_task(source).classes) == 40
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the label meant: two classes, no warning
+        assert load_task(replace(source, label="y")).classes == ("0", "1")
