@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -197,6 +198,9 @@ class RunDir:
             except BlockingIOError:
                 raise UserError(f"{self} is in use by another pate run; wait for it to end, or "
                                 "stop it") from None
+            except OSError as exc:  # a file system without locks: run, and say so
+                warnings.warn(f"{self} cannot be locked ({exc.strerror or exc}): a second pate "
+                              "run on it would not be stopped", stacklevel=3)
             yield
         finally:
             os.close(fd)
