@@ -204,8 +204,15 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     run = RunDir(run_dir)
     if run.private_records() is None:
         _check_data(config)
-    prepare_run_dir(config, run)
-    actions: dict[str, Callable[[], None]] = {
+    with run.create().exclusive():  # held before config.toml is read or written
+        prepare_run_dir(config, run)
+        _run_stages(config, run, _stage_actions(config, run))
+    return run.report / "report.html"
+
+
+def _stage_actions(config: RunConfig, run: RunDir) -> dict[str, Callable[[], None]]:
+    """What each stage of ``pate run`` does."""
+    return {
         "teachers": lambda: _teachers(config, run),
         "votes": lambda: _votes(config, run),
         "student-confident": lambda: _student_round(
@@ -220,9 +227,6 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         "compare": lambda: _compare(config, run),
         "report": lambda: _report(run),
     }
-    with run.exclusive():
-        _run_stages(config, run, actions)
-    return run.report / "report.html"
 
 
 def _run_stages(config: RunConfig, run: RunDir, actions: dict[str, Callable[[], None]]) -> None:
