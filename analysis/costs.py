@@ -161,11 +161,11 @@ def steps(mechanism: Mechanism) -> Steps:
 
 def realised_rdp_independent(mechanism: Mechanism, asked: int, answered: int,
                              orders: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Data-independent RDP of ``asked`` queries of which ``answered`` got a label: the
-    selection step on every query and the answering step on each answer, composed by addition
-    (Mironov 2017, Proposition 1). It reads only public counts, as the ledger charges. Counting
-    an Interactive-GNMax answer of the student's own label as a teachers' answer only raises the
-    figure (an upper bound)."""
+    """Data-independent RDP of ``asked`` queries of which ``answered`` got the teachers' label:
+    the selection step on every query and the answering step on each answer it ran on, composed
+    by addition (Mironov 2017, Proposition 1). It reads only public counts, as the ledger
+    charges. An Interactive-GNMax answer of the student's own label ran no answering step
+    (PATE 2018, Algorithm 2) and is not counted in ``answered``."""
     plan = steps(mechanism)
     select = (np.zeros_like(orders) if plan.select is None
               else plan.select.rdp_independent(orders))

@@ -196,9 +196,9 @@ class PrivateLabels:
                                   budget.delta, conversion=self.ledger.conversion)
         sanitised = (None if result.smooth_sensitivity is None
                      else result.smooth_sensitivity.epsilon)
-        answered = int((self.received.label >= 0).sum())
         independent = self.ledger.epsilon(realised_rdp_independent(
-            self.mechanism, len(self.received), answered, self.ledger.orders))
+            self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
+            self.ledger.orders))
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
 
     def close(self) -> None:

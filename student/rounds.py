@@ -91,6 +91,12 @@ class Received:
     def answered(self) -> NDArray[np.bool_]:
         return self.label >= 0
 
+    @property
+    def by_teachers(self) -> NDArray[np.bool_]:
+        """The answers the teachers gave: the queries whose answering step ran and was charged
+        (an Interactive-GNMax answer of the student's own label was not)."""
+        return self.branch == BRANCHES.index("teachers")
+
     def counts(self) -> dict[str, int]:
         """Queries asked, answered, and answered by each branch."""
         return {"queries": len(self), "answered": int(self.answered.sum()),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.mechanisms import ConfidentGNMax, GNMax
+from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax
 from pate.api import PrivateLabels, Student, load_student
 from pate.errors import UserError
 
@@ -60,6 +60,24 @@ def test_labels_stop_at_the_budget_and_the_ledger_persists(tmp_path: Path) -> No
         again.ask(np.arange(len(got), 300))  # rows not yet asked: the budget is spent
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     again.close()
+
+
+def test_interactive_labels_charge_only_the_teachers_answers(tmp_path: Path) -> None:
+    """Interactive-GNMax: where the student is confident and the teachers do not outvote it, the
+    answer is the student's own label and runs no answering step; the publishable
+    data-independent epsilon counts the teachers' answers only, as the ledger charged."""
+    rng = np.random.default_rng(1)
+    votes = rng.multinomial(100, [0.9, 0.05, 0.05], size=200)
+    probs = np.tile([0.9, 0.05, 0.05], (200, 1))
+    probs[100:] = [0.05, 0.05, 0.9]  # wrong and confident: the teachers outvote it
+    labels = PrivateLabels(votes, InteractiveGNMax(50.0, 5.0, 5.0, 0.5), epsilon_budget=1e6,
+                           delta=1e-5, ledger=tmp_path / "ledger.db")
+    got = labels.ask(np.arange(200), student_probs=probs)
+    counts = got.counts()
+    assert counts["answered_by_student"] > 50 and counts["answered_by_teachers"] > 50
+    eps = labels.epsilon()
+    assert eps.data_independent == pytest.approx(eps.ledger_spent, rel=1e-9)
+    labels.close()
 
 
 def test_load_student_says_what_is_missing(tmp_path: Path) -> None:

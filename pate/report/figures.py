@@ -40,11 +40,13 @@ from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segme
 
 @dataclass(frozen=True)
 class Segment:
-    """Queries answered by one aggregator: rows of the votes matrix, and what came back."""
+    """Queries answered by one aggregator: rows of the votes matrix, what came back, and which
+    answers the teachers gave (the rest of the answers are Interactive-GNMax's student label)."""
 
     rows: NDArray[np.int64]
     mechanism: Mechanism
     labels: NDArray[np.int64]                 # -1 = no answer
+    by_teachers: NDArray[np.bool_]
     baseline: NDArray[np.float64] | None = None
 
 
@@ -124,14 +126,15 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
 def prefix_epsilon(data: RunData, count: int) -> float:
     """Data-independent epsilon, at the run's delta, of the first ``count`` queries asked (rounds
     in order) as realised: ``analysis.costs.realised_rdp_independent`` of each round's asked
-    and answered counts. It is a function of public counts only, so free to publish."""
+    count and count of the teachers' answers, as the ledger charged them. It is a function of
+    public counts only, so free to publish."""
     orders = default_orders()
     total, left = np.zeros_like(orders), count
     for s in data.segments:
-        labels = s.labels[:left]
-        total = total + realised_rdp_independent(s.mechanism, labels.size,
-                                                 int((labels >= 0).sum()), orders)
-        left -= labels.size
+        by_teachers = s.by_teachers[:left]
+        total = total + realised_rdp_independent(s.mechanism, by_teachers.size,
+                                                 int(by_teachers.sum()), orders)
+        left -= by_teachers.size
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
         return epsilon_from_rdp(total, orders, data.delta)[0]

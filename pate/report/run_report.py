@@ -91,7 +91,8 @@ def _segments(run: RunDir, config: RunConfig, votes: np.ndarray,
         baseline = None
         if steps(mechanism).student_gamma is not None:
             baseline = interactive_baseline(run.probs, asked[sel], teachers)
-        segments.append(Segment(row_of[asked[sel]], mechanism, labels[sel], baseline))
+        segments.append(Segment(row_of[asked[sel]], mechanism, labels[sel],
+                                received.by_teachers[sel], baseline))
     return segments
 
 

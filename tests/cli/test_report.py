@@ -41,7 +41,10 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
     np.savez(run_dir / "votes.npz", votes=votes, pool_index=pool_index)
     asked = rng.choice(n, 150, replace=False)  # vote rows
     labels = np.where(rng.random(150) < 0.6, votes[asked].argmax(axis=1), -1)
-    np.savez(run_dir / "labels.npz", pool_index=pool_index[asked], label=labels)
+    branch = np.where(labels >= 0, 1, 0).astype(np.int8)  # none 0, teachers 1, student 2
+    if rounds:  # every other Interactive answer is the student's own label
+        branch[100:][(labels[100:] >= 0) & (np.arange(50) % 2 == 0)] = 2
+    np.savez(run_dir / "labels.npz", pool_index=pool_index[asked], label=labels, branch=branch)
     if rounds:  # as pate student train records a Confident then an Interactive round
         (run_dir / "student" / "rounds.json").write_text(json.dumps(
             [{"mechanism": {"mechanism": "confident"}, "queries": 100},
@@ -55,7 +58,7 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
         {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
     (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
         {"accuracy": {"per_teacher": rng.uniform(0.6, 0.8, teachers).tolist()}}))
-    return {"votes": votes, "asked": asked, "labels": labels, "truth": truth,
+    return {"votes": votes, "asked": asked, "labels": labels, "branch": branch, "truth": truth,
             "config": config}
 
 
@@ -108,14 +111,23 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
 
 
 def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
-    for name in ("a", "b"):
-        make_run(tmp_path / name, rounds=(name == "b"))
+    made = {name: make_run(tmp_path / name, rounds=(name == "b")) for name in ("a", "b")}
     proc = pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
                 "--out", str(tmp_path / "cmp"))
     assert proc.returncode == 0, proc.stderr
     b = json.loads((tmp_path / "b" / "report" / "report.json").read_text())
     assert b["privacy"]["mechanism"] == "confident+interactive"
     assert [r["mechanism"] for r in b["queries"]["per_round"]] == ["confident", "interactive"]
+    # the data-independent epsilon charges the answering step only where the teachers answered
+    # (as the ledger does): the Interactive answers of the student's own label ran none
+    a, branch = made["b"]["config"].aggregator, made["b"]["branch"]
+    assert np.sum(branch[100:] == 2) > 0
+    orders = default_orders()
+    rdp = sum(realised_rdp_independent(a.round_mechanism(name), rows.size,
+                                       int(np.sum(rows == 1)), orders)
+              for name, rows in (("confident", branch[:100]), ("interactive", branch[100:])))
+    assert b["queries"]["epsilon_data_independent"] == pytest.approx(
+        epsilon_from_rdp(rdp, orders, a.delta)[0], rel=1e-12)
     cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
     assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
 
