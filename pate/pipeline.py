@@ -29,6 +29,7 @@ from pate.data.task import Benchmark, data_kind, load_task
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
+from pate.report.run_report import current_report, write_run_report
 from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
@@ -161,8 +162,6 @@ def _compare(config: RunConfig, run: RunDir) -> None:
 
 
 def _report(run: RunDir) -> None:
-    from pate.report.run_report import write_run_report
-
     say(f"pate run: report: {write_run_report(run.root)}")
 
 
@@ -232,6 +231,9 @@ def _stage_actions(config: RunConfig, run: RunDir) -> dict[str, Callable[[], Non
 def _run_stages(config: RunConfig, run: RunDir, actions: dict[str, Callable[[], None]]) -> None:
     """Every stage of ``config`` not finished yet, in order, each logged and timed."""
     done = run.finished_stages()
+    if "report" in done and current_report(run.root) is None:
+        done.pop("report")
+        run.append_log("report: missing, damaged or of an older version: written again")
     for stage in config.stages():
         if stage in done:
             say(f"pate run: {stage}: done already, skipped")

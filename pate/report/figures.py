@@ -37,6 +37,10 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segments
 
+# report.json's layout; a report of another (an older version's) is rebuilt, not reused. 2: the
+# table's data-independent epsilon is the realised one, the ledger's charge.
+REPORT_FORMAT = 2
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -93,6 +97,7 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
                          if data.pool_labels is not None else None)
 
     report: dict[str, Any] = {
+        "report_format": REPORT_FORMAT,
         "run": data.name, "dataset": data.dataset, "delta": data.delta,
         "teachers": int(data.votes[0].sum()), "classes": int(data.votes.shape[1]),
         "classes_from": data.classes_from,

@@ -18,6 +18,7 @@ from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
 from pate.report.figures import (
+    REPORT_FORMAT,
     RunData,
     Segment,
     build_report,
@@ -180,17 +181,31 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
                  _private_writer, stem="owner-evaluation")
 
 
+def current_report(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's ``report/report.json`` when it is there, readable and of this version's layout
+    (``REPORT_FORMAT``); None when it must be written (again): it is derived from the run
+    directory, so a missing, damaged or outdated one is rebuilt rather than trusted."""
+    run = RunDir(run_dir)
+    try:
+        report = run.read_json(run.report / "report.json")
+    except UserError:
+        return None
+    current = isinstance(report, dict) and report.get("report_format") == REPORT_FORMAT
+    return report if current else None
+
+
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
-    """The report comparing ``run_dirs`` (each run's report written first where missing), in
-    ``out_dir``; ``UserError`` when ``out_dir`` is a file."""
+    """The report comparing ``run_dirs`` (each run's report written first where missing or of
+    an older layout), in ``out_dir``; ``UserError`` when ``out_dir`` is a file."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: a file, not a directory for the report")
     reports = []
     for run_dir in run_dirs:
-        path = RunDir(run_dir).report / "report.json"
-        if not path.is_file():
+        report = current_report(run_dir)
+        if report is None:
             write_run_report(run_dir)
-        reports.append(json.loads(path.read_text()))
+            report = current_report(run_dir)
+        reports.append(report)
     summary, figures = comparison(reports)
     sections = [("Runs compared", table_html(summary["table"], first_column="Run"))]
     return write_report(summary, figures, out_dir, "PATE runs compared", sections,

@@ -82,6 +82,14 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert capsys.readouterr().err == ""
     assert not quiet()  # for that command only, though it ran in this process
 
+    # a report of an older layout is written again, not reused
+    old = {k: v for k, v in report.items() if k != "report_format"}
+    (run / "report" / "report.json").write_text(json.dumps(old))
+    assert main(["run", "digits-tiny", "--run", str(run)]) == 0
+    assert "report: started" in capsys.readouterr().err
+    again = json.loads((run / "report" / "report.json").read_text())
+    assert again["report_format"] == report["report_format"] and again["table"] == report["table"]
+
 
 def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     """The compare stage's owner-only page: apart from the report, private, one row per model

@@ -132,6 +132,24 @@ def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
     assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
 
 
+def test_runs_compared_rebuild_a_report_of_an_older_layout(tmp_path: Path) -> None:
+    """A run's report.json is derived: ``--runs`` writes again one that an older version wrote
+    (no ``report_format``) or that is damaged, instead of comparing its stale figures."""
+    for name in ("a", "b"):
+        make_run(tmp_path / name, rounds=False)
+        (tmp_path / name / "report").mkdir()
+    (tmp_path / "a" / "report" / "report.json").write_text(json.dumps(
+        {"run": "a", "table": [{"student": "stale", "accuracy": 0.1}]}))
+    (tmp_path / "b" / "report" / "report.json").write_text("{not json")
+    proc = pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
+                "--out", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stderr
+    cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    assert [row["student"] for row in cmp["table"]] == ["vat (cnn-hog-simclr)", "dpsgd"] * 2
+    a = json.loads((tmp_path / "a" / "report" / "report.json").read_text())
+    assert a["report_format"] >= 2 and a["table"][0]["accuracy"] == 0.91
+
+
 def test_a_model_audit_is_said_in_the_report_and_shown_to_the_owner(tmp_path: Path) -> None:
     run = tmp_path / "run"
     make_run(run, rounds=False)
