@@ -12,6 +12,7 @@ Table-2 analysis (expected costs) and the report all call it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,6 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 from analysis.gaussian import gnmax_logq, gnmax_rdp_dependent, gnmax_rdp_independent
 from analysis.lnmax import lnmax_rdp_dependent, lnmax_rdp_independent
 from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, LNMax, Mechanism
+from analysis.rdp import epsilon_from_rdp
 from analysis.smooth_sensitivity import (
     check_conditions,
     gnmax_local_sensitivity_total,
@@ -170,6 +172,28 @@ def realised_rdp_independent(mechanism: Mechanism, asked: int, answered: int,
     select = (np.zeros_like(orders) if plan.select is None
               else plan.select.rdp_independent(orders))
     return asked * select + answered * plan.answer.rdp_independent(orders)
+
+
+def worst_case_queries(mechanism: Mechanism, epsilon: float, delta: float,
+                       orders: NDArray[np.float64], limit: int = 10**9) -> int:
+    """The most queries, every one answered, that a budget ``epsilon`` at ``delta`` covers:
+    the largest k (at most ``limit``) whose ``realised_rdp_independent(mechanism, k, k)``
+    converts (``analysis.rdp.epsilon_from_rdp``) to at most ``epsilon``. The converted epsilon
+    grows with k, so k is found by bisection."""
+    def fits(k: int) -> bool:
+        rdp = realised_rdp_independent(mechanism, k, k, orders)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
+            return epsilon_from_rdp(rdp, orders, delta)[0] <= epsilon
+
+    low, high = 0, 1
+    while high <= limit and fits(high):
+        low, high = high, 2 * high
+    high = min(high, limit + 1)
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def check_threshold(mechanism: Mechanism, num_teachers: int) -> None:

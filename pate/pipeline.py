@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from analysis.costs import realised_rdp_independent
+from analysis.costs import realised_rdp_independent, worst_case_queries
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
@@ -170,7 +170,8 @@ def _check_data(config: RunConfig) -> None:
     after hours of training: the data loads (a wrong column, a missing file); delta suits its
     number of private records (``check_delta``; its warning is left to the student's stage,
     which gives it once); there are rows for every teacher; the teachers' model and the
-    student's method and network suit the kind of data; and the budget covers one query."""
+    student's method and network suit the kind of data; and the budget covers one query (with a
+    warning when it covers, at worst, fewer answered queries than there are classes)."""
     task = load_task(config.data.source(), need_private=True)
     assert task.private_y is not None
     with warnings.catch_warnings():
@@ -185,13 +186,20 @@ def _check_data(config: RunConfig) -> None:
         raise UserError(f"teachers.{problem}")
     _student_options(config, config.student.queries).method_config(task.kind)
     a = config.aggregator
-    orders = default_orders()
-    one = epsilon_from_rdp(realised_rdp_independent(a.round_mechanism("confident"), 1, 1, orders),
-                           orders, a.delta)[0]
-    if one > a.budget_epsilon:
+    confident, orders = a.round_mechanism("confident"), default_orders()
+    covered = worst_case_queries(confident, a.budget_epsilon, a.delta, orders)
+    if not covered:
+        one = epsilon_from_rdp(realised_rdp_independent(confident, 1, 1, orders), orders,
+                               a.delta)[0]
         raise UserError(f"aggregator.budget_epsilon {a.budget_epsilon:g} does not cover even one "
                         f"query: its worst case is epsilon {one:.3g} at delta {a.delta:g} (a "
                         "larger budget, or larger sigma1 and sigma2)")
+    if covered < task.num_classes:
+        queries = "query" if covered == 1 else "queries"
+        warnings.warn(f"aggregator.budget_epsilon {a.budget_epsilon:g} covers at worst "
+                      f"{covered} answered {queries}, fewer than the {task.num_classes} "
+                      "classes: the student may get too few labels to learn from, after the "
+                      "teachers have trained", UserWarning, stacklevel=2)
 
 
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:

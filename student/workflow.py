@@ -402,6 +402,12 @@ def train_student(run: RunDir,
         say(f"budget exhausted after {len(got)} of {chosen.size} queries")
 
     answered = received.answered
+    if not answered.any() and exhausted:
+        queries = "query" if len(received) == 1 else "queries"
+        raise UserError(f"the privacy budget (epsilon {budget['epsilon_budget']:g}) is spent and "
+                        f"none of the {len(received)} {queries} asked was answered: nothing to "
+                        "train on, and nothing more can be asked of this ledger (a new run with "
+                        "a larger budget or a lower threshold)")
     if not answered.any():
         raise UserError("no labels received yet: nothing to train on (more queries or a lower "
                         "threshold)")

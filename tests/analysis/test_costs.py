@@ -12,7 +12,9 @@ from analysis.costs import (
     Steps,
     ThresholdStep,
     expected_costs,
+    realised_rdp_independent,
     steps,
+    worst_case_queries,
 )
 from analysis.gaussian import gnmax_logq, gnmax_rdp_dependent, gnmax_rdp_independent
 from analysis.lnmax import lnmax_rdp_dependent, lnmax_rdp_independent
@@ -25,6 +27,7 @@ from analysis.mechanisms import (
     parameters,
 )
 from analysis.orders import default_orders
+from analysis.rdp import epsilon_from_rdp
 from analysis.threshold import (
     threshold_inputs,
     threshold_logpr_answered,
@@ -98,3 +101,19 @@ def test_a_step_that_never_beats_its_bound_is_detected() -> None:
     assert GaussianArgmax(1e4).always_independent(250, 10, 10.0)
     assert not GaussianArgmax(40.0).always_independent(250, 10, 10.0)
     assert not ThresholdStep(200.0, 50.0).always_independent(250, 10.0)
+
+
+@pytest.mark.parametrize("mechanism", [ConfidentGNMax(300.0, 200.0, 40.0), GNMax(sigma=40.0),
+                                       LNMax(scale=20.0)], ids=lambda m: m.name)
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 8.0])
+@pytest.mark.filterwarnings("ignore:optimal Rényi order")
+def test_worst_case_queries_is_the_largest_count_within_the_budget(mechanism, epsilon) -> None:
+    def spent(k: int) -> float:
+        return epsilon_from_rdp(realised_rdp_independent(mechanism, k, k, ORDERS), ORDERS,
+                                1e-5)[0]
+
+    k = worst_case_queries(mechanism, epsilon, 1e-5, ORDERS)
+    if k:
+        assert spent(k) <= epsilon
+    assert spent(k + 1) > epsilon
+    assert worst_case_queries(mechanism, 1e6, 1e-5, ORDERS, limit=50) == 50

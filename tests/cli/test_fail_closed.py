@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 import torch
 
+from analysis.costs import realised_rdp_independent
+from analysis.mechanisms import ConfidentGNMax
 from analysis.orders import default_orders
+from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.ledger import Ledger
 from pate.cli.main import build_parser, main
 from pate.config import dump_config, load_config, preset_names
 
+ORDERS = default_orders()
 EXAMPLE = Path(__file__).resolve().parents[2] / "pate" / "examples" / "votes-synthetic-640x250.npy"
 
 
@@ -72,6 +76,27 @@ def test_a_budget_that_covers_no_query_is_one_line_and_writes_nothing(
     assert main(_student(run, votes, "--budget-epsilon", "0.01")) == 2
     _one_error_line(capsys, "does not cover even one query")
     assert not (run / "labels.npz").exists() and _spent(votes, 0.01) == 0.0
+
+
+def test_a_budget_spent_with_no_answer_says_the_run_cannot_go_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A budget of one query's worst case, and a query the teachers are too split to answer:
+    the budget is spent, nothing came back, and the error says that asking more is futile."""
+    rng = np.random.default_rng(3)
+    votes = tmp_path / "votes.npz"  # 20 teachers split over 10 classes: never near 20 votes
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
+    confident = ConfidentGNMax(threshold=20.0, sigma1=1.0, sigma2=4.0)
+    one = epsilon_from_rdp(realised_rdp_independent(confident, 1, 1, ORDERS), ORDERS, 1e-5)[0]
+    args = [*_student(tmp_path / "run", votes, "--budget-epsilon", repr(one * 1.001))]
+    args[args.index("gnmax")] = "confident"
+    args[args.index("--sigma"):args.index("--sigma") + 2] = [
+        "--threshold", "20", "--sigma1", "1", "--sigma2", "4"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"pate: error: the privacy budget (epsilon {one * 1.001:g}) is spent and "
+                       "none of the 1 query asked was answered: nothing to train on, and "
+                       "nothing more can be asked of this ledger (a new run with a larger "
+                       "budget or a lower threshold)")
 
 
 def test_a_request_larger_than_the_budget_allows_is_split(

@@ -5,13 +5,15 @@ import json
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pate.cli.main import main
-from pate.config import dump_config, load_config
+from pate.config import RunConfig, dump_config, load_config
+from pate.pipeline import _check_data
 from pate.progress import quiet
 
 
@@ -194,6 +196,23 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
         assert not (tmp_path / "r").exists()
+
+
+def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training() -> None:
+    """digits has 10 classes; a budget that covers, at worst, 1 or 4 answered queries may leave
+    the student with nothing to learn from once the teachers have trained: said up front."""
+    tiny = load_config("digits-tiny")  # Confident-GNMax T 6, sigma1 2, sigma2 1: eps 7.59 each
+
+    def budget(epsilon: float) -> RunConfig:
+        return tiny.model_copy(update={"aggregator": tiny.aggregator.model_copy(
+            update={"budget_epsilon": epsilon})})
+
+    for epsilon, covered in ((7.6, "1 answered query,"), (20.0, "4 answered queries,")):
+        with pytest.warns(UserWarning, match=f"covers at worst {covered} fewer than the 10"):
+            _check_data(budget(epsilon))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_data(budget(100.0))
 
 
 def test_a_run_directory_in_use_is_refused(tmp_path: Path,
