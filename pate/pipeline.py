@@ -184,7 +184,10 @@ def _check_data(config: RunConfig) -> None:
     problem = model_data_problem(config.teachers.model or DEFAULT_MODEL[task.kind], task.kind)
     if problem:
         raise UserError(f"teachers.{problem}")
-    _student_options(config, config.student.queries).method_config(task.kind)
+    try:
+        _student_options(config, config.student.queries).method_config(task.kind)
+    except UserError as exc:
+        raise UserError(f"student.{exc}") from None
     a = config.aggregator
     confident, orders = a.round_mechanism("confident"), default_orders()
     covered = worst_case_queries(confident, a.budget_epsilon, a.delta, orders)

@@ -89,15 +89,15 @@ def method_for_data(kind: str, method: str, arch: str | None = None, width: int 
                     ) -> MethodConfig:
     """The method and its network for ``kind`` of data (``image`` or ``tabular``): on tabular
     features the default network is the MLP, and the networks (and the GAN) made for images are
-    refused (``UserError``)."""
+    refused (``UserError``, its message led by the option's name: ``arch`` or ``method``)."""
     if kind == "tabular":
         if method == "gan":
-            raise UserError("the improved-GAN student generates images; on tabular data use "
-                            "--method vat or supervised")
+            raise UserError("method gan (the improved-GAN student) generates images; on tabular "
+                            "data use vat or supervised")
         if arch is None:
             arch = "mlp"
         elif arch in IMAGE_ARCHITECTURES:
-            raise UserError(f"--arch {arch} needs images; on tabular data use mlp")
+            raise UserError(f"arch {arch} needs images; on tabular data use mlp")
     try:
         return MethodConfig(method, arch, width, lr, vat_eps, entmin)
     except ValueError as exc:

@@ -188,7 +188,10 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
              (tiny.replace('select = "random"', 'select = "uncertainty"'), "student.select"),
              (table.replace("[teachers]\n", '[teachers]\nmodel = "cnn"\n'),
               "teachers.model cnn needs images; on tabular data use mlp"),
-             (table.replace('method = "supervised"', 'method = "gan"'), "GAN")]
+             (table.replace('method = "supervised"', 'method = "gan"'),
+              "student.method gan (the improved-GAN student) generates images"),
+             (table.replace('method = "supervised"', 'method = "supervised"\narch = "cnn"'),
+              "student.arch cnn needs images; on tabular data use mlp")]
     for text, message in cases:
         config = tmp_path / "c.toml"
         config.write_text(text)
