@@ -55,13 +55,15 @@ class EpsilonBound:
 class SmoothSensitivityBound:
     """The smooth-sensitivity-sanitised epsilon (PATE 2018, App. C): the release's order, beta,
     SS_beta (``value``), noise sigma in units of SS_beta (None: no noise needed), its RDP cost,
-    conditions C5/C6, and whether it fell back to the data-independent bound (they failed)."""
+    conditions C5/C6, and whether it fell back to the data-independent bound (they failed). A
+    fallback reads no vote: its order is that of the data-independent bound, and beta, SS_beta,
+    sigma and the RDP cost, which would describe a release that did not happen, are None."""
 
     order: float
-    beta: float
-    value: float
+    beta: float | None
+    value: float | None
     sigma: float | None
-    rdp_cost: float
+    rdp_cost: float | None
     c5: bool
     c6: bool
     epsilon: float
@@ -185,17 +187,18 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
     c5, c6 = (all(p[2][k] for p in parts) for k in (0, 1))
     release = optimise_release(sum(p[1] for p in parts), rdp_total, order_dep,
                                None if beta is None else np.array([beta]))
-    if c5 and c6:
-        epsilon = float(epsilon_curve(rdp_total + release.rdp_cost, order_dep, delta,
-                                      conversion))
-    else:  # the proof does not apply: release a bound that reads no vote, every query answered
+    if not (c5 and c6):  # the proof does not apply: a bound that reads no vote, all answered
         worst = sum(realised_rdp_independent(s.mechanism, len(v), len(v), orders)
                     for v, s in zip(votes, segments, strict=True))
-        epsilon = epsilon_from_rdp(worst, orders, delta, conversion)[0]
+        epsilon, worst_order = epsilon_from_rdp(worst, orders, delta, conversion)
+        return result(SmoothSensitivityBound(
+            order=worst_order, beta=None, value=None, sigma=None, rdp_cost=None, c5=c5, c6=c6,
+            epsilon=epsilon, fallback=True))
+    epsilon = float(epsilon_curve(rdp_total + release.rdp_cost, order_dep, delta, conversion))
     return result(SmoothSensitivityBound(
         order=order_dep, beta=release.beta, value=release.value,
         sigma=release.sigma if math.isfinite(release.sigma) else None,
-        rdp_cost=release.rdp_cost, c5=c5, c6=c6, epsilon=epsilon, fallback=not (c5 and c6)))
+        rdp_cost=release.rdp_cost, c5=c5, c6=c6, epsilon=epsilon, fallback=False))
 
 
 def analyze_votes(votes: NDArray[np.int64], mechanism: Mechanism, delta: float, *,

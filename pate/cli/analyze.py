@@ -131,8 +131,10 @@ def format_analysis(r: PrivacyAnalysis) -> str:
         f"(order {r.data_dependent.order:g}; not releasable as is)",
     ]
     ss = r.smooth_sensitivity
-    if ss:
-        note = " (conditions C5/C6 fail: data-independent)" if ss.fallback else ""
+    if ss and ss.fallback:
+        lines.append(f"  smooth-sensitivity {ss.epsilon:.4f} (order {ss.order:g}; conditions "
+                     "C5/C6 fail: the data-independent bound of every query answered)")
+    elif ss:
         lines.append(f"  smooth-sensitivity {ss.epsilon:.4f} (beta {ss.beta:.4g}, "
-                     f"SS {ss.value:.4g}, release cost {ss.rdp_cost:.4g}){note}")
+                     f"SS {ss.value:.4g}, release cost {ss.rdp_cost:.4g})")
     return "\n".join(lines) + "\n"

@@ -439,8 +439,8 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     if privacy and privacy["smooth_sensitivity"]:
         ss = privacy["smooth_sensitivity"]
         details.append(("Smooth-sensitivity release (order, β, SS, σ)",
-                        f"{ss['order']:g}, {ss['beta']:.4g}, {ss['value']:.4g}, "
-                        f"{format_value(ss['sigma'])}"))
+                        ", ".join(format_value(ss[k]) for k in ("order", "beta", "value",
+                                                                  "sigma"))))
     detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
     note = ('<p class="note">This report contains private statistics (the teachers\' vote '

@@ -240,3 +240,20 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
         assert "Traceback" not in err and out == ""
         if message == "same number of teachers":  # the sums (votes, in a bad file) unquoted
             assert lines[0].endswith(message), lines[0]
+
+
+def test_a_fallback_is_printed_without_the_release_that_did_not_happen(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Where conditions C5/C6 fail the sanitised epsilon is the data-independent bound of every
+    query answered: the text says so, and the JSON gives no beta, SS or sigma of the votes."""
+    votes = tmp_path / "votes.npy"
+    np.save(votes, np.array([[7, 7, 6]] * 10))
+    args = ["--votes", str(votes), "--delta", "1e-5", "--mechanism", "confident",
+            "--threshold", "14", "--sigma1", "4", "--sigma2", "2"]
+    ss = analyze(capsys, *args)["smooth_sensitivity"]
+    assert ss["fallback"] == "data-independent"
+    assert (ss["beta"], ss["value"], ss["sigma"], ss["rdp_cost"]) == (None, None, None, None)
+    assert main(["analyze", *args]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == (f"  smooth-sensitivity {ss['epsilon']:.4f} (order {ss['order']:g}; "
+                    "conditions C5/C6 fail: the data-independent bound of every query answered)")
