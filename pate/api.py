@@ -29,6 +29,7 @@ from analysis.orders import default_orders
 from analysis.rdp import Conversion
 from analysis.votes_analysis import QuerySegment, analyze_segments
 from pate.aggregation.aggregators import Aggregator
+from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_service import (
     InProcessLabels,
     LabelService,
@@ -153,12 +154,17 @@ class PrivateLabels:
     (``postgresql://...``), the same a ``pate serve`` of this data would use: one budget per
     body of private data. Noise comes from the operating system's
     entropy; every answer is charged before it is returned, and a request whose worst case does
-    not fit the budget is refused (and asked again in halves by ``ask``)."""
+    not fit the budget is refused (and asked again in halves by ``ask``). Given
+    ``private_records``, the number of private rows the teachers learnt from, ``delta`` must be
+    below 1/n (a ``UserError`` otherwise, unless ``allow_large_delta``; a warning above
+    1/(10 n)), as ``pate serve`` and ``pate run`` require."""
 
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
-                 delta: float, ledger: str | Path, conversion: Conversion = "improved") -> None:
+                 delta: float, ledger: str | Path, conversion: Conversion = "improved",
+                 private_records: int | None = None, allow_large_delta: bool = False) -> None:
         self.pool = VotePool(np.asarray(votes))
         check_pool_threshold(mechanism, self.pool)  # before the ledger exists
+        check_delta(delta, private_records, allow_large_delta)
         self.mechanism = mechanism
         url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)

@@ -80,6 +80,22 @@ def test_interactive_labels_charge_only_the_teachers_answers(tmp_path: Path) -> 
     labels.close()
 
 
+def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> None:
+    """Given the number of private records n, delta >= 1/n is refused before a ledger is made
+    (unless allowed) and delta above 1/(10 n) is warned of, as pate serve does."""
+    votes = np.random.default_rng(0).multinomial(50, [0.8, 0.1, 0.1], size=30)
+    ledger = tmp_path / "ledger.db"
+    with pytest.raises(UserError, match=r"delta 0\.001 is at least 1/n for the n = 1000"):
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-3, ledger=ledger,
+                      private_records=1000)
+    assert not ledger.exists()
+    with pytest.warns(UserWarning, match=r"above 1/\(10 n\)"):
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-3, ledger=ledger,
+                      private_records=1000, allow_large_delta=True).close()
+    PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-5,
+                  ledger=tmp_path / "other.db", private_records=1000).close()
+
+
 def test_load_student_says_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no saved student"):
         load_student(tmp_path)
