@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from analysis.mechanisms import mechanism_to_dict
 from pate.aggregation.label_requests import LabelSource
 from pate.aggregation.label_service import LabelService
 from pate.aggregation.vote_pool import VotePool
@@ -148,10 +147,24 @@ class AggregatorSession:
         self.source.close()
 
 
-def _record_round(run: RunDir, rounds: list[dict[str, Any]], session: AggregatorSession,
+def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
+    """The mechanism and parameters the aggregator answers with (``LabelSource.mechanism``),
+    which must be the one the round was told; ``UserError`` otherwise, before any query."""
+    try:
+        record = session.source.mechanism()
+    except PateError as exc:
+        raise UserError(f"the aggregator refused: {exc}") from None
+    if record.get("mechanism") != session.mechanism:
+        raise UserError(f"the aggregator answers with {record.get('mechanism')!r}, not the "
+                        f"{session.mechanism!r} this round was told to ask (--mechanism)")
+    return record
+
+
+def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str, Any],
                   select: str, got: Received, probs: NDArray[np.float64] | None
                   ) -> list[dict[str, Any]]:
-    """Append this round to ``rounds`` (``rounds.json`` as read before anything was asked) and
+    """Append this round of ``mechanism`` (the aggregator's record) to ``rounds``
+    (``rounds.json`` as read before anything was asked) and
     write it (public: the mechanism and its parameters, the selection, the counts), and the
     probabilities sent to Interactive-GNMax to ``probs.npz`` (the analysis needs them as the
     baseline). Returns every round so far."""
@@ -167,8 +180,6 @@ def _record_round(run: RunDir, rounds: list[dict[str, Any]], session: Aggregator
         buf = io.BytesIO()
         np.savez(buf, pool_index=index, probs=sent)
         write_bytes_atomic(run.probs, buf.getvalue())
-    mechanism = ({"mechanism": session.mechanism} if session.service is None
-                 else mechanism_to_dict(session.service.aggregator.mechanism))
     rounds.append({"mechanism": mechanism, "select": select, **got.counts()})
     run.write_json(run.rounds, rounds)
     return rounds
@@ -358,9 +369,10 @@ def train_student(run: RunDir,
     rounds_before = run.read_json(run.rounds) or []
 
     session = open_session(lambda pool: _check_votes(run, pool, task))
-    out.mkdir(exist_ok=True)  # once the aggregator has accepted the round
     interactive = session.mechanism == "interactive"
     try:
+        mechanism = _served_mechanism(session)
+        out.mkdir(exist_ok=True)  # once the aggregator has accepted the round
         candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:
             candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
@@ -393,7 +405,7 @@ def train_student(run: RunDir,
         budget = session.source.budget()
         received = before + got
         received.save(run.labels)
-        rounds = _record_round(run, rounds_before, session, options.select, got, probs)
+        rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs)
         analysed = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                       conversion)
     finally:

@@ -281,3 +281,7 @@ class LabelSource(Protocol):
     def budget(self) -> dict[str, Any]:
         """The public budget: epsilon_budget, delta, epsilon_spent, basis, queries, answered."""
         ...
+
+    def mechanism(self) -> dict[str, Any]:
+        """The aggregator's mechanism and parameters (``analysis.mechanisms`` record)."""
+        ...

@@ -120,6 +120,11 @@ class LabelService:
         """The public budget (GET /v1/budget)."""
         return self.ledger.budget().as_json()
 
+    def mechanism(self) -> dict[str, Any]:
+        """The aggregator's mechanism and its parameters (GET /v1/mechanism): public, as the
+        privacy analysis of the answers needs them."""
+        return mechanism_to_dict(self.aggregator.mechanism)
+
     def labels(self, req: LabelsRequest, client: str) -> dict[str, Any]:
         """Answer ``req`` (or replay its stored answer), waiting for the ledger's commit.
         Raises a ``PateError`` refusal; any other exception means nothing was released."""
@@ -288,6 +293,10 @@ class InProcessLabels:
     def budget(self) -> dict[str, Any]:
         """The public budget, as ``LabelClient.budget``."""
         return self.service.budget()
+
+    def mechanism(self) -> dict[str, Any]:
+        """The mechanism and its parameters, as ``LabelClient.mechanism``."""
+        return self.service.mechanism()
 
     def close(self) -> None:
         """Stop the service (its ledger)."""

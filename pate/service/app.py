@@ -259,6 +259,13 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
             body = service.budget()
         return Response(json.dumps(body), media_type="application/json")
 
+    @app.get("/v1/mechanism", response_model=dict[str, str | float], responses=_ERRORS,
+             tags=["labels"])
+    def mechanism(_client_id: ClientId) -> dict[str, Any]:
+        """The aggregator's mechanism and its parameters: public, as the privacy analysis of
+        the answers needs them."""
+        return service.mechanism()
+
     @app.post("/v1/labels", response_model=LabelsResponse, responses=_ERRORS, tags=["labels"],
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {

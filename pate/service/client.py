@@ -59,6 +59,10 @@ class LabelClient:
         """GET /v1/budget: epsilon_budget, delta, epsilon_spent, basis, queries, answered."""
         return self._request("GET", "/v1/budget")
 
+    def mechanism(self) -> dict[str, Any]:
+        """GET /v1/mechanism: the aggregator's mechanism and its parameters."""
+        return self._request("GET", "/v1/mechanism")
+
     def healthy(self) -> bool:
         """Whether the server answers GET /healthz."""
         try:

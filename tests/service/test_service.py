@@ -90,7 +90,12 @@ def test_banner_says_where_and_the_basis(confident: Server) -> None:
     assert schema.status_code == 200 and "LabelsRequest" in schema.text
     assert httpx.get(confident.url + "/docs").status_code == 404  # off: it needs a CDN
     spec = httpx.get(confident.url + "/openapi.json").json()
-    assert {"/v1/labels", "/v1/budget", "/healthz"} <= set(spec["paths"])
+    assert {"/v1/labels", "/v1/budget", "/v1/mechanism", "/healthz"} <= set(spec["paths"])
+    mechanism = confident.url + "/v1/mechanism"  # public parameters, to a token holder
+    assert httpx.get(mechanism).status_code == 401
+    with LabelClient(confident.url, TOKENS[0]) as client:
+        assert client.mechanism() == httpx.get(mechanism, headers=auth()).json() == {
+            "mechanism": "confident", "threshold": 200.0, "sigma1": 20.0, "sigma2": 1e-3}
 
 
 def test_confident_answers_at_the_predicted_rates(confident: Server) -> None:

@@ -123,12 +123,18 @@ def test_a_round_stops_at_the_budget(run_dir: Path) -> None:
     assert _metrics(run_dir)["epsilon"]["data_independent"] <= budget
 
 
-def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset) -> None:
+def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset,
+                                       capsys: pytest.CaptureFixture) -> None:
     tokens = write_tokens(run_dir / "tokens")
     serve = ["--votes", str(run_dir / "votes.npz"), "--delta", "1e-5", "--token-file",
              str(tokens), "--budget-epsilon", "1e6"]
     client = ["--run", str(run_dir), "--token-file", str(tokens), *TRAIN]
     with serving([*serve, *CONFIDENT], run_dir) as server:
+        # a round told another mechanism than the server's is refused before anything is asked
+        assert main(["student", "train", *client, "--server", server.url,
+                     "--mechanism", "gnmax", "--queries", "100"]) == 2
+        assert "answers with 'confident', not the 'gnmax'" in capsys.readouterr().err
+        assert not (run_dir / "labels.npz").exists() and not (run_dir / "student").exists()
         assert main(["student", "train", *client, "--server", server.url,
                      "--mechanism", "confident", "--queries", "100"]) == 0
         spent = httpx.get(server.url + "/v1/budget", headers=auth()).json()["epsilon_spent"]
@@ -149,6 +155,11 @@ def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset) -> None:
     assert len(both) == 160 and after["queries"] == 160
     assert after["epsilon_spent"] > spent
     assert _metrics(run_dir)["answered"] == after["answered"]
+    # the rounds record the server's parameters (GET /v1/mechanism), for their analysis
+    assert [r["mechanism"] for r in _metrics(run_dir)["rounds"]] == [
+        {"mechanism": "confident", "threshold": 150.0, "sigma1": 40.0, "sigma2": 20.0},
+        {"mechanism": "interactive", "threshold": 100.0, "sigma1": 40.0, "sigma2": 20.0,
+         "gamma": 0.5}]
 
 
 def test_interactive_baseline_looks_up_each_row_by_pool_index(tmp_path: Path) -> None:
