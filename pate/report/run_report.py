@@ -5,6 +5,7 @@ student/rounds.json, student/metrics.json, dpsgd/metrics.json -> report/)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ import numpy as np
 
 from analysis.costs import steps
 from analysis.mechanisms import Mechanism, mechanism_from_dict
-from pate.config import RunConfig, parse_config
-from pate.data.task import Task, load_task
+from pate.config import AggregatorConfig, parse_config
+from pate.data.task import Benchmark, DataSource, Task, load_task
 from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
@@ -30,30 +31,62 @@ from pate.report.figures import (
 from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline
+from teachers.checkpoints import data_source, read_manifest
 
 
-def read_config(run: RunDir) -> RunConfig:
-    if not run.config.is_file():
-        raise UserError(f"{run}: no config.toml; is this a run directory?")
-    return parse_config(run.config.read_text(), str(run.config))
+@dataclass(frozen=True)
+class RunFacts:
+    """What a report needs beyond the run's arrays: where the public data is, delta, the LNMax
+    scale of Figure 4's comparison, the aggregator settings that give a round recorded by name
+    only its parameters (None: not known), and the configuration to show (None: none)."""
+
+    source: DataSource | None
+    delta: float
+    lnmax_scale: float
+    aggregator: AggregatorConfig | None = None
+    config: dict[str, Any] | None = None
 
 
-def round_mechanism(config: RunConfig, recorded: dict[str, Any]) -> Mechanism:
-    """A round's mechanism: the record ``pate student train`` wrote for it when it ran the
-    aggregator itself, else (only the name recorded: a remote service) the run's configuration
-    for that mechanism."""
+def run_facts(run: RunDir) -> RunFacts:
+    """The facts of ``pate run``'s ``config.toml``; without one (a directory the separate
+    commands made), the data of the teachers' manifest and the delta of the student's metrics,
+    the rounds' parameters being those ``student/rounds.json`` recorded."""
+    if run.config.is_file():
+        config = parse_config(run.config.read_text(), str(run.config))
+        a = config.aggregator
+        return RunFacts(config.data.source(), a.delta, a.lnmax_scale, a,
+                        json.loads(config.model_dump_json()))
+    metrics = run.read_json(run.student_metrics)
+    if not isinstance(metrics, dict) or "delta" not in metrics.get("epsilon", {}):
+        raise UserError(f"{run}: neither a config.toml (pate run) nor a student's metrics "
+                        "(pate student train): is this a run directory?")
+    manifest = read_manifest(run.root)
+    source = data_source(manifest) if manifest and "data" in manifest else None
+    return RunFacts(source, float(metrics["epsilon"]["delta"]),
+                    AggregatorConfig.model_fields["lnmax_scale"].default)
+
+
+def round_mechanism(facts: RunFacts, recorded: dict[str, Any]) -> Mechanism:
+    """A round's mechanism: the record ``pate student train`` wrote for it, else (only the name
+    recorded, as by older versions for a remote service) the run's configuration for that
+    mechanism."""
     try:
         if set(recorded) == {"mechanism"}:
-            return config.aggregator.round_mechanism(recorded["mechanism"])
+            if facts.aggregator is None:
+                raise UserError("student/rounds.json: a round recorded without its parameters "
+                                "(its aggregator's), and no config.toml to give them")
+            return facts.aggregator.round_mechanism(recorded["mechanism"])
         return mechanism_from_dict(recorded)
     except ValueError as exc:
         raise UserError(f"student/rounds.json: {exc}") from None
 
 
-def _public_task(config: RunConfig) -> Task | None:
+def _public_task(source: DataSource | None) -> Task | None:
     """The run's public side (the pool, the label set), or None where its data is not here."""
+    if source is None:
+        return None
     try:
-        return load_task(config.data.source(), need_private=False)
+        return load_task(source, need_private=False)
     except UserError:
         return None
 
@@ -64,7 +97,7 @@ def _teacher_accuracies(run: RunDir) -> np.ndarray | None:
     return np.asarray(values, np.float64) if values else None
 
 
-def _segments(run: RunDir, config: RunConfig, votes: np.ndarray,
+def _segments(run: RunDir, facts: RunFacts, votes: np.ndarray,
               pool_index: np.ndarray) -> list[Segment]:
     """The student's query rounds, in the order ``labels.npz`` holds their rows: each round's
     record in ``student/rounds.json`` (one Confident round when there is none), and for
@@ -88,7 +121,7 @@ def _segments(run: RunDir, config: RunConfig, votes: np.ndarray,
     for r in rounds:
         sel = slice(start, start + r["queries"])
         start += r["queries"]
-        mechanism = round_mechanism(config, r["mechanism"])
+        mechanism = round_mechanism(facts, r["mechanism"])
         baseline = None
         if steps(mechanism).student_gamma is not None:
             baseline = interactive_baseline(run.probs, asked[sel], teachers)
@@ -97,26 +130,37 @@ def _segments(run: RunDir, config: RunConfig, votes: np.ndarray,
     return segments
 
 
+def _dataset_name(task: Task | None, source: DataSource | None,
+                  student: dict[str, Any] | None) -> str:
+    """The data's name: the loaded task's, a built-in dataset's, else the student's record."""
+    if task is not None:
+        return task.name
+    if isinstance(source, Benchmark):
+        return source.name
+    return str((student or {}).get("dataset", "unknown"))
+
+
 def load_run_data(run_dir: str | Path) -> RunData:
     run = RunDir(run_dir)
-    config = read_config(run)
+    facts = run_facts(run)
     if not run.votes.is_file():
         raise UserError(f"{run}: no votes.npz; run `pate teachers votes --run {run}`")
     votes, pool_index = load_votes_with_index(run.votes)
-    segments = _segments(run, config, votes, pool_index) if run.labels.is_file() else []
-    task = _public_task(config)
+    segments = _segments(run, facts, votes, pool_index) if run.labels.is_file() else []
+    task = _public_task(facts.source)
     pool_y = None if task is None or task.pool_y is None else task.pool_y[pool_index]
+    student = run.read_json(run.student_metrics)
     return RunData(
         name=run.root.resolve().name,
-        dataset=task.name if task is not None else str(config.data.dataset),
-        delta=config.aggregator.delta, votes=votes, pool_labels=pool_y, segments=segments,
-        lnmax_scale=config.aggregator.lnmax_scale,
+        dataset=_dataset_name(task, facts.source, student),
+        delta=facts.delta, votes=votes, pool_labels=pool_y, segments=segments,
+        lnmax_scale=facts.lnmax_scale,
         teacher_accuracies=_teacher_accuracies(run),
-        student=run.read_json(run.student_metrics),
+        student=student,
         dpsgd=run.read_json(run.dpsgd_metrics),
         comparison=run.read_json(run.comparison_metrics),
         classes_from=None if task is None else task.classes_from,
-        extra={"config": json.loads(config.model_dump_json())})
+        extra={} if facts.config is None else {"config": facts.config})
 
 
 def _private_writer(path: Path, data: bytes) -> None:

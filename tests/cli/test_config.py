@@ -83,7 +83,7 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_the_interactive_round_takes_its_own_parameters() -> None:
     from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, mechanism_to_dict
-    from pate.report.run_report import round_mechanism
+    from pate.report.run_report import RunFacts, round_mechanism
 
     text = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
             "interactive_threshold = 250\ninteractive_sigma1 = 40\nbudget_epsilon = 9\n"
@@ -95,12 +95,14 @@ def test_the_interactive_round_takes_its_own_parameters() -> None:
         250, 40, 40, 0.9)  # sigma2 inherited, gamma the default
     with pytest.raises(UserError, match="confident or interactive"):
         config.aggregator.round_mechanism("gnmax")
-    p = round_mechanism(config, {"mechanism": "interactive"})
+    a = config.aggregator
+    facts = RunFacts(None, a.delta, a.lnmax_scale, a)
+    p = round_mechanism(facts, {"mechanism": "interactive"})
     assert (p.threshold, p.sigma1, p.sigma2, p.gamma) == (250, 40, 40, 0.9)
     recorded = {"mechanism": "gnmax", "sigma": 30.0}  # a round that recorded its parameters
-    assert mechanism_to_dict(round_mechanism(config, recorded)) == recorded
+    assert mechanism_to_dict(round_mechanism(facts, recorded)) == recorded
     with pytest.raises(UserError, match=r"rounds\.json: mechanism gnmax does not take --scale"):
-        round_mechanism(config, {**recorded, "scale": 1.0})
+        round_mechanism(facts, {**recorded, "scale": 1.0})
 
 
 def test_the_teacher_architectures_are_named_alike_everywhere() -> None:

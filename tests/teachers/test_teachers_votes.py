@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 
 import numpy as np
@@ -60,7 +61,7 @@ def test_load_ensemble_needs_a_trained_run(tmp_path):
         load_ensemble(tmp_path)
 
 
-def test_cli_train_then_votes(tmp_path, digits, capsys, ray_running):
+def test_cli_train_votes_student_and_report(tmp_path, digits, capsys, ray_running):
     run = tmp_path / "run"
     argv = ["teachers", "train", "--run", str(run), "--dataset", "digits", "--teachers", "6",
             "--shard-size", "3", "--epochs", "4", "--workers", "1", "--pool-size", "200"]
@@ -79,6 +80,22 @@ def test_cli_train_then_votes(tmp_path, digits, capsys, ray_running):
     assert str(votes.sum()) not in capsys.readouterr().err  # nothing private is printed
     assert main(["teachers", "train", "--run", str(run), "--dataset", "digits",
                  "--teachers", "7"]) == 2  # a different partition: refused, one line
+
+    # the separate commands' directory (no config.toml) gets its report too: the data of the
+    # teachers' manifest, the delta of the student's metrics, the round as rounds.json has it
+    assert main(["student", "train", "--run", str(run), "--mechanism", "confident",
+                 "--threshold", "4", "--sigma1", "1", "--sigma2", "1", "--budget-epsilon",
+                 "1e4", "--delta", "1e-5", "--queries", "60", "--method", "supervised",
+                 "--arch", "mlp", "--epochs", "2"]) == 0
+    assert main(["report", "--run", str(run)]) == 0
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert (report["dataset"], report["delta"], report["queries"]["asked"]) == ("digits", 1e-5,
+                                                                                 60)
+    assert report["privacy"]["mechanism"] == "confident" and "config" not in report
+    labels = np.load(run / "labels.npz")
+    answered = labels["label"] >= 0
+    assert report["queries"]["label_accuracy"] == pytest.approx(
+        np.mean(labels["label"][answered] == pool_y[labels["pool_index"][answered]]))
 
 
 def test_sklearn_teachers_vote(digits):
