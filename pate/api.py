@@ -37,6 +37,7 @@ from pate.aggregation.label_service import (
 )
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
+from pate.data.votes_file import check_votes
 from pate.errors import UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
@@ -70,9 +71,11 @@ def _features(x: ArrayLike) -> NDArray[np.float32]:
     except (TypeError, ValueError):
         raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
                         "text columns first)") from None
-    if a.ndim not in (2, 3, 4):
-        raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], got shape "
-                        f"{list(a.shape)}")
+    if a.ndim not in (2, 3, 4) or not len(a):
+        raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, got "
+                        f"shape {list(a.shape)}")
+    if not np.all(np.isfinite(a)):
+        raise UserError("x holds NaN or infinite values (fill or drop them first)")
     return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a)
 
 
@@ -148,6 +151,17 @@ class PublishableEpsilon:
     delta: float
 
 
+def _pool_indices(indices: ArrayLike) -> NDArray[np.int64]:
+    """Pool row numbers: a 1-d sequence of distinct integers (``UserError`` otherwise, before
+    anything is asked)."""
+    a = np.asarray(indices)
+    if a.ndim != 1 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+        raise UserError("indices must be a 1-d sequence of integer pool row numbers")
+    if np.unique(a).size != a.size:
+        raise UserError("indices must not repeat")
+    return a.astype(np.int64)
+
+
 class PrivateLabels:
     """The aggregator over the teachers' ``votes`` on the public pool (rows are pool indices),
     with its durable privacy ledger: ``ledger`` is a file (SQLite) or a SQLAlchemy URL
@@ -162,8 +176,10 @@ class PrivateLabels:
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
                  delta: float, ledger: str | Path, conversion: Conversion = "improved",
                  private_records: int | None = None, allow_large_delta: bool = False) -> None:
-        self.pool = VotePool(np.asarray(votes))
+        self.pool = VotePool(check_votes(votes))
         check_pool_threshold(mechanism, self.pool)  # before the ledger exists
+        if private_records is not None and private_records < 1:
+            raise UserError(f"private_records must be >= 1, got {private_records}")
         check_delta(delta, private_records, allow_large_delta)
         self.mechanism = mechanism
         url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
@@ -179,7 +195,11 @@ class PrivateLabels:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
         the budget allows; Interactive-GNMax also takes the student's probabilities. A budget
         that covers not one of them is a ``UserError``: nothing was asked or spent."""
-        index = np.asarray(indices, np.int64)
+        index = _pool_indices(indices)
+        again = np.intersect1d(index, self.received.pool_index)
+        if again.size:
+            raise UserError(f"{again.size} of these pool rows were asked already (their "
+                            "answers are in .received): nothing was asked or spent")
         probs = None if student_probs is None else np.asarray(student_probs, np.float64)
         got, exhausted = ask(self._source, index, probs, request_size)
         if exhausted and not len(got):
@@ -230,9 +250,15 @@ class Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``)."""
         x = _features(x_public)
+        if not isinstance(labels, Received):
+            raise UserError("labels must be what PrivateLabels.ask returned (or .received)")
         answered = labels.answered
         if not answered.any():
             raise UserError("no answered labels to learn from")
+        if labels.pool_index.max() >= len(x) or labels.label.max() >= n_classes:
+            raise UserError(f"the labels are of pool rows up to {labels.pool_index.max()} and "
+                            f"classes up to {labels.label.max()}: x_public has {len(x)} rows "
+                            f"and n_classes is {n_classes}")
         method = self.method
         if _kind(x) == "tabular":  # the MLP unless an arch was named, and none made for images
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr)
@@ -255,6 +281,8 @@ class Student:
         return predict_proba(self.model_, rows)
 
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
+        """The most probable class of each row (rows preprocessed as the training rows were;
+        ``predict_file`` reads raw files for a student loaded from a run)."""
         return self.predict_proba(x).argmax(axis=1)
 
     def predict_file(self, data: str | Path) -> pd.DataFrame:
@@ -271,7 +299,11 @@ class Student:
     def score(self, x: ArrayLike, y: ArrayLike) -> float:
         """Accuracy on labelled rows (measure it on data you may: a test set, never the
         private data)."""
-        return float(np.mean(self.predict(x) == np.asarray(y)))
+        predicted, truth = self.predict(x), np.asarray(y)
+        if truth.shape != predicted.shape:
+            raise UserError(f"y must hold one label per row of x: {truth.size} labels, "
+                            f"{predicted.size} rows")
+        return float(np.mean(predicted == truth))
 
     def save(self, directory: str | Path) -> Path:
         """Write ``model.safetensors`` and ``model.json`` (the network) into ``directory``, and

@@ -96,6 +96,43 @@ def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> 
                   ledger=tmp_path / "other.db", private_records=1000).close()
 
 
+def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
+    """Votes, indices, rows and labels a user may get wrong: each a UserError before anything
+    is charged; a row asked again is refused, not charged and then lost."""
+    rng = np.random.default_rng(2)
+    votes = rng.multinomial(50, [0.8, 0.1, 0.1], size=40)
+    bad_votes = {"1-d": votes[0], "one class": votes[:, :1], "negative": votes - votes.max(),
+                 "unequal rows": np.vstack([votes[:-1], votes[-1:] + 1]),
+                 "fractional": votes + 0.5}
+    for name, bad in bad_votes.items():
+        with pytest.raises(UserError, match="votes"):
+            PrivateLabels(bad, GNMax(sigma=10.0), epsilon_budget=9.0, delta=1e-5,
+                          ledger=tmp_path / f"{name}.db")
+    labels = PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=9.0, delta=1e-5,
+                           ledger=tmp_path / "ledger.db")
+    got = labels.ask(np.arange(10))
+    spent = labels.ledger.budget().epsilon_spent
+    for indices, message in (([[1, 2], [3, 4]], "1-d sequence of integer"),
+                             ([1.5, 2.5], "1-d sequence of integer"),
+                             ([12, 12], "must not repeat"),
+                             (np.arange(8, 14), "2 of these pool rows were asked already")):
+        with pytest.raises(UserError, match=message):
+            labels.ask(indices)
+    assert labels.ledger.budget().epsilon_spent == spent and len(labels.received) == 10
+    x = rng.normal(size=(40, 4))
+    student = Student("supervised", arch="mlp", epochs=1)
+    for call, message in ((lambda: student.fit(x, got.label, 3), "what PrivateLabels.ask"),
+                          (lambda: student.fit(x[:5], got, 3), "x_public has 5 rows"),
+                          (lambda: student.fit(np.where(x > 1, np.nan, x), got, 3), "NaN"),
+                          (lambda: student.fit(x[:0], got, 3), "n >= 1")):
+        with pytest.raises(UserError, match=message):
+            call()
+    student.fit(x, got, 3)
+    with pytest.raises(UserError, match="one label per row of x: 1 labels, 40 rows"):
+        student.score(x, [1])
+    labels.close()
+
+
 def test_load_student_says_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no saved student"):
         load_student(tmp_path)

@@ -33,28 +33,34 @@ def _load_array(path: Path, key: str) -> NDArray:
 
 
 def load_votes(path: str | Path) -> NDArray[np.int64]:
-    """Votes ``[queries, classes]``: finite, non-negative integers, every row summing to the same
-    number of teachers (PATE 2018's analysis scripts read the same format)."""
-    votes = _load_array(Path(path), "votes")
-    if votes.ndim != 2 or votes.shape[0] == 0 or votes.shape[1] == 0:
-        raise UserError(f"{path}: votes must be a non-empty 2-d array [queries, classes], "
+    """Votes ``[queries, classes]`` of a file, checked by ``check_votes`` (PATE 2018's analysis
+    scripts read the same format)."""
+    return check_votes(_load_array(Path(path), "votes"), str(path))
+
+
+def check_votes(votes: NDArray, what: str = "votes") -> NDArray[np.int64]:
+    """Votes ``[queries, classes]`` as int64: finite, non-negative integers, every row summing
+    to the same number of teachers; ``UserError`` naming ``what`` otherwise."""
+    votes = np.asarray(votes)
+    if votes.ndim != 2 or votes.shape[0] == 0 or votes.shape[1] < 2:
+        raise UserError(f"{what}: votes must be a 2-d array [queries >= 1, classes >= 2], "
                         f"got shape {list(votes.shape)}")
     if not np.issubdtype(votes.dtype, np.number) or np.issubdtype(votes.dtype, np.complexfloating):
-        raise UserError(f"{path}: votes must be numeric, got dtype {votes.dtype}")
+        raise UserError(f"{what}: votes must be numeric, got dtype {votes.dtype}")
     if not np.all(np.isfinite(votes)):
-        raise UserError(f"{path}: votes contain NaN or infinite values")
+        raise UserError(f"{what}: votes contain NaN or infinite values")
     if np.any(votes < 0):
-        raise UserError(f"{path}: votes must be non-negative counts")
+        raise UserError(f"{what}: votes must be non-negative counts")
     if np.any(votes != np.round(votes)):
-        raise UserError(f"{path}: votes must be integer counts")
+        raise UserError(f"{what}: votes must be integer counts")
     if np.any(votes > MAX_COUNT):
-        raise UserError(f"{path}: votes must be counts of at most {MAX_COUNT} teachers")
+        raise UserError(f"{what}: votes must be counts of at most {MAX_COUNT} teachers")
     votes = votes.astype(np.int64)
     totals = votes.sum(axis=1)
     if np.any(totals != totals[0]):  # the sums are not quoted: in a bad file they may be votes
-        raise UserError(f"{path}: every row must sum to the same number of teachers")
+        raise UserError(f"{what}: every row must sum to the same number of teachers")
     if totals[0] == 0:
-        raise UserError(f"{path}: rows sum to 0: there are no teachers' votes")
+        raise UserError(f"{what}: rows sum to 0: there are no teachers' votes")
     return votes
 
 
