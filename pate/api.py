@@ -140,10 +140,10 @@ class Teachers:
 @dataclass(frozen=True)
 class PublishableEpsilon:
     """What may be published about the answers given so far, at ``delta``: the
-    data-independent epsilon of the queries asked and answered (their counts, which the
-    answers show anyway; not PATE 2018's Table 2 expectation, a function of the votes), the
-    smooth-sensitivity-sanitised data-dependent one (None for LNMax), and what the ledger
-    charged (data-independent, realised, every client of the budget)."""
+    data-independent epsilon of the queries asked and of the teachers' answers (their counts,
+    which the answers show anyway; not PATE 2018's Table 2 expectation, a function of the
+    votes), the smooth-sensitivity-sanitised data-dependent one (None for LNMax), and what the
+    ledger charged (data-independent, realised, every client of the budget)."""
 
     data_independent: float
     smooth_sensitivity: float | None

@@ -198,11 +198,10 @@ def _check_data(config: RunConfig) -> None:
                         f"query: its worst case is epsilon {one:.3g} at delta {a.delta:g} (a "
                         "larger budget, or larger sigma1 and sigma2)")
     if covered < task.num_classes:
-        queries = "query" if covered == 1 else "queries"
-        warnings.warn(f"aggregator.budget_epsilon {a.budget_epsilon:g} covers at worst "
-                      f"{covered} answered {queries}, fewer than the {task.num_classes} "
-                      "classes: the student may get too few labels to learn from, after the "
-                      "teachers have trained", UserWarning, stacklevel=2)
+        warnings.warn(f"aggregator.budget_epsilon {a.budget_epsilon:g} buys at most {covered} "
+                      f"teachers' {'answer' if covered == 1 else 'answers'}, fewer than the "
+                      f"{task.num_classes} classes: the student may get too few labels to "
+                      "learn from, after the teachers have trained", UserWarning, stacklevel=2)
 
 
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:

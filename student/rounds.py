@@ -66,6 +66,9 @@ class Received:
                             "run directory is damaged") from None
         if not index.shape == label.shape == branch.shape or index.ndim != 1:
             raise UserError(f"{path}: pool_index, label and branch must be 1-d of one length")
+        if np.any((branch < 0) | (branch >= len(BRANCHES))) or np.any((branch == 0) != (label < 0)):
+            raise UserError(f"{path}: branch must be 1 or 2 where a label came back, 0 where none "
+                            "did: this run directory is damaged")
         return cls(index, label, branch)
 
     def save(self, path: Path) -> None:
@@ -185,7 +188,8 @@ def round_segments(rounds: list[dict], received: Received,
     """The privacy analysis's view of a run's rounds (``student/rounds.json``, in order, and the
     rows of ``received`` they asked, in the same order): one ``QuerySegment`` per round, with the
     votes ``votes_of(pool_index)`` and, for Interactive-GNMax, its ``interactive_baseline``.
-    None when a round's parameters were not recorded (a remote service) or the rounds do not
+    None when a round's parameters were not recorded (by an older version, for a remote
+    service) or the rounds do not
     account for every received row."""
     if sum(r["queries"] for r in rounds) != len(received) or any(
             len(r["mechanism"]) == 1 for r in rounds):

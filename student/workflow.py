@@ -29,13 +29,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from analysis.mechanisms import mechanism_from_dict, mechanism_to_dict
 from pate.aggregation.label_requests import LabelSource
 from pate.aggregation.label_service import LabelService
 from pate.aggregation.vote_pool import VotePool
 from pate.data.augment import AUGMENTATIONS
 from pate.data.task import DataSource, Task, load_task
 from pate.devices import device_problem
-from pate.errors import PateError, UserError
+from pate.errors import PateError, RemoteServiceError, UserError
 from pate.io import write_bytes_atomic
 from pate.progress import Progress, progress_bar
 from pate.rundir import RunDir
@@ -152,12 +153,21 @@ def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
     which must be the one the round was told; ``UserError`` otherwise, before any query."""
     try:
         record = session.source.mechanism()
+    except RemoteServiceError as exc:
+        if exc.status == 404:
+            raise UserError("the aggregator has no GET /v1/mechanism (a pate serve of an older "
+                            "version): run this version's pate serve") from None
+        raise UserError(f"the aggregator refused: {exc}") from None
     except PateError as exc:
         raise UserError(f"the aggregator refused: {exc}") from None
-    if record.get("mechanism") != session.mechanism:
-        raise UserError(f"the aggregator answers with {record.get('mechanism')!r}, not the "
+    try:
+        mechanism = mechanism_from_dict(record)
+    except (ValueError, TypeError, AttributeError):
+        raise UserError("the aggregator's GET /v1/mechanism is not a mechanism record") from None
+    if mechanism.name != session.mechanism:
+        raise UserError(f"the aggregator answers with {mechanism.name!r}, not the "
                         f"{session.mechanism!r} this round was told to ask (--mechanism)")
-    return record
+    return mechanism_to_dict(mechanism)
 
 
 def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str, Any],
@@ -191,12 +201,14 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
     """Epsilon of every round so far from ``student.rounds.analyze_rounds`` (PATE 2018's Table 2
     analysis of the asked rows, rounds composed): the data-independent bound and the
     smooth-sensitivity-sanitised data-dependent one; only these are released (docs/design.md,
-    privacy rule 6). None without local votes, with LNMax, or when a round's parameters or rows
-    are unknown."""
+    privacy rule 6). None without local votes (or with rows they do not cover), with LNMax, or
+    when a round's parameters or rows are unknown."""
     service = session.service
     if service is None or service.pool is None or not len(received):
         return None
     pool = service.pool
+    if not np.isin(received.pool_index, pool.pool_indices).all():
+        return None  # rows another aggregator answered (a remote one), of votes not here
     result = analyze_rounds(rounds, received, lambda index: pool.votes[pool.rows(index)],
                             run.probs, delta, conversion)
     if result is None or result.smooth_sensitivity is None:  # LNMax has no sanitised bound

@@ -46,6 +46,18 @@ def data_source(manifest: dict, data_dir: str | Path | None = None) -> DataSourc
     return source
 
 
+def teachers_source(run_dir: Path) -> DataSource | None:
+    """The data the run's teachers were trained on, from their manifest; None when there is no
+    manifest or it holds no readable data record."""
+    manifest = read_manifest(run_dir)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("data"), dict):
+        return None
+    try:
+        return data_source(manifest)
+    except (TypeError, ValueError):  # a record of unknown fields: not this version's
+        return None
+
+
 def write_manifest(run_dir: Path, manifest: dict) -> None:
     teachers_dir(run_dir)
     write_json_atomic(RunDir(run_dir).manifest, manifest, private=True)

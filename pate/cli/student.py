@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pate.aggregation.vote_pool import VotePool
-    from pate.data.task import DataSource
     from student.workflow import AggregatorSession
 
 
@@ -164,20 +163,12 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 
-def _teachers_source(run: RunDir) -> DataSource | None:
-    """The data the run's teachers were trained on (their manifest), if any: the student's
-    pool must be the one they voted on."""
-    from teachers import checkpoints
-
-    manifest = checkpoints.read_manifest(run.root)
-    return None if not manifest or "data" not in manifest else checkpoints.data_source(manifest)
-
-
 def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
     from student.workflow import StudentOptions, train_student
+    from teachers.checkpoints import teachers_source
 
     if args.threads is not None:
         if args.threads < 1:
@@ -190,7 +181,7 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
         vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
-    data = source_from_flags(args, _teachers_source(RunDir(args.run)))
+    data = source_from_flags(args, teachers_source(RunDir(args.run).root))
     with progress_bar(f"student {args.method}", args.epochs, "epoch") as bar:
         try:
             metrics = train_student(RunDir(args.run), lambda check: _session(args, check),

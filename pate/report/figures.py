@@ -446,9 +446,10 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     note = ('<p class="note">This report contains private statistics (the teachers\' vote '
             "histogram and the columns marked private). Share only the data-independent ε, the "
             "smooth-sensitivity-sanitised ε and the student's accuracy. The data-independent "
-            "ε is that of the queries asked and answered, counts the student holds anyway; "
-            "the columns marked expected are PATE 2018's Table 2 analysis, expectations over "
-            "which queries the threshold lets through, and depend on the votes.</p>")
+            "ε is that of the queries asked and of the teachers' answers, counts the student "
+            "holds anyway; the columns marked expected are PATE 2018's Table 2 analysis, "
+            "expectations over which queries the threshold lets through, and depend on the "
+            "votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("Details", f"<table>{detail_rows}</table>")]
 

@@ -31,7 +31,7 @@ from pate.report.figures import (
 from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline
-from teachers.checkpoints import data_source, read_manifest
+from teachers.checkpoints import teachers_source
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,14 @@ def run_facts(run: RunDir) -> RunFacts:
         return RunFacts(config.data.source(), a.delta, a.lnmax_scale, a,
                         json.loads(config.model_dump_json()))
     metrics = run.read_json(run.student_metrics)
-    if not isinstance(metrics, dict) or "delta" not in metrics.get("epsilon", {}):
+    if metrics is None:
         raise UserError(f"{run}: neither a config.toml (pate run) nor a student's metrics "
-                        "(pate student train): is this a run directory?")
-    manifest = read_manifest(run.root)
-    source = data_source(manifest) if manifest and "data" in manifest else None
-    return RunFacts(source, float(metrics["epsilon"]["delta"]),
+                        "(written by a pate student train that finished): nothing to report")
+    delta = (metrics.get("epsilon") or {}).get("delta") if isinstance(metrics, dict) else None
+    if not isinstance(delta, float) or not 0.0 < delta < 1.0:
+        raise UserError(f"{run.student_metrics}: no delta in (0, 1) under epsilon: this run "
+                        "directory is damaged")
+    return RunFacts(teachers_source(run.root), delta,
                     AggregatorConfig.model_fields["lnmax_scale"].default)
 
 
@@ -73,8 +75,8 @@ def round_mechanism(facts: RunFacts, recorded: dict[str, Any]) -> Mechanism:
     try:
         if set(recorded) == {"mechanism"}:
             if facts.aggregator is None:
-                raise UserError("student/rounds.json: a round recorded without its parameters "
-                                "(its aggregator's), and no config.toml to give them")
+                raise UserError("a round's aggregator parameters are not recorded (in "
+                                "student/rounds.json), and no config.toml gives them")
             return facts.aggregator.round_mechanism(recorded["mechanism"])
         return mechanism_from_dict(recorded)
     except ValueError as exc:
@@ -125,6 +127,10 @@ def _segments(run: RunDir, facts: RunFacts, votes: np.ndarray,
         baseline = None
         if steps(mechanism).student_gamma is not None:
             baseline = interactive_baseline(run.probs, asked[sel], teachers)
+        elif received.by_teachers[sel].sum() != (labels[sel] >= 0).sum():
+            raise UserError(f"{run.labels}: answers of the student's own label in a "
+                            f"{mechanism.name} round, which has none: this run directory is "
+                            "damaged")
         segments.append(Segment(row_of[asked[sel]], mechanism, labels[sel],
                                 received.by_teachers[sel], baseline))
     return segments

@@ -210,8 +210,8 @@ def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training() -
         return tiny.model_copy(update={"aggregator": tiny.aggregator.model_copy(
             update={"budget_epsilon": epsilon})})
 
-    for epsilon, covered in ((7.6, "1 answered query,"), (20.0, "4 answered queries,")):
-        with pytest.warns(UserWarning, match=f"covers at worst {covered} fewer than the 10"):
+    for epsilon, covered in ((7.6, "1 teachers' answer,"), (20.0, "4 teachers' answers,")):
+        with pytest.warns(UserWarning, match=f"buys at most {covered} fewer than the 10"):
             _check_data(budget(epsilon))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

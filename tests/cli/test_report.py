@@ -132,6 +132,18 @@ def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
     assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
 
 
+def test_a_student_answer_in_a_round_without_a_student_step_is_refused(tmp_path: Path) -> None:
+    made = make_run(tmp_path / "run", rounds=False)  # one Confident round: no student branch
+    branch = made["branch"].copy()
+    branch[np.flatnonzero(branch == 1)[0]] = 2
+    np.savez(tmp_path / "run" / "labels.npz", pool_index=np.load(
+        tmp_path / "run" / "votes.npz")["pool_index"][made["asked"]], label=made["labels"],
+        branch=branch)
+    proc = pate("report", "--run", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert "answers of the student's own label in a confident round" in proc.stderr
+
+
 def test_runs_compared_rebuild_a_report_of_an_older_layout(tmp_path: Path) -> None:
     """A run's report.json is derived: ``--runs`` writes again one that an older version wrote
     (no ``report_format``) or that is damaged, instead of comparing its stale figures."""

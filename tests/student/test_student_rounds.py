@@ -64,6 +64,12 @@ def test_received_round_trip(tmp_path: Path) -> None:
                              "answered_by_student": 1}
     with pytest.raises(ValueError, match="twice"):
         _ = a + a
+    # a branch that contradicts its label, or no branch at all, is a damaged file: it would
+    # change which answers count as the teachers' (and so the publishable epsilon)
+    for branch in ([1, 1, 2], [1, 0, 3], [0, 0, 2]):
+        np.savez(tmp_path / "bad.npz", pool_index=[4, 2, 7], label=[1, -1, 3], branch=branch)
+        with pytest.raises(UserError, match="branch must be 1 or 2 where a label came back"):
+            Received.load(tmp_path / "bad.npz")
 
 
 def _metrics(run: Path) -> dict:
