@@ -1,7 +1,9 @@
 """Privacy analysis of a votes matrix, as PATE 2018's Table 2 analysis does it
 (docs/privacy-math.md §3 and §5): every row is a query; the threshold step is paid on every query
 and the answering step weighted by the probability of answering; the data-dependent total is
-sanitised with smooth sensitivity at its optimal order. The costs come from ``analysis.costs``.
+sanitised with smooth sensitivity at its optimal order, composed with the smooth-sensitivity
+releases made before from the same votes (``EarlierRelease``), and ``sanitised_release`` adds
+the release's noise. The costs come from ``analysis.costs``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from analysis.costs import (
 from analysis.mechanisms import Mechanism
 from analysis.orders import as_orders
 from analysis.rdp import Conversion, epsilon_curve, epsilon_from_rdp
-from analysis.smooth_sensitivity import optimise_release
+from analysis.smooth_sensitivity import gnss_rdp, optimise_release
+
+RELEASE_MARGIN = 2.0  # standard deviations of the release's noise added to the published figure
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,36 @@ class EpsilonBound:
 
 
 @dataclass(frozen=True)
+class EarlierRelease:
+    """A smooth-sensitivity release made before from the same votes: its beta and sigma_ss (in
+    units of SS_beta). Its RDP at an order a is Theorem 23's (PATE 2018), infinite unless
+    1 < a < 1/(2 beta); releases compose with the answers by addition (Mironov 2017, Prop. 1)."""
+
+    beta: float
+    sigma: float
+
+
+def earlier_releases_rdp(earlier: list[EarlierRelease],
+                         orders: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The RDP curve over ``orders`` of the releases ``earlier``, composed (infinite at an order
+    outside a release's range)."""
+    total = np.zeros_like(orders)
+    for r in earlier:
+        total += np.array([gnss_rdp(r.beta, r.sigma, a) if 1.0 < a < 1.0 / (2.0 * r.beta)
+                           else np.inf for a in orders.tolist()])
+    return total
+
+
+@dataclass(frozen=True)
 class SmoothSensitivityBound:
-    """The smooth-sensitivity-sanitised epsilon (PATE 2018, App. C): the release's order, beta,
-    SS_beta (``value``), noise sigma in units of SS_beta (None: no noise needed), its RDP cost,
-    conditions C5/C6, and whether it fell back to the data-independent bound (they failed). A
-    fallback reads no vote: its order is that of the data-independent bound, and beta, SS_beta,
-    sigma and the RDP cost, which would describe a release that did not happen, are None."""
+    """The smooth-sensitivity-sanitised epsilon before noise (PATE 2018, App. C): the release's
+    order, beta, SS_beta (``value``), noise sigma in units of SS_beta (None: no noise needed),
+    its RDP cost, conditions C5/C6, whether it fell back to the data-independent bound (they
+    failed), the epsilon of the total (data-dependent RDP, the earlier releases' and this
+    one's cost), and that total's RDP (``rdp``, private). A fallback reads no vote: its order is
+    that of the data-independent bound, and beta, SS_beta, sigma and the RDP cost, which would
+    describe a release that did not happen, are None. Every figure here is a function of the
+    votes: what may be published is ``sanitised_release``'s."""
 
     order: float
     beta: float | None
@@ -68,6 +96,7 @@ class SmoothSensitivityBound:
     c6: bool
     epsilon: float
     fallback: bool
+    rdp: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -138,16 +167,18 @@ def _segment_sensitivity(segment: QuerySegment, costs: ExpectedCosts, order_inde
 
 
 def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float | None = None,
-                     beta: float | None = None, conversion: Conversion = "improved"
-                     ) -> PrivacyAnalysis:
+                     beta: float | None = None, conversion: Conversion = "improved",
+                     earlier: list[EarlierRelease] | None = None) -> PrivacyAnalysis:
     """The Table-2 analysis of queries answered by one or more aggregators in turn (RDP curves
     compose by addition; local sensitivities of the total add distance by distance): data-
     independent, data-dependent and smooth-sensitivity-sanitised epsilon (docs/design.md).
 
     Without ``order`` the best order of the default grid is taken (each bound at its own optimum;
-    the sanitised one at the data-dependent optimum, as published). Where conditions C5/C6 fail,
-    the sanitised epsilon falls back to the data-independent one at that order. An answering step
-    without a smooth-sensitivity analysis (LNMax: PATE 2017 leaves it open) gives ``None``."""
+    the sanitised one at the data-dependent optimum, as published, or with ``earlier`` releases
+    at the optimum of the data-dependent total and their cost). Where conditions C5/C6 fail,
+    the sanitised epsilon falls back to the data-independent one of every query answered (and
+    the earlier releases). An answering step without a smooth-sensitivity analysis (LNMax: PATE
+    2017 leaves it open) gives ``None``."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not segments:
@@ -179,26 +210,46 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
 
     if not all(steps(s.mechanism).answer.smooth_sensitivity for s in segments):
         return result(None)
-    if beta is not None and not 0.0 <= beta < 1.0 / (2.0 * order_dep):
-        raise ValueError(f"--beta must be in [0, 1/(2*order)) = [0, {1 / (2 * order_dep):g})")
-    parts = [_segment_sensitivity(QuerySegment(v, s.mechanism, s.baseline), c, idx, num_teachers)
+    prior = earlier_releases_rdp(earlier or [], orders)
+    order_rel = order_dep if not earlier else epsilon_from_rdp(total_dep + prior, orders, delta,
+                                                               conversion)[1]
+    at = int(np.flatnonzero(orders == order_rel)[0])
+    if beta is not None and not 0.0 <= beta < 1.0 / (2.0 * order_rel):
+        raise ValueError(f"--beta must be in [0, 1/(2*order)) = [0, {1 / (2 * order_rel):g})")
+    parts = [_segment_sensitivity(QuerySegment(v, s.mechanism, s.baseline), c, at, num_teachers)
              for v, s, c in zip(votes, segments, costs, strict=True)]
-    rdp_total = sum(p[0] for p in parts)
+    rdp_total = sum(p[0] for p in parts) + float(prior[at])
     c5, c6 = (all(p[2][k] for p in parts) for k in (0, 1))
-    release = optimise_release(sum(p[1] for p in parts), rdp_total, order_dep,
-                               None if beta is None else np.array([beta]))
     if not (c5 and c6):  # the proof does not apply: a bound that reads no vote, all answered
         worst = sum(realised_rdp_independent(s.mechanism, len(v), len(v), orders)
                     for v, s in zip(votes, segments, strict=True))
-        epsilon, worst_order = epsilon_from_rdp(worst, orders, delta, conversion)
+        epsilon, worst_order = epsilon_from_rdp(worst + prior, orders, delta, conversion)
         return result(SmoothSensitivityBound(
             order=worst_order, beta=None, value=None, sigma=None, rdp_cost=None, c5=c5, c6=c6,
             epsilon=epsilon, fallback=True))
-    epsilon = float(epsilon_curve(rdp_total + release.rdp_cost, order_dep, delta, conversion))
+    release = optimise_release(sum(p[1] for p in parts), rdp_total, order_rel,
+                               None if beta is None else np.array([beta]))
+    rdp = rdp_total + release.rdp_cost
     return result(SmoothSensitivityBound(
-        order=order_dep, beta=release.beta, value=release.value,
+        order=order_rel, beta=release.beta, value=release.value,
         sigma=release.sigma if math.isfinite(release.sigma) else None,
-        rdp_cost=release.rdp_cost, c5=c5, c6=c6, epsilon=epsilon, fallback=False))
+        rdp_cost=release.rdp_cost, c5=c5, c6=c6,
+        epsilon=float(epsilon_curve(rdp, order_rel, delta, conversion)), fallback=False,
+        rdp=rdp))
+
+
+def sanitised_release(bound: SmoothSensitivityBound, z: float, delta: float,
+                      conversion: Conversion = "improved") -> float:
+    """The epsilon that may be published (PATE 2018, App. C, Theorem 23, the GNSS mechanism):
+    the total's RDP plus N(0, (sigma_ss SS_beta)^2) noise (``z`` a standard normal draw, from
+    the operating system's entropy), plus ``RELEASE_MARGIN`` standard deviations so that the
+    figure bounds the exact one with probability Phi(2) = 0.977 (the published search of beta
+    and sigma_ss minimises this figure's expectation), converted at ``delta``. A fallback, or a
+    total of smooth sensitivity 0, reads nothing it would need noise for: its epsilon."""
+    if bound.fallback or bound.sigma is None or not bound.value or bound.rdp is None:
+        return bound.epsilon
+    noisy = bound.rdp + bound.value * bound.sigma * (z + RELEASE_MARGIN)
+    return float(epsilon_curve(max(noisy, 0.0), bound.order, delta, conversion))
 
 
 def analyze_votes(votes: NDArray[np.int64], mechanism: Mechanism, delta: float, *,

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import realised_rdp_independent
+from analysis.costs import realised_rdp_independent, steps
 from analysis.mechanisms import Mechanism
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
@@ -44,6 +44,7 @@ from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec, build_classifier
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
+from student.sanitised import Releases
 from student.training import (
     FitConfig,
     build_learner,
@@ -189,6 +190,7 @@ class PrivateLabels:
         self._source = InProcessLabels(self.service)
         self.received = Received.empty()
         self._probs: list[NDArray[np.float64]] = []
+        self._releases = Releases()  # the sanitised epsilons released by this object
 
     def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
             request_size: int = 512) -> Received:
@@ -211,17 +213,21 @@ class PrivateLabels:
         return got
 
     def epsilon(self) -> PublishableEpsilon:
-        """The epsilons you may publish for every query asked so far."""
+        """The epsilons you may publish for every query this object asked so far. The sanitised
+        one is released with noise (docs/privacy-math.md §5) once per set of answers: asked
+        again for as many answers it is the same figure; a release for more answers composes
+        with this object's earlier ones."""
         budget = self.ledger.budget()
         if not len(self.received):
-            return PublishableEpsilon(0.0, 0.0, budget.epsilon_spent, budget.delta)
+            sanitised = 0.0 if steps(self.mechanism).answer.smooth_sensitivity else None
+            return PublishableEpsilon(0.0, sanitised, budget.epsilon_spent, budget.delta)
         votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
         baseline = (None if not self._probs
                     else votes[0].sum() * np.concatenate(self._probs))
-        result = analyze_segments([QuerySegment(votes, self.mechanism, baseline)],
-                                  budget.delta, conversion=self.ledger.conversion)
-        sanitised = (None if result.smooth_sensitivity is None
-                     else result.smooth_sensitivity.epsilon)
+        sanitised = self._releases.release(
+            len(self.received), lambda earlier: analyze_segments(
+                [QuerySegment(votes, self.mechanism, baseline)], budget.delta,
+                conversion=self.ledger.conversion, earlier=earlier), self.ledger.conversion)
         independent = self.ledger.epsilon(realised_rdp_independent(
             self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
             self.ledger.orders))

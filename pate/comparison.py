@@ -24,8 +24,6 @@ from typing import Any
 from pate.config import RunConfig
 from pate.errors import UserError
 from pate.progress import progress_bar
-from pate.report.figures import analyse
-from pate.report.run_report import load_run_data
 from pate.rundir import RunDir
 from student.baseline import train_dpsgd_baseline
 from student.dpsgd import DPSGDConfig
@@ -38,16 +36,12 @@ _DPSGD_CHOICE = ("fixed in advance (the [dpsgd] section of the run's config), no
 
 
 def student_epsilons(run: RunDir) -> dict[str, float | None]:
-    """The student's releasable epsilons by name: the smooth-sensitivity-sanitised one of the
-    run's privacy analysis (computed here, by the owner, from the votes), and the
-    data-independent one the ledger charged (``student/metrics.json``)."""
+    """The student's published epsilons by name (``student/metrics.json``): the
+    smooth-sensitivity-sanitised release, and the data-independent one the ledger charged."""
     metrics = run.read_json(run.student_metrics)
     if metrics is None:
         raise UserError(f"{run}: no student/metrics.json; train the student first")
-    analysis = analyse(load_run_data(run.root))
-    sanitised = (None if analysis is None or analysis.smooth_sensitivity is None
-                 else analysis.smooth_sensitivity.epsilon)
-    return {"sanitised": sanitised,
+    return {"sanitised": metrics["epsilon"].get("data_dependent_sanitised"),
             "data-independent": metrics["epsilon"].get("data_independent")}
 
 

@@ -23,6 +23,7 @@ from analysis.costs import realised_rdp_independent, worst_case_queries
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
+from pate.aggregation.vote_pool import VotePool
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, dump_config, parse_config
 from pate.data.task import Benchmark, data_kind, load_task
@@ -107,7 +108,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
                    select: str | None = None) -> None:
     """One query round (the stage ``stage``) of the student against a real HTTP label service of
     ``mechanism`` on loopback, over the run's votes and ledger, on rows chosen by ``select``
-    (default: the config's)."""
+    (default: the config's). The last round releases the sanitised epsilon of all of them (the
+    run's votes at hand); the rounds before it release none, which would cost privacy too."""
     a = config.aggregator
     check_delta(a.delta, run.private_records(), a.allow_large_delta)
     token = _token(run)
@@ -117,7 +119,9 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
     try:
         with server.running() as url:
             say(f"pate run: {mechanism} aggregation service on {url}")
-            session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism)
+            last = stage == [s for s in config.stages() if s.startswith("student-")][-1]
+            session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism,
+                                        votes=VotePool.from_file(run.votes) if last else None)
             options = _student_options(config, queries, select)
             # the server's votes are the run's own, checked by the stage that made them
             metrics = train_student(run, lambda _check: session, options, config.data.source(),

@@ -154,6 +154,12 @@ class RunDir:
         return f"sqlite:///{self.ledger}"
 
     @property
+    def releases(self) -> Path:
+        """``sanitised-releases.json``: each smooth-sensitivity release made from the run's
+        votes, its beta and sigma (private: they depend on the votes)."""
+        return self.root / "sanitised-releases.json"
+
+    @property
     def token(self) -> Path:
         """``service.token``: the bearer token ``pate run`` gives its student (a secret)."""
         return self.root / "service.token"

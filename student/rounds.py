@@ -31,7 +31,12 @@ from numpy.typing import NDArray
 
 from analysis.costs import steps
 from analysis.mechanisms import mechanism_from_dict
-from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segments
+from analysis.votes_analysis import (
+    EarlierRelease,
+    PrivacyAnalysis,
+    QuerySegment,
+    analyze_segments,
+)
 from pate.aggregation.label_requests import LabelSource
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_bytes_atomic
@@ -208,8 +213,8 @@ def round_segments(rounds: list[dict], received: Received,
 
 def analyze_rounds(rounds: list[dict], received: Received,
                    votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
-                   probs_path: Path, delta: float, conversion: str = "improved"
-                   ) -> PrivacyAnalysis | None:
+                   probs_path: Path, delta: float, conversion: str = "improved",
+                   earlier: list[EarlierRelease] | None = None) -> PrivacyAnalysis | None:
     """``analysis.votes_analysis.analyze_segments`` (PATE 2018's Table 2 analysis, rounds
     composed) of the rounds' ``round_segments``; None where those are unknown. The full result
     holds the raw data-dependent epsilon: callers release only the data-independent and
@@ -219,4 +224,4 @@ def analyze_rounds(rounds: list[dict], received: Received,
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
-        return analyze_segments(segments, delta, conversion=conversion)
+        return analyze_segments(segments, delta, conversion=conversion, earlier=earlier)

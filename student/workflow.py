@@ -50,6 +50,7 @@ from student.models import (
 )
 from student.predict import student_schema
 from student.rounds import Received, analyze_rounds, ask, select_queries
+from student.sanitised import Releases
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -138,11 +139,19 @@ class StudentOptions:
 @dataclass
 class AggregatorSession:
     """An open label source; ``service`` is the in-process label service when there is one
-    (its votes bound the candidates and give the sanitised epsilon), None for a remote one."""
+    (its votes bound the candidates and give the sanitised epsilon), None for a remote one;
+    ``votes``, for a remote service of the caller's own (``pate run``'s), the votes it serves,
+    which give the sanitised epsilon too."""
 
     source: LabelSource
     mechanism: str
     service: LabelService | None = None
+    votes: VotePool | None = None
+
+    @property
+    def pool(self) -> VotePool | None:
+        """The votes the round's answers come from, where the caller holds them."""
+        return self.service.pool if self.service is not None else self.votes
 
     def close(self) -> None:
         self.source.close()
@@ -197,26 +206,22 @@ def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str
 
 def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Received,
                        rounds: list[dict[str, Any]], delta: float, conversion: str
-                       ) -> dict[str, Any] | None:
-    """Epsilon of every round so far from ``student.rounds.analyze_rounds`` (PATE 2018's Table 2
-    analysis of the asked rows, rounds composed): the data-independent bound and the
-    smooth-sensitivity-sanitised data-dependent one; only these are released (docs/design.md,
+                       ) -> float | None:
+    """The published smooth-sensitivity-sanitised epsilon of every round so far: the release
+    (``student.sanitised``, noise from the OS's entropy, made once per set of answers and kept
+    in the run's private ``sanitised-releases.json``) of ``student.rounds.analyze_rounds``'s
+    bound (PATE 2018's Table 2 analysis of the asked rows, rounds composed; docs/design.md,
     privacy rule 6). None without local votes (or with rows they do not cover), with LNMax, or
     when a round's parameters or rows are unknown."""
-    service = session.service
-    if service is None or service.pool is None or not len(received):
+    pool = session.pool
+    if pool is None or not len(received):
         return None
-    pool = service.pool
     if not np.isin(received.pool_index, pool.pool_indices).all():
         return None  # rows another aggregator answered (a remote one), of votes not here
-    result = analyze_rounds(rounds, received, lambda index: pool.votes[pool.rows(index)],
-                            run.probs, delta, conversion)
-    if result is None or result.smooth_sensitivity is None:  # LNMax has no sanitised bound
-        return None
-    ss = result.smooth_sensitivity.to_json()
-    return {"data_independent": result.data_independent.epsilon,
-            "smooth_sensitivity": {k: ss.get(k) for k in ("epsilon", "order", "beta", "sigma",
-                                                            "fallback")}}
+    return Releases(run.releases).release(
+        len(received), lambda earlier: analyze_rounds(
+            rounds, received, lambda index: pool.votes[pool.rows(index)], run.probs, delta,
+            conversion, earlier), conversion)
 
 
 def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
@@ -418,7 +423,7 @@ def train_student(run: RunDir,
         received = before + got
         received.save(run.labels)
         rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs)
-        analysed = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
+        sanitised = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                       conversion)
     finally:
         session.close()
@@ -466,9 +471,7 @@ def train_student(run: RunDir,
             "delta": budget["delta"],
             "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients
             "basis": budget["basis"],
-            "data_dependent_sanitised": (None if analysed is None
-                                         else analysed["smooth_sensitivity"]["epsilon"]),
-            "analysis": analysed,
+            "data_dependent_sanitised": sanitised,
         },
         "rounds": rounds,
         "continued_from_previous": continued,

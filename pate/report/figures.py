@@ -217,7 +217,9 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
             "epsilon_data_independent": report["queries"]["epsilon_data_independent"],
             "epsilon_data_independent_expected": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
-            "epsilon_smooth_sensitivity": ss["epsilon"] if ss else None,
+            "epsilon_smooth_sensitivity": ((report["student"] or {}).get("epsilon") or {}).get(
+                "data_dependent_sanitised"),
+            "epsilon_smooth_sensitivity_expected": ss["epsilon"] if ss else None,
             "epsilon_spent": ((report["student"] or {}).get("epsilon") or {}).get(
                 "data_independent"),
             "delta": privacy["delta"],
@@ -363,7 +365,8 @@ def format_value(value: Any) -> str:
 
 # The summary table's columns that are not for publication (docs/design.md, privacy rule 2).
 # statistics of the votes: the analysis' expectations over the threshold's noise
-PRIVATE_TABLE_KEYS = frozenset({"epsilon_data_dependent", "epsilon_data_independent_expected"})
+PRIVATE_TABLE_KEYS = frozenset({"epsilon_data_dependent", "epsilon_data_independent_expected",
+                                "epsilon_smooth_sensitivity_expected"})
 
 
 def public_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -376,7 +379,9 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("epsilon_data_independent", "ε data-independent"),
                  ("epsilon_data_independent_expected", "ε data-independent, expected (private)"),
                  ("epsilon_data_dependent", "ε data-dependent, expected (private)"),
-                 ("epsilon_smooth_sensitivity", "ε smooth-sensitivity"),
+                 ("epsilon_smooth_sensitivity", "ε smooth-sensitivity, released"),
+                 ("epsilon_smooth_sensitivity_expected",
+                  "ε smooth-sensitivity, before noise (private)"),
                  ("epsilon_spent", "ε charged by the ledger"),
                  ("epsilon_bayesian", "ε Bayesian"), ("delta", "δ"),
                  ("accuracy", "Accuracy")]

@@ -112,8 +112,12 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
         assert 0 < row["accuracy"] <= 1
         assert row["student_ratio"] == pytest.approx(metrics["accuracy"] / row["accuracy"])
     targets = comparison["student_epsilon"]
-    assert targets["sanitised"] == pytest.approx(
-        report["privacy"]["smooth_sensitivity"]["epsilon"])
+    # the student's sanitised epsilon is the one released (with noise) once, by the last round
+    assert targets["sanitised"] == metrics["epsilon"]["data_dependent_sanitised"] is not None
+    releases = json.loads((run / "sanitised-releases.json").read_text())
+    assert [r["epsilon"] for r in releases] == [targets["sanitised"]]
+    assert stat.S_IMODE((run / "sanitised-releases.json").stat().st_mode) == 0o600
+    assert report["table"][0]["epsilon_smooth_sensitivity"] == targets["sanitised"]
     assert targets["data-independent"] == metrics["epsilon"]["data_independent"]
     for d in comparison["dpsgd"]:  # calibrated to the target from below
         assert 0.97 * targets[d["at"]] <= d["epsilon"] <= targets[d["at"]] * (1 + 1e-9)

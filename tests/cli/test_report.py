@@ -53,7 +53,7 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
                  probs=rng.dirichlet(np.ones(10), 50))
     (run_dir / "student" / "metrics.json").write_text(json.dumps(
         {"method": "vat", "arch": "cnn-hog-simclr", "accuracy": 0.91,
-         "epsilon": {"data_independent": 7.5}}))
+         "epsilon": {"data_independent": 7.5, "data_dependent_sanitised": 6.5, "delta": 1e-5}}))
     (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
         {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
     (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
@@ -90,8 +90,10 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
         int((made["labels"] >= 0).sum()), orders), orders, a.delta)[0]
     assert row["epsilon_data_independent"] == pytest.approx(realised, rel=1e-12)
     assert row["epsilon_data_independent"] != row["epsilon_data_independent_expected"]
-    assert row["epsilon_smooth_sensitivity"] == \
+    # the released figure is the student's (drawn once, with noise); the analysis' is private
+    assert row["epsilon_smooth_sensitivity_expected"] == \
         report["privacy"]["smooth_sensitivity"]["epsilon"]
+    assert row["epsilon_smooth_sensitivity"] == 6.5
     assert row["accuracy"] == 0.91 and dpsgd["accuracy"] == 0.88
     assert row["student"] == "vat (cnn-hog-simclr)" and dpsgd["student"] == "dpsgd"
     assert row["epsilon_spent"] == 7.5

@@ -1,0 +1,75 @@
+"""The smooth-sensitivity-sanitised epsilon, released (docs/privacy-math.md §5).
+
+The Table-2 analysis's sanitised bound is a function of the private votes; what is published is
+its GNSS release (PATE 2018, Theorem 23; ``analysis.votes_analysis.sanitised_release``), with
+noise drawn from the operating system's entropy. A release is made once per set of answers and
+kept: asking for the epsilon of the same answers again returns the same figure at no new cost. A
+release for more answers composes with the earlier ones, whose beta and sigma are kept in a
+private record (a run's ``sanitised-releases.json``, or in memory), and is written before it is
+returned.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis.rdp import Conversion
+from analysis.votes_analysis import EarlierRelease, PrivacyAnalysis, sanitised_release
+from pate.errors import UserError
+from pate.io import write_json_atomic
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release: the number of answers it covers, the epsilon published, and the beta and
+    sigma of its noise (None: no noise was needed, nothing more to compose)."""
+
+    queries: int
+    epsilon: float
+    beta: float | None = None
+    sigma: float | None = None
+
+
+class Releases:
+    """The releases made from one body of votes, in order, kept in ``path`` (private JSON) or,
+    without one, in memory."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.records: list[Release] = []
+        if path is not None and path.is_file():
+            try:
+                self.records = [Release(**r) for r in json.loads(path.read_text())]
+            except (TypeError, ValueError):
+                raise UserError(f"{path}: not a record of sanitised releases: this run "
+                                "directory is damaged") from None
+
+    def release(self, queries: int,
+                analyse: Callable[[list[EarlierRelease]], PrivacyAnalysis | None],
+                conversion: Conversion = "improved") -> float | None:
+        """The published sanitised epsilon of the first ``queries`` answers: the one released
+        before for as many, else a new release of ``analyse(earlier releases)``'s bound (None
+        where there is none: LNMax, or the analysis cannot be made)."""
+        for r in self.records:
+            if r.queries == queries:
+                return r.epsilon
+        earlier = [EarlierRelease(r.beta, r.sigma) for r in self.records
+                   if r.beta is not None and r.sigma is not None]
+        analysis = analyse(earlier)
+        if analysis is None or analysis.smooth_sensitivity is None:
+            return None
+        bound = analysis.smooth_sensitivity
+        z = float(np.random.default_rng().standard_normal())  # seeded from the OS's entropy
+        epsilon = sanitised_release(bound, z, analysis.delta, conversion)
+        noisy = not bound.fallback and bound.sigma is not None and bool(bound.value)
+        self.records.append(Release(queries, epsilon, bound.beta if noisy else None,
+                                    bound.sigma if noisy else None))
+        if self.path is not None:  # kept before the figure leaves
+            write_json_atomic(self.path, [asdict(r) for r in self.records], private=True)
+        return epsilon
+

@@ -1,0 +1,77 @@
+"""The released smooth-sensitivity-sanitised epsilon (``student.sanitised``,
+``analysis.votes_analysis.sanitised_release``): noise is drawn, once per set of answers, kept,
+and later releases pay for the earlier ones."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from analysis.mechanisms import ConfidentGNMax
+from analysis.rdp import epsilon_curve
+from analysis.smooth_sensitivity import gnss_rdp
+from analysis.votes_analysis import (
+    RELEASE_MARGIN,
+    EarlierRelease,
+    PrivacyAnalysis,
+    QuerySegment,
+    analyze_segments,
+    sanitised_release,
+)
+from pate.data.synthetic import synthetic_votes
+from student.sanitised import Releases
+
+MECHANISM = ConfidentGNMax(threshold=200, sigma1=150, sigma2=40)
+VOTES = synthetic_votes(300, 250, 10, seed=4)
+
+
+def analyse(rows: int, earlier: list[EarlierRelease] | None = None) -> PrivacyAnalysis:
+    return analyze_segments([QuerySegment(VOTES[:rows], MECHANISM)], 1e-5, earlier=earlier)
+
+
+def test_the_release_is_the_bound_plus_noise_and_two_deviations() -> None:
+    bound = analyse(300).smooth_sensitivity
+    assert bound is not None and not bound.fallback and bound.value > 0
+    std = bound.value * bound.sigma
+    assert sanitised_release(bound, -RELEASE_MARGIN, 1e-5) == pytest.approx(bound.epsilon)
+    for z in (-1.0, 0.0, 1.5):
+        assert sanitised_release(bound, z, 1e-5) == pytest.approx(float(epsilon_curve(
+            bound.rdp + std * (z + RELEASE_MARGIN), bound.order, 1e-5)))
+    assert sanitised_release(bound, 0.0, 1e-5) > bound.epsilon
+
+
+def test_a_release_is_drawn_once_per_set_of_answers_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "sanitised-releases.json"
+    first = Releases(path).release(200, lambda earlier: analyse(200, earlier))
+    assert first is not None
+    assert Releases(path).release(200, lambda earlier: pytest.fail("analysed again")) == first
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # the noise is drawn afresh for another body of answers (OS entropy: no two draws alike)
+    draws = {Releases().release(200, lambda earlier: analyse(200, earlier)) for _ in range(4)}
+    assert len(draws) == 4
+    # a release for more answers pays for the first: its analysis composes the first's cost
+    seen: list[list[EarlierRelease]] = []
+    second = Releases(path).release(300, lambda earlier: seen.append(earlier) or analyse(
+        300, earlier))
+    assert second is not None
+    kept = json.loads(path.read_text())
+    assert [r["queries"] for r in kept] == [200, 300]
+    assert seen == [[EarlierRelease(kept[0]["beta"], kept[0]["sigma"])]]
+
+
+def test_earlier_releases_cost_what_theorem_23_says() -> None:
+    alone = analyse(300).smooth_sensitivity
+    earlier = EarlierRelease(beta=0.3 / alone.order, sigma=5.0)
+    after = analyse(300, [earlier]).smooth_sensitivity
+    assert after.epsilon > alone.epsilon
+    # at the order it settles on, the total is the answers' RDP plus Theorem 23's for the
+    # earlier release, plus this release's cost
+    at = analyze_segments([QuerySegment(VOTES, MECHANISM)], 1e-5,
+                          order=after.order).smooth_sensitivity
+    assert after.rdp - after.rdp_cost == pytest.approx(
+        at.rdp - at.rdp_cost + gnss_rdp(earlier.beta, earlier.sigma, after.order))
+    # an order outside the earlier release's range cannot compose with it
+    assert after.order < 1.0 / (2.0 * earlier.beta)
