@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 from analysis.gaussian import gnmax_logq, gnmax_rdp_dependent, gnmax_rdp_independent
 from analysis.lnmax import lnmax_rdp_dependent, lnmax_rdp_independent
 from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, LNMax, Mechanism
-from analysis.rdp import epsilon_from_rdp
+from analysis.rdp import Conversion, epsilon_from_rdp
 from analysis.smooth_sensitivity import (
     check_conditions,
     gnmax_local_sensitivity_total,
@@ -175,16 +175,18 @@ def realised_rdp_independent(mechanism: Mechanism, asked: int, answered: int,
 
 
 def worst_case_queries(mechanism: Mechanism, epsilon: float, delta: float,
-                       orders: NDArray[np.float64], limit: int = 10**9) -> int:
+                       orders: NDArray[np.float64], limit: int = 10**9,
+                       conversion: Conversion = "improved") -> int:
     """The most queries, every one answered, that a budget ``epsilon`` at ``delta`` covers:
     the largest k (at most ``limit``) whose ``realised_rdp_independent(mechanism, k, k)``
-    converts (``analysis.rdp.epsilon_from_rdp``) to at most ``epsilon``. The converted epsilon
+    converts (``analysis.rdp.epsilon_from_rdp``, with ``conversion``) to at most ``epsilon``. The
+    converted epsilon
     grows with k, so k is found by bisection."""
     def fits(k: int) -> bool:
         rdp = realised_rdp_independent(mechanism, k, k, orders)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
-            return epsilon_from_rdp(rdp, orders, delta)[0] <= epsilon
+            return epsilon_from_rdp(rdp, orders, delta, conversion)[0] <= epsilon
 
     low, high = 0, 1
     while high <= limit and fits(high):

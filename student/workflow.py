@@ -416,9 +416,11 @@ def train_student(run: RunDir,
                                      on_request=_saving(run, before, bar))
         except PateError as exc:
             raise UserError(f"the aggregator refused: {exc}") from None
-        if exhausted and not len(before) and not len(got):
-            raise UserError("the privacy budget does not cover even one query: nothing was "
-                            "asked or spent (a larger --budget-epsilon, or a new ledger)")
+        if exhausted and not len(got):
+            hint = ("--queries 0 retrains on the answers so far" if len(before)
+                    else "a larger --budget-epsilon, or a new ledger")
+            raise UserError("the privacy budget does not cover even one more query: nothing "
+                            f"was asked or spent ({hint})")
         budget = session.source.budget()
         received = before + got
         received.save(run.labels)

@@ -60,7 +60,7 @@ class TrainJob:
         """The settings a rerun must repeat to resume (everything but where the data lives)."""
         record = source_record(self.source)
         record.pop("data_dir", None)
-        name = self.dataset if isinstance(self.dataset, str) else Path(self.dataset.private).stem
+        name = self.dataset if isinstance(self.dataset, str) else Path(self.dataset.public).stem
         return {"dataset": name, "data": record, "num_teachers": self.num_teachers,
                 "shard_size": self.shard_size, "train": asdict(self.train),
                 "pool_size": self.pool_size}

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import check_threshold
+from analysis.costs import check_threshold, worst_case_queries
 from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
@@ -269,6 +269,11 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         check_pool_threshold(mechanism, pool)
         if check_pool is not None:
             check_pool(pool)
+    if 0.0 < delta < 1.0 and epsilon_budget > 0.0 and not worst_case_queries(
+            mechanism, epsilon_budget, delta, default_orders(), conversion=conversion, limit=1):
+        raise UserError(f"the budget, epsilon {epsilon_budget:g} at delta {delta:g}, does not "
+                        "cover even one query of this aggregator: nothing was created (a larger "
+                        "budget, or more noise)")
     ledger = Ledger(ledger_url or f"sqlite:///{home / 'ledger.db'}", default_orders(),
                     delta, epsilon_budget, conversion)
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)

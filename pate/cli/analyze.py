@@ -121,12 +121,14 @@ def _votes_and_asked_rows(votes_path: str, asked_path: str,
 
 def format_analysis(r: PrivacyAnalysis) -> str:
     """A short human-readable summary of an analysis result."""
+    thresholded = any(name in r.mechanism.split("+") for name in ("confident", "interactive"))
     lines = [
         f"{r.mechanism}: {r.queries} queries, {r.teachers} teachers, "
         f"{r.classes} classes, expected answered {r.expected_answered:.1f}",
         f"epsilon at delta={r.delta:g} ({r.conversion} conversion):",
         f"  data-independent   {r.data_independent.epsilon:.4f} "
-        f"(order {r.data_independent.order:g})",
+        f"(order {r.data_independent.order:g}"
+        f"{'; expected over the threshold: depends on the votes' if thresholded else ''})",
         f"  data-dependent     {r.data_dependent.epsilon:.4f} "
         f"(order {r.data_dependent.order:g}; not releasable as is)",
     ]
@@ -136,5 +138,5 @@ def format_analysis(r: PrivacyAnalysis) -> str:
                      "C5/C6 fail: the data-independent bound of every query answered)")
     elif ss:
         lines.append(f"  smooth-sensitivity {ss.epsilon:.4f} (beta {ss.beta:.4g}, "
-                     f"SS {ss.value:.4g}, release cost {ss.rdp_cost:.4g})")
+                     f"SS {ss.value:.4g}, release cost {ss.rdp_cost:.4g}; before its noise)")
     return "\n".join(lines) + "\n"

@@ -171,9 +171,10 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
         codes = pd.Index(classes).get_indexer(pd.Series(y).astype(str)).astype(np.int64)
         outside = codes < 0
     if outside.any():
-        if private:  # name no private value
-            raise UserError(f"{what}: {int(outside.sum())} label(s) outside the label set "
-                            f"({len(classes)} classes)")
+        if private:  # name no private value, nor how many there are
+            raise UserError(f"{what}: labels outside the label set ({', '.join(classes[:10])}"
+                            f"{', ...' if len(classes) > 10 else ''}): give data.classes "
+                            "(--classes) that hold them all, or mend the file")
         unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
         raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}")
     return codes
@@ -185,7 +186,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         raise UserError(f"data.private, public and test must be of one format, got "
                         f"{', '.join(sorted(kinds))}")
     kind = kinds.pop()
-    name = Path(source.private).stem
+    name = Path(source.public).stem  # the public file's name: the private one's may say too much
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
     wanted = {"public": (source.public, False), "test": (source.test, True),

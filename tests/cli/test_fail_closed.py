@@ -74,8 +74,19 @@ def test_a_budget_that_covers_no_query_is_one_line_and_writes_nothing(
     np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
     run = tmp_path / "run"
     assert main(_student(run, votes, "--budget-epsilon", "0.01")) == 2
-    _one_error_line(capsys, "does not cover even one query")
-    assert not (run / "labels.npz").exists() and _spent(votes, 0.01) == 0.0
+    _one_error_line(capsys, "does not cover even one query of this aggregator: nothing was "
+                            "created")
+    # no ledger was made with that budget, so a larger one is taken
+    assert not (tmp_path / "ledger.db").exists() and not run.exists()
+    assert main(_student(run, votes, "--budget-epsilon", "6")) == 0
+    # with answers in hand, a spent budget is still one line: nothing new is trained on
+    status = 0
+    while status == 0:  # until the budget is spent
+        capsys.readouterr()
+        status = main(_student(run, votes, "--budget-epsilon", "6", "--queries", "250"))
+    assert status == 2
+    _one_error_line(capsys, "does not cover even one more query: nothing was asked or spent "
+                            "(--queries 0 retrains on the answers so far)")
 
 
 def test_a_budget_spent_with_no_answer_says_the_run_cannot_go_on(

@@ -143,7 +143,7 @@ def test_preprocessing_is_fitted_on_public_data_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"label": None}, "needs data.label"),
     ({"label": "salary"}, "no label column 'salary'"),
-    ({"classes": ("<=50K", "unknown")}, "label(s) outside the label set"),
+    ({"classes": ("<=50K", "unknown")}, "labels outside the label set (<=50K, unknown)"),
     ({"classes": None}, "the label set is unknown"),
 ])
 def test_bad_files_are_one_line(tmp_path: Path, change: dict, message: str) -> None:
