@@ -181,7 +181,7 @@ class PrivateLabels:
         check_pool_threshold(mechanism, self.pool)  # before the ledger exists
         if private_records is not None and private_records < 1:
             raise UserError(f"private_records must be >= 1, got {private_records}")
-        check_delta(delta, private_records, allow_large_delta)
+        check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         self.mechanism = mechanism
         url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)

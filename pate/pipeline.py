@@ -41,6 +41,8 @@ from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, augment_for
 from teachers.votes import collect_votes
 
+_ALLOW_LARGE_DELTA = "aggregator.allow_large_delta = true"
+
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     """Create the run directory (0700) and its config.toml; a rerun must use the same config,
@@ -111,7 +113,7 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
     (default: the config's). The last round releases the sanitised epsilon of all of them (the
     run's votes at hand); the rounds before it release none, which would cost privacy too."""
     a = config.aggregator
-    check_delta(a.delta, run.private_records(), a.allow_large_delta)
+    check_delta(a.delta, run.private_records(), a.allow_large_delta, _ALLOW_LARGE_DELTA)
     token = _token(run)
     server = open_server(a.round_mechanism(mechanism), token_file=token,
                          epsilon_budget=a.budget_epsilon, delta=a.delta, run_dir=run.root,
@@ -181,7 +183,7 @@ def _check_data(config: RunConfig) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_delta(config.aggregator.delta, len(task.private_y),
-                    config.aggregator.allow_large_delta)
+                    config.aggregator.allow_large_delta, _ALLOW_LARGE_DELTA)
     if config.teachers.count > len(task.private_y):
         raise UserError(f"teachers.count {config.teachers.count} is more than the "
                         f"{len(task.private_y)} private records: each teacher needs one")

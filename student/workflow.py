@@ -164,8 +164,8 @@ def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
         record = session.source.mechanism()
     except RemoteServiceError as exc:
         if exc.status == 404:
-            raise UserError("the aggregator has no GET /v1/mechanism (a pate serve of an older "
-                            "version): run this version's pate serve") from None
+            raise UserError("the server has no GET /v1/mechanism: not a pate serve of this "
+                            "version (or not a pate serve)") from None
         raise UserError(f"the aggregator refused: {exc}") from None
     except PateError as exc:
         raise UserError(f"the aggregator refused: {exc}") from None

@@ -15,16 +15,18 @@ import warnings
 from pate.errors import UserError
 
 
-def check_delta(delta: float, private_records: int | None, allow_large: bool = False) -> None:
-    """Refuse (``UserError``) ``delta >= 1/n`` unless ``allow_large``; warn above ``1/(10 n)``.
-    Without ``private_records`` (unknown here) nothing is checked."""
+def check_delta(delta: float, private_records: int | None, allow_large: bool = False,
+                allow_name: str = "--allow-large-delta") -> None:
+    """Refuse (``UserError``) ``delta >= 1/n`` unless ``allow_large`` (the option the caller
+    calls ``allow_name``); warn above ``1/(10 n)``. Without ``private_records`` (unknown here)
+    nothing is checked."""
     if private_records is None or private_records < 1:
         return
     n = private_records
     if delta >= 1.0 / n and not allow_large:
         raise UserError(f"delta {delta:g} is at least 1/n for the n = {n} private records: the "
                         "guarantee would allow publishing a record in the clear; use a delta "
-                        f"below {1.0 / (10 * n):.3g} (or --allow-large-delta)")
+                        f"below {1.0 / (10 * n):.3g} (or {allow_name})")
     if delta > 1.0 / (10 * n):
         warnings.warn(f"delta {delta:g} is above 1/(10 n) = {1.0 / (10 * n):.3g} for the {n} "
                       "private records; a delta well below 1/n is the usual choice", stacklevel=2)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pate.aggregation.vote_pool import VotePool
+    from pate.data.task import DataSource
     from student.workflow import AggregatorSession
 
 
@@ -56,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--votes", type=Path, metavar="FILE",
                         help="aggregate in this process over a votes file (default: "
                              "DIR/votes.npz)")
-    p.add_argument("--token-file", type=Path, metavar="F", help="with --server: bearer token")
+    p.add_argument("--token-file", type=Path, metavar="F",
+                   help="with --server: a file whose first token is sent (Bearer)")
     add_mechanism_flags(p)
     local = p.add_argument_group("local aggregator (with --votes)")
     local.add_argument("--budget-epsilon", type=float, help="epsilon budget of the private data")
@@ -69,14 +71,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_data_flags(p)
     rnd = p.add_argument_group("query round")
     rnd.add_argument("--queries", type=int, default=1000, help="pool rows to ask about")
-    rnd.add_argument("--select", choices=SELECTIONS, default="first")
+    rnd.add_argument("--select", choices=SELECTIONS, default="first",
+                     help="which pool rows: the first ones (default), random ones, or those the "
+                          "previous student is least sure of")
     rnd.add_argument("--request-size", type=int, default=512, help="queries per request")
     tr = p.add_argument_group("training")
     tr.add_argument("--arch", default=None, metavar="ARCH",
                     help=f"network: {', '.join(ARCHITECTURES)}, or your own network's import "
                          "path package.module:factory (importable from the working directory; "
                          "factory(input_shape, num_classes) -> torch.nn.Module returning "
-                         "logits; not with gan); default: cnn, the GAN's wn-mlp discriminator")
+                         "logits; not with gan); default: cnn on images, mlp on a table, the "
+                         "GAN's wn-mlp discriminator")
     tr.add_argument("--width", type=int, default=32, help="cnn channels")
     tr.add_argument("--pool-encoder", type=Path, metavar="FILE",
                     help="cnn-hog-simclr: the frozen encoder learnt from the public pool "
@@ -163,6 +168,13 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 
+def _record(source: DataSource) -> dict:
+    """A data source's record without where a built-in dataset's files lie."""
+    from pate.data.task import source_record
+
+    return {k: v for k, v in source_record(source).items() if k != "data_dir"}
+
+
 def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
@@ -181,7 +193,12 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
         vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
-    data = source_from_flags(args, teachers_source(RunDir(args.run).root))
+    teachers = teachers_source(RunDir(args.run).root)
+    data = source_from_flags(args, teachers)
+    if teachers is not None and _record(data) != _record(teachers):
+        raise UserError("the run's teachers were trained and voted on other data than the data "
+                        "flags name: the student's pool must be theirs (give no data flag to "
+                        "use it)")
     with progress_bar(f"student {args.method}", args.epochs, "epoch") as bar:
         try:
             metrics = train_student(RunDir(args.run), lambda check: _session(args, check),

@@ -70,10 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from pate.data.task import Benchmark, data_kind
+    from teachers.checkpoints import teachers_source
     from teachers.distributed import Cluster, TrainJob, train_teachers
     from teachers.ensemble import TrainConfig, augment_for
 
-    source = source_from_flags(args)
+    source = source_from_flags(args, teachers_source(Path(args.run)))  # a rerun: the run's
     name = source.name if isinstance(source, Benchmark) else ""
     augment = augment_for(name, args.augment)
     given = {"model": args.model or DEFAULT_MODEL[data_kind(source)], "epochs": args.epochs,

@@ -231,17 +231,30 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
                  _private_writer, stem="owner-evaluation")
 
 
+def _report_inputs(run: RunDir) -> list[Path]:
+    """The files a run's report is made from."""
+    audits = sorted(run.audit.glob("models-*Z.json")) if run.audit.is_dir() else []
+    return [run.config, run.manifest, run.votes, run.labels, run.rounds, run.probs,
+            run.student_metrics, run.dpsgd_metrics, run.comparison_metrics, run.releases,
+            *audits[-1:]]
+
+
 def current_report(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's ``report/report.json`` when it is there, readable and of this version's layout
-    (``REPORT_FORMAT``); None when it must be written (again): it is derived from the run
-    directory, so a missing, damaged or outdated one is rebuilt rather than trusted."""
+    """The run's ``report/report.json`` when it is there, readable, of this version's layout
+    (``REPORT_FORMAT``) and newer than every file it is made from; None when it must be
+    written (again): it is derived from the run directory, so a missing, damaged or outdated
+    one is rebuilt rather than trusted."""
     run = RunDir(run_dir)
+    path = run.report / "report.json"
     try:
-        report = run.read_json(run.report / "report.json")
+        report = run.read_json(path)
     except UserError:
         return None
-    current = isinstance(report, dict) and report.get("report_format") == REPORT_FORMAT
-    return report if current else None
+    if not isinstance(report, dict) or report.get("report_format") != REPORT_FORMAT:
+        return None
+    written = path.stat().st_mtime_ns
+    newer = [p for p in _report_inputs(run) if p.is_file() and p.stat().st_mtime_ns > written]
+    return None if newer else report
 
 
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:

@@ -31,6 +31,8 @@ class LabelClient:
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 60.0, retries: int = 5,
                  backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
+        if not str(base_url).startswith(("http://", "https://")):
+            raise UserError(f"{base_url}: the server's URL starts with http:// or https://")
         self.retries, self.backoff = retries, backoff
         self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
                                   headers={"Authorization": f"Bearer {token}"})

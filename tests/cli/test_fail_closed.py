@@ -110,6 +110,15 @@ def test_a_budget_spent_with_no_answer_says_the_run_cannot_go_on(
                        "budget or a lower threshold)")
 
 
+def test_a_server_url_without_its_scheme_is_one_line(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "tokens").write_text("x" * 32 + "\n")
+    assert main(["student", "train", "--run", str(tmp_path / "run"), "--method", "supervised",
+                 "--dataset", "digits", "--server", "127.0.0.1:8470", "--token-file",
+                 str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
+    _one_error_line(capsys, "127.0.0.1:8470: the server's URL starts with http:// or https://")
+
+
 def test_a_request_larger_than_the_budget_allows_is_split(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rng = np.random.default_rng(2)

@@ -190,6 +190,8 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
              (tiny.replace("budget_epsilon = 1000.0", "budget_epsilon = 0.5"),
               "aggregator.budget_epsilon 0.5 does not cover even one query"),
              (tiny.replace('select = "random"', 'select = "uncertainty"'), "student.select"),
+             (tiny.replace("delta = 1e-05", "delta = 1e-3"),
+              "(or aggregator.allow_large_delta = true)"),
              (table.replace("[teachers]\n", '[teachers]\nmodel = "cnn"\n'),
               "teachers.model cnn needs images; on tabular data use mlp"),
              (table.replace('method = "supervised"', 'method = "gan"'),

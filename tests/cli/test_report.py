@@ -162,6 +162,13 @@ def test_runs_compared_rebuild_a_report_of_an_older_layout(tmp_path: Path) -> No
     assert [row["student"] for row in cmp["table"]] == ["vat (cnn-hog-simclr)", "dpsgd"] * 2
     a = json.loads((tmp_path / "a" / "report" / "report.json").read_text())
     assert a["report_format"] >= 2 and a["table"][0]["accuracy"] == 0.91
+    # a student trained again after the report: the report is outdated, and written again
+    metrics = tmp_path / "a" / "student" / "metrics.json"
+    metrics.write_text(metrics.read_text().replace("0.91", "0.93"))
+    assert pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
+                "--out", str(tmp_path / "cmp")).returncode == 0
+    cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    assert [row["accuracy"] for row in cmp["table"]][::2] == [0.93, 0.91]
 
 
 def test_a_model_audit_is_said_in_the_report_and_shown_to_the_owner(tmp_path: Path) -> None:

@@ -87,6 +87,12 @@ def test_cli_train_votes_student_and_report(tmp_path, digits, capsys, ray_runnin
                  "--threshold", "4", "--sigma1", "1", "--sigma2", "1", "--budget-epsilon",
                  "1e4", "--delta", "1e-5", "--queries", "60", "--method", "supervised",
                  "--arch", "mlp", "--epochs", "2"]) == 0
+    # another pool than the one the teachers voted on is refused before anything is asked
+    assert main(["student", "train", "--run", str(run), "--mechanism", "confident",
+                 "--threshold", "4", "--sigma1", "1", "--sigma2", "1", "--budget-epsilon",
+                 "1e4", "--delta", "1e-5", "--queries", "60", "--method", "supervised",
+                 "--dataset", "digits", "--pool-size", "150"]) == 2
+    assert "the student's pool must be theirs" in capsys.readouterr().err
     assert main(["report", "--run", str(run)]) == 0
     report = json.loads((run / "report" / "report.json").read_text())
     assert (report["dataset"], report["delta"], report["queries"]["asked"]) == ("digits", 1e-5,
