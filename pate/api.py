@@ -236,6 +236,12 @@ class PrivateLabels:
     def close(self) -> None:
         self.service.close()
 
+    def __enter__(self) -> PrivateLabels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class Student:
     """The student: ``method`` ``vat`` (Miyato et al. 2018), ``supervised`` or ``gan``

@@ -5,6 +5,7 @@ student/rounds.json, student/metrics.json, dpsgd/metrics.json -> report/)."""
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,21 @@ def current_report(run_dir: str | Path) -> dict[str, Any] | None:
     return None if newer else report
 
 
+def _stale_report(run_dir: str | Path, why: UserError) -> dict[str, Any]:
+    """The report a run already has when it cannot be written again (its private files gone,
+    say), with a warning; ``why`` again when it has none."""
+    path = RunDir(run_dir).report / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise why from None
+    if not isinstance(report, dict) or "table" not in report:
+        raise why
+    warnings.warn(f"{run_dir}: its report cannot be written again ({why}); compared as it was "
+                  "written", stacklevel=2)
+    return report
+
+
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
     """The report comparing ``run_dirs`` (each run's report written first where missing or of
     an older layout), in ``out_dir``; ``UserError`` when ``out_dir`` is a file."""
@@ -266,9 +282,11 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
     for run_dir in run_dirs:
         report = current_report(run_dir)
         if report is None:
-            write_run_report(run_dir)
-            report = current_report(run_dir)
-        reports.append(report)
+            try:
+                write_run_report(run_dir)
+            except UserError as exc:
+                report = _stale_report(run_dir, exc)
+        reports.append(report or current_report(run_dir))
     summary, figures = comparison(reports)
     sections = [("Runs compared", table_html(summary["table"], first_column="Run"))]
     return write_report(summary, figures, out_dir, "PATE runs compared", sections,

@@ -169,6 +169,16 @@ def test_runs_compared_rebuild_a_report_of_an_older_layout(tmp_path: Path) -> No
                 "--out", str(tmp_path / "cmp")).returncode == 0
     cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
     assert [row["accuracy"] for row in cmp["table"]][::2] == [0.93, 0.91]
+    # an outdated report whose private inputs are gone is compared as written, with a warning
+    (tmp_path / "b" / "votes.npz").unlink()
+    metrics = tmp_path / "b" / "student" / "metrics.json"
+    metrics.write_text(metrics.read_text().replace("0.91", "0.95"))
+    proc = pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
+                "--out", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stderr
+    assert "report cannot be written again" in proc.stderr and "compared as it was" in proc.stderr
+    cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    assert [row["accuracy"] for row in cmp["table"]][::2] == [0.93, 0.91]
 
 
 def test_a_model_audit_is_said_in_the_report_and_shown_to_the_owner(tmp_path: Path) -> None:
