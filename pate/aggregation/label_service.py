@@ -274,8 +274,15 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         raise UserError(f"the budget, epsilon {epsilon_budget:g} at delta {delta:g}, does not "
                         "cover even one query of this aggregator: nothing was created (a larger "
                         "budget, or more noise)")
-    ledger = Ledger(ledger_url or f"sqlite:///{home / 'ledger.db'}", default_orders(),
-                    delta, epsilon_budget, conversion)
+    own = home / "ledger.db"
+    same = ledger_url is None or (ledger_url.startswith("sqlite:///") and Path(
+        ledger_url.removeprefix("sqlite:///")).resolve() == own)
+    if own.is_file() and not same:
+        raise UserError(f"{own} already charges these votes: another ledger ({ledger_url}) "
+                        "would give the same private data a second budget; use that one (or "
+                        "move it away, knowing what it spent)")
+    ledger = Ledger(ledger_url or f"sqlite:///{own}", default_orders(), delta, epsilon_budget,
+                    conversion)
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)
     return LabelService(aggregator, ledger, pool, ensemble, limits)
 

@@ -110,6 +110,24 @@ def test_a_budget_spent_with_no_answer_says_the_run_cannot_go_on(
                        "budget or a lower threshold)")
 
 
+def test_a_second_ledger_for_the_same_votes_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """One budget per body of private data: once the votes' own ledger exists, another ledger
+    for them is refused (the same file named another way is not another ledger)."""
+    rng = np.random.default_rng(4)
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
+    run = tmp_path / "run"
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 0
+    capsys.readouterr()
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5", "--ledger",
+                         f"sqlite:///{tmp_path / 'other.db'}")) == 2
+    _one_error_line(capsys, "ledger.db already charges these votes")
+    assert not (tmp_path / "other.db").exists()
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5", "--ledger",
+                         f"sqlite:///{tmp_path}/./ledger.db")) == 0
+
+
 def test_a_server_url_without_its_scheme_is_one_line(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "tokens").write_text("x" * 32 + "\n")
