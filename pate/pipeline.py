@@ -61,6 +61,9 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     elif run.stages.is_file():  # finished stages, of a configuration no longer known
         raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
                         "directory")
+    elif made:  # the separate commands' outputs, made with settings pate run cannot know
+        raise UserError(f"{run} holds what other commands made ({', '.join(sorted(made)[:3])}) "
+                        "and no config.toml: pate run needs a new --run directory")
     run.write_text(run.config, dump_config(config))
 
 

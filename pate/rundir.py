@@ -242,7 +242,13 @@ class RunDir:
         """The number of private training records the teachers were partitioned over
         (``partition.json``), or None before the teachers' stage."""
         partition = self.read_json(self.partition)
-        return None if partition is None else int(partition["num_rows"])
+        if partition is None:
+            return None
+        try:
+            return int(partition["num_rows"])
+        except (TypeError, KeyError, ValueError):
+            raise UserError(f"{self.partition}: no num_rows: this run directory is damaged "
+                            "(restore the file, or start a new --run directory)") from None
 
     def write_text(self, path: Path, text: str) -> None:
         """Write a public text file atomically (``config.toml``)."""

@@ -129,6 +129,19 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     assert "figures/privacy_utility.png" in report["figures"].values()
 
 
+def test_a_directory_the_separate_commands_made_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Teachers trained by `pate teachers train` (no config.toml) have settings pate run cannot
+    know: it refuses the directory and writes nothing into it."""
+    run = tmp_path / "run"
+    (run / "teachers").mkdir(parents=True)
+    (run / "partition.json").write_text('{"num_rows": 1297}')
+    assert main(["run", "digits-tiny", "--run", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "holds what other commands made (partition.json, teachers)" in err
+    assert sorted(p.name for p in run.iterdir()) == ["partition.json", "teachers"]
+
+
 def test_rerun_with_another_config_is_refused(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
