@@ -183,7 +183,8 @@ class PrivateLabels:
             raise UserError(f"private_records must be >= 1, got {private_records}")
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         self.mechanism = mechanism
-        url = str(ledger) if "://" in str(ledger) else f"sqlite:///{Path(ledger).absolute()}"
+        url = (str(ledger) if "://" in str(ledger)
+               else f"sqlite:///{Path(ledger).expanduser().absolute()}")
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
         self.service = LabelService(Aggregator(mechanism, self.ledger.orders), self.ledger,
                                     self.pool, None)
@@ -250,6 +251,8 @@ class Student:
 
     def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
                  batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
+        if epochs < 1 or batch_size < 1:
+            raise UserError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
         self.arch, self.lr = arch, lr
         self.method = method_for_data("image", method, arch, lr=lr)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,

@@ -99,10 +99,16 @@ class StudentOptions:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if (self.queries < 0 or self.request_size < 1 or self.epochs < 1
-                or (self.encoder_epochs is not None and self.encoder_epochs < 1)):
-            raise UserError("--queries must be >= 0, --request-size, --epochs and "
-                            "--encoder-epochs >= 1")
+        if self.queries < 0:
+            raise UserError(f"--queries must be >= 0, got {self.queries}")
+        for flag, count in (("--request-size", self.request_size), ("--epochs", self.epochs),
+                            ("--encoder-epochs", self.encoder_epochs),
+                            ("--width", self.width), ("--batch-size", self.batch_size),
+                            ("--unlabelled-batch-size", self.unlabelled_batch_size)):
+            if count is not None and count < 1:
+                raise UserError(f"{flag} must be >= 1, got {count}")
+        if self.seed < 0:
+            raise UserError(f"--seed must be >= 0, got {self.seed}")
         if self.pool_encoder is not None and self.encoder_epochs is not None:
             raise UserError("give --pool-encoder (an encoder) or --encoder-epochs (learn one), "
                             "not both")
@@ -110,9 +116,6 @@ class StudentOptions:
             raise UserError(f"--select must be one of {', '.join(SELECTIONS)}")
         if self.augment not in AUGMENTATIONS:
             raise UserError(f"--augment must be one of {', '.join(AUGMENTATIONS)}")
-        if min(self.width, self.batch_size, self.unlabelled_batch_size) < 1 or self.seed < 0:
-            raise UserError("--width, --batch-size and --unlabelled-batch-size must be >= 1, "
-                            "--seed >= 0")
         for flag, value in (("--lr", self.lr), ("--vat-eps", self.vat_eps)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise UserError(f"{flag} must be a finite number > 0, got {value!r}")

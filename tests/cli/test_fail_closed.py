@@ -217,9 +217,11 @@ def test_a_damaged_run_directory_is_one_line(tmp_path: Path,
     (["--lr", "-1"], "--lr must be a finite number > 0"),
     (["--lr", "nan"], "--lr must be a finite number > 0"),
     (["--vat-eps", "inf"], "--vat-eps must be a finite number > 0"),
-    (["--width", "0"], "--width, --batch-size and --unlabelled-batch-size must be >= 1"),
+    (["--width", "0"], "--width must be >= 1, got 0"),
     (["--unlabelled-batch-size", "0"], "--unlabelled-batch-size must be >= 1"),
-    (["--seed", "-1"], "--seed >= 0"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--queries", "-5"], "--queries must be >= 0, got -5"),
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
 ])
 def test_student_flags_out_of_range_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str) -> None:
