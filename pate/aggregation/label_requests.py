@@ -141,8 +141,9 @@ def _screened(value: Any, info: ValidationInfo) -> Any:
 
 
 class InputsPayload(BaseModel):
-    """New inputs for the teachers to vote on: a float32 array [n, C, H, W], base64 of its
-    little-endian C-order bytes."""
+    """New inputs for the teachers to vote on: a float32 array, [n, C, H, W] images or [n, d]
+    rows of a table as the run's teachers take them, base64 of its little-endian C-order
+    bytes."""
 
     model_config = ConfigDict(extra="forbid")
     dtype: Literal["float32"]
@@ -228,7 +229,8 @@ def new_request_id() -> str:
 
 
 def encode_inputs(x: ArrayLike) -> dict[str, Any]:
-    """The ``inputs`` object of a request: a float32 array [n, C, H, W] as base64."""
+    """The ``inputs`` object of a request: a float32 array ([n, C, H, W] or [n, d]) as
+    base64."""
     a = np.ascontiguousarray(x, dtype="<f4")
     return {"dtype": "float32", "shape": list(a.shape),
             "data": base64.b64encode(a.tobytes()).decode("ascii")}

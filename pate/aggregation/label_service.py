@@ -187,11 +187,12 @@ class LabelService:
             raise UserError("inputs mode is off: this server has no teacher ensemble (start it "
                             "with --run on trained teachers)")
         shape = inputs.shape
-        if len(shape) != 4 or any(d < 1 for d in shape):
-            raise UserError("inputs.shape must be [n, C, H, W] with positive sizes")
+        expected = tuple(self.ensemble.in_shape)  # (C, H, W) of images, (d,) of a table's rows
+        if len(shape) != 1 + len(expected) or any(d < 1 for d in shape):
+            raise UserError(f"inputs.shape must be [n, {', '.join(map(str, expected))}] with "
+                            "n >= 1")
         self._check_batch(shape[0])
-        expected = self.ensemble.in_shape
-        if tuple(shape[1:]) != tuple(expected):
+        if tuple(shape[1:]) != expected:
             raise UserError(f"inputs.shape must be [n, {', '.join(map(str, expected))}]")
         size = int(np.prod(shape, dtype=np.int64)) * 4
         if size > self.body_limit:
