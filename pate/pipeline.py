@@ -131,7 +131,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
             # the server's votes are the run's own, checked by the stage that made them
             metrics = train_student(run, lambda _check: session, options, config.data.source(),
                                     on_epoch=_epoch_line(run, stage),
-                                    say=lambda text: say(f"pate run: {text}"))
+                                    say=lambda text: say(f"pate run: {text}"),
+                                    spent_is_final=False)
     finally:
         server.close()
     shown = ("not measured (no test data)" if metrics["accuracy"] is None

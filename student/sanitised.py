@@ -12,6 +12,7 @@ returned.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,16 @@ class Release:
     beta: float | None = None
     sigma: float | None = None
 
+    def __post_init__(self) -> None:
+        """Checked as read back: a record that cannot be one (a hand-edited file) is refused,
+        since it decides what later releases pay for."""
+        noise = (self.beta, self.sigma)
+        positive = all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in noise)
+        noise_ok = noise == (None, None) or (positive and self.beta < 0.5)
+        if not (type(self.queries) is int and self.queries >= 1 and noise_ok
+                and isinstance(self.epsilon, float) and math.isfinite(self.epsilon)):
+            raise ValueError("not a release")
+
 
 class Releases:
     """The releases made from one body of votes, in order, kept in ``path`` (private JSON) or,
@@ -45,7 +56,10 @@ class Releases:
         if path is not None and path.is_file():
             try:
                 self.records = [Release(**r) for r in json.loads(path.read_text())]
-            except (TypeError, ValueError):
+                counts = [r.queries for r in self.records]
+                if counts != sorted(set(counts)):
+                    raise ValueError("releases out of order")
+            except (TypeError, ValueError, AttributeError):
                 raise UserError(f"{path}: not a record of sanitised releases: this run "
                                 "directory is damaged") from None
 
@@ -54,7 +68,8 @@ class Releases:
                 conversion: Conversion = "improved") -> float | None:
         """The published sanitised epsilon of the first ``queries`` answers: the one released
         before for as many, else a new release of ``analyse(earlier releases)``'s bound (None
-        where there is none: LNMax, or the analysis cannot be made)."""
+        where there is none: LNMax, the analysis cannot be made, or a figure without noise would
+        follow a noisy release)."""
         for r in self.records:
             if r.queries == queries:
                 return r.epsilon
@@ -64,9 +79,13 @@ class Releases:
         if analysis is None or analysis.smooth_sensitivity is None:
             return None
         bound = analysis.smooth_sensitivity
+        noisy = not bound.fallback and bound.sigma is not None and bool(bound.value)
+        if earlier and not noisy:
+            # a figure with no noise would carry the earlier releases' cost, whose sigma_ss
+            # was chosen from the votes: nothing is released (the data-independent one stands)
+            return None
         z = float(np.random.default_rng().standard_normal())  # seeded from the OS's entropy
         epsilon = sanitised_release(bound, z, analysis.delta, conversion)
-        noisy = not bound.fallback and bound.sigma is not None and bool(bound.value)
         self.records.append(Release(queries, epsilon, bound.beta if noisy else None,
                                     bound.sigma if noisy else None))
         if self.path is not None:  # kept before the figure leaves

@@ -359,9 +359,12 @@ def train_student(run: RunDir,
                   options: StudentOptions, data: DataSource, *,
                   conversion: str = "improved",
                   on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                  say: Callable[[str], None] = _stderr_line) -> dict[str, Any]:
+                  say: Callable[[str], None] = _stderr_line,
+                  spent_is_final: bool = True) -> dict[str, Any]:
     """One query round and the student's training; returns the metrics written to
-    ``student/metrics.json``.
+    ``student/metrics.json``. A budget spent before the round asked anything is an error
+    (``spent_is_final``), unless answers are in hand and the caller goes on without new ones
+    (``pate run``'s later rounds: the student trains on what it has).
 
     Everything that can be checked is checked before ``open_session`` is called (the options,
     the data, the labels so far, the pool encoder), so a mistake spends nothing.
@@ -419,7 +422,7 @@ def train_student(run: RunDir,
                                      on_request=_saving(run, before, bar))
         except PateError as exc:
             raise UserError(f"the aggregator refused: {exc}") from None
-        if exhausted and not len(got):
+        if exhausted and not len(got) and (spent_is_final or not len(before)):
             hint = ("--queries 0 retrains on the answers so far" if len(before)
                     else "a larger --budget-epsilon, or a new ledger")
             raise UserError("the privacy budget does not cover even one more query: nothing "

@@ -266,8 +266,8 @@ def _stale_report(run_dir: str | Path, why: UserError) -> dict[str, Any]:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
         raise why from None
-    if not isinstance(report, dict) or "table" not in report:
-        raise why
+    if not isinstance(report, dict) or report.get("report_format") != REPORT_FORMAT:
+        raise why  # another layout's figures may mean other things (a sanitised ε before noise)
     warnings.warn(f"{run_dir}: its report cannot be written again ({why}); compared as it was "
                   "written", stacklevel=2)
     return report
@@ -284,9 +284,10 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
         if report is None:
             try:
                 write_run_report(run_dir)
+                report = RunDir(run_dir).read_json(RunDir(run_dir).report / "report.json")
             except UserError as exc:
                 report = _stale_report(run_dir, exc)
-        reports.append(report or current_report(run_dir))
+        reports.append(report)
     summary, figures = comparison(reports)
     sections = [("Runs compared", table_html(summary["table"], first_column="Run"))]
     return write_report(summary, figures, out_dir, "PATE runs compared", sections,

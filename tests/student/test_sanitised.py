@@ -8,6 +8,7 @@ import json
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.mechanisms import ConfidentGNMax
@@ -22,6 +23,7 @@ from analysis.votes_analysis import (
     sanitised_release,
 )
 from pate.data.synthetic import synthetic_votes
+from pate.errors import UserError
 from student.sanitised import Releases
 
 MECHANISM = ConfidentGNMax(threshold=200, sigma1=150, sigma2=40)
@@ -75,3 +77,29 @@ def test_earlier_releases_cost_what_theorem_23_says() -> None:
         at.rdp - at.rdp_cost + gnss_rdp(earlier.beta, earlier.sigma, after.order))
     # an order outside the earlier release's range cannot compose with it
     assert after.order < 1.0 / (2.0 * earlier.beta)
+
+
+@pytest.mark.parametrize("record", [
+    {"queries": "200", "epsilon": 2.0}, {"queries": 200, "epsilon": 2.0, "beta": 0.0,
+                                         "sigma": 5.0},
+    {"queries": 200, "epsilon": 2.0, "beta": "0.02", "sigma": 5.0},
+    {"queries": 200, "epsilon": 2.0, "beta": 0.02, "sigma": None},
+    {"queries": 200, "epsilon": 2.0, "beta": 0.02, "sigma": -5.0}, {"queries": 200}])
+def test_a_damaged_record_of_releases_is_one_error(tmp_path: Path, record: dict) -> None:
+    path = tmp_path / "sanitised-releases.json"
+    path.write_text(json.dumps([record]))
+    with pytest.raises(UserError, match="not a record of sanitised releases"):
+        Releases(path)
+
+
+def test_no_figure_without_noise_follows_a_noisy_release() -> None:
+    """A fallback (or a total of smooth sensitivity 0) has no noise to hide the earlier
+    releases' cost, whose sigma_ss was chosen from the votes: nothing is released."""
+    releases = Releases()
+    assert releases.release(200, lambda earlier: analyse(200, earlier)) is not None
+    fallback = analyze_segments([QuerySegment(np.array([[7, 7, 6]] * 10),
+                                              ConfidentGNMax(14, 4, 2))], 1e-5)
+    assert fallback.smooth_sensitivity.fallback
+    assert releases.release(300, lambda earlier: fallback) is None
+    assert Releases().release(10, lambda earlier: fallback) == \
+        fallback.smooth_sensitivity.epsilon  # alone, the fallback reads no vote
