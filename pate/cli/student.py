@@ -154,6 +154,9 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
             client = LabelClient.from_token_file(args.server, args.token_file)
         except (OSError, ValueError) as exc:
             raise UserError(f"{args.token_file}: {exc}") from None
+        if not client.healthy():  # at once, rather than after the retries of a first request
+            client.close()
+            raise UserError(f"cannot reach {args.server}: is a pate serve running there?")
         return AggregatorSession(client, args.mechanism)
     votes = args.votes or RunDir(args.run).votes
     if not votes.is_file():

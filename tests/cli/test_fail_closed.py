@@ -7,6 +7,8 @@ directory left by a failed command, and `pate run --help` naming every preset.""
 from __future__ import annotations
 
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,13 +130,22 @@ def test_a_second_ledger_for_the_same_votes_is_refused(
                          f"sqlite:///{tmp_path}/./ledger.db")) == 0
 
 
-def test_a_server_url_without_its_scheme_is_one_line(tmp_path: Path,
+def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "tokens").write_text("x" * 32 + "\n")
     assert main(["student", "train", "--run", str(tmp_path / "run"), "--method", "supervised",
                  "--dataset", "digits", "--server", "127.0.0.1:8470", "--token-file",
                  str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
     _one_error_line(capsys, "127.0.0.1:8470: the server's URL starts with http:// or https://")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    assert main(["student", "train", "--run", str(tmp_path / "run"), "--method", "supervised",
+                 "--dataset", "digits", "--server", f"http://127.0.0.1:{port}", "--token-file",
+                 str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
+    _one_error_line(capsys, f"cannot reach http://127.0.0.1:{port}: is a pate serve running")
+    assert time.monotonic() - started < 5
 
 
 def test_a_request_larger_than_the_budget_allows_is_split(
