@@ -179,9 +179,8 @@ def worst_case_queries(mechanism: Mechanism, epsilon: float, delta: float,
                        conversion: Conversion = "improved") -> int:
     """The most queries, every one answered, that a budget ``epsilon`` at ``delta`` covers:
     the largest k (at most ``limit``) whose ``realised_rdp_independent(mechanism, k, k)``
-    converts (``analysis.rdp.epsilon_from_rdp``, with ``conversion``) to at most ``epsilon``. The
-    converted epsilon
-    grows with k, so k is found by bisection."""
+    converts (``analysis.rdp.epsilon_from_rdp``, with ``conversion``) to at most ``epsilon``.
+    The converted epsilon grows with k, so k is found by bisection."""
     def fits(k: int) -> bool:
         rdp = realised_rdp_independent(mechanism, k, k, orders)
         with warnings.catch_warnings():

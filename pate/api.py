@@ -27,7 +27,12 @@ from analysis.costs import realised_rdp_independent, steps
 from analysis.mechanisms import Mechanism
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
-from analysis.votes_analysis import QuerySegment, analyze_segments
+from analysis.votes_analysis import (
+    EarlierRelease,
+    PrivacyAnalysis,
+    QuerySegment,
+    analyze_segments,
+)
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_service import (
@@ -222,13 +227,16 @@ class PrivateLabels:
         if not len(self.received):
             sanitised = 0.0 if steps(self.mechanism).answer.smooth_sensitivity else None
             return PublishableEpsilon(0.0, sanitised, budget.epsilon_spent, budget.delta)
-        votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
-        baseline = (None if not self._probs
-                    else votes[0].sum() * np.concatenate(self._probs))
-        sanitised = self._releases.release(
-            len(self.received), lambda earlier: analyze_segments(
-                [QuerySegment(votes, self.mechanism, baseline)], budget.delta,
-                conversion=self.ledger.conversion, earlier=earlier), self.ledger.conversion)
+
+        def analyse(earlier: list[EarlierRelease]) -> PrivacyAnalysis:  # only for a new release
+            votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
+            baseline = (None if not self._probs
+                        else votes[0].sum() * np.concatenate(self._probs))
+            return analyze_segments([QuerySegment(votes, self.mechanism, baseline)],
+                                    budget.delta, conversion=self.ledger.conversion,
+                                    earlier=earlier)
+
+        sanitised = self._releases.release(len(self.received), analyse, self.ledger.conversion)
         independent = self.ledger.epsilon(realised_rdp_independent(
             self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
             self.ledger.orders))

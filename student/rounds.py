@@ -194,8 +194,7 @@ def round_segments(rounds: list[dict], received: Received,
     rows of ``received`` they asked, in the same order): one ``QuerySegment`` per round, with the
     votes ``votes_of(pool_index)`` and, for Interactive-GNMax, its ``interactive_baseline``.
     None when a round's parameters were not recorded (by an older version, for a remote
-    service) or the rounds do not
-    account for every received row."""
+    service) or the rounds do not account for every received row."""
     if sum(r["queries"] for r in rounds) != len(received) or any(
             len(r["mechanism"]) == 1 for r in rounds):
         return None

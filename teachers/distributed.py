@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pate.data.task import Benchmark, DataFiles, DataSource, Task, load_task, source_record
+from pate.data.task import Benchmark, DataFiles, DataSource, Task, load_task, source_identity
 from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
@@ -58,8 +58,7 @@ class TrainJob:
 
     def settings(self) -> dict:
         """The settings a rerun must repeat to resume (everything but where the data lives)."""
-        record = source_record(self.source)
-        record.pop("data_dir", None)
+        record = source_identity(self.source)
         name = self.dataset if isinstance(self.dataset, str) else Path(self.dataset.public).stem
         return {"dataset": name, "data": record, "num_teachers": self.num_teachers,
                 "shard_size": self.shard_size, "train": asdict(self.train),

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pate.aggregation.vote_pool import VotePool
-    from pate.data.task import DataSource
     from student.workflow import AggregatorSession
 
 
@@ -171,17 +170,11 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 
-def _record(source: DataSource) -> dict:
-    """A data source's record without where a built-in dataset's files lie."""
-    from pate.data.task import source_record
-
-    return {k: v for k, v in source_record(source).items() if k != "data_dir"}
-
-
 def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
+    from pate.data.task import source_identity
     from student.workflow import StudentOptions, train_student
     from teachers.checkpoints import teachers_source
 
@@ -198,7 +191,7 @@ def run_train(args: argparse.Namespace) -> int:
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
     teachers = teachers_source(RunDir(args.run).root)
     data = source_from_flags(args, teachers)
-    if teachers is not None and _record(data) != _record(teachers):
+    if teachers is not None and source_identity(data) != source_identity(teachers):
         raise UserError("the run's teachers were trained and voted on other data than the data "
                         "flags name: the student's pool must be theirs (give no data flag to "
                         "use it)")

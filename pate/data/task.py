@@ -77,6 +77,12 @@ def source_record(source: DataSource) -> dict[str, Any]:
                              for k, v in asdict(source).items()}}
 
 
+def source_identity(source: DataSource) -> dict[str, Any]:
+    """``source_record`` without where a built-in dataset's files lie: what makes two sources
+    the same data (a rerun elsewhere, a student of the teachers' pool)."""
+    return {k: v for k, v in source_record(source).items() if k != "data_dir"}
+
+
 def source_from_record(record: dict[str, Any]) -> DataSource:
     """The source of a ``source_record``."""
     fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in record.items()

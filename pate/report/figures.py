@@ -210,6 +210,7 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     privacy = report["privacy"]
     if privacy is not None:
         ss = privacy["smooth_sensitivity"]
+        student_eps = (report["student"] or {}).get("epsilon") or {}
         rows.append({
             "method": "PATE: " + " then ".join(MECHANISMS[m].title
                                                 for m in privacy["mechanism"].split("+")),
@@ -218,11 +219,9 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
             "epsilon_data_independent": report["queries"]["epsilon_data_independent"],
             "epsilon_data_independent_expected": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
-            "epsilon_smooth_sensitivity": ((report["student"] or {}).get("epsilon") or {}).get(
-                "data_dependent_sanitised"),
+            "epsilon_smooth_sensitivity": student_eps.get("data_dependent_sanitised"),
             "epsilon_smooth_sensitivity_expected": ss["epsilon"] if ss else None,
-            "epsilon_spent": ((report["student"] or {}).get("epsilon") or {}).get(
-                "data_independent"),
+            "epsilon_spent": student_eps.get("data_independent"),
             "delta": privacy["delta"],
             "accuracy": (report["student"] or {}).get("accuracy"),
         })

@@ -219,10 +219,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) -> FastAPI:
     """The FastAPI application: POST /v1/labels, GET /v1/budget, GET /v1/mechanism, GET /healthz
-    and the OpenAPI
-    schema at /openapi.json (it reveals nothing private and needs no token). ``docs`` serves the
-    interactive page /docs too, which loads its scripts from a CDN (off by default: the
-    service works offline)."""
+    and the OpenAPI schema at /openapi.json (it reveals nothing private and needs no token).
+    ``docs`` serves the interactive page /docs too, which loads its scripts from a CDN (off by
+    default: the service works offline)."""
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
