@@ -287,10 +287,11 @@ class Student:
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr)
         self.spec_ = method.spec(x.shape[1:], n_classes)
         self.schema_ = None  # fitted on arrays: it predicts on arrays
-        seed_everything(self.fit_config.seed)
-        self.model_ = build_classifier(self.spec_)
-        fit(build_learner(method, self.model_, self.spec_),
-            x[labels.pool_index[answered]], labels.label[answered], x, self.fit_config)
+        with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator as it was
+            seed_everything(self.fit_config.seed)
+            self.model_ = build_classifier(self.spec_)
+            fit(build_learner(method, self.model_, self.spec_),
+                x[labels.pool_index[answered]], labels.label[answered], x, self.fit_config)
         return self
 
     def predict_proba(self, x: ArrayLike) -> NDArray[np.float64]:

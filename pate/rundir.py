@@ -196,14 +196,20 @@ class RunDir:
     def exclusive(self) -> Iterator[None]:
         """Hold the directory for one command (an advisory ``flock`` on the directory itself,
         released when the process ends, however it ends); ``UserError`` while another holds
-        it: two commands would train the same stage at once."""
-        fd = os.open(self.root, os.O_RDONLY)
+        it: two commands would train the same stage, or release from the same answers, at
+        once. ``pate run`` and the teachers' and student's commands hold it; ``pate serve``
+        does not (its ledger is shared by design)."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY)
+        except FileNotFoundError:
+            raise UserError(f"{self}: no such run directory") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise UserError(f"{self} is in use by another pate run; wait for it to end, or "
-                                "stop it") from None
+                raise UserError(f"{self} is in use by another pate command (a pate run, or a "
+                                "teachers' or student's stage); wait for it to end, or stop "
+                                "it") from None
             except OSError as exc:  # a file system without locks: run, and say so
                 warnings.warn(f"{self} cannot be locked ({exc.strerror or exc}): a second pate "
                               "run on it would not be stopped", stacklevel=3)

@@ -34,7 +34,7 @@ from pate.aggregation.label_requests import LabelSource
 from pate.aggregation.label_service import LabelService
 from pate.aggregation.vote_pool import VotePool
 from pate.data.augment import AUGMENTATIONS
-from pate.data.task import DataSource, Task, load_task
+from pate.data.task import DataSource, Task, load_task, source_identity
 from pate.devices import device_problem
 from pate.errors import PateError, RemoteServiceError, UserError
 from pate.io import write_bytes_atomic
@@ -160,18 +160,27 @@ class AggregatorSession:
         self.source.close()
 
 
-def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
-    """The mechanism and parameters the aggregator answers with (``LabelSource.mechanism``),
-    which must be the one the round was told; ``UserError`` otherwise, before any query."""
+def _described(session: AggregatorSession, what: str) -> dict[str, Any]:
+    """The aggregator's public description ``what`` (``mechanism`` or ``pool``, a
+    ``LabelSource`` method and a GET route); ``UserError`` when it is refused or missing."""
     try:
-        record = session.source.mechanism()
+        record = getattr(session.source, what)()
     except RemoteServiceError as exc:
         if exc.status == 404:
-            raise UserError("the server has no GET /v1/mechanism: not a pate serve of this "
+            raise UserError(f"the server has no GET /v1/{what}: not a pate serve of this "
                             "version (or not a pate serve)") from None
         raise UserError(f"the aggregator refused: {exc}") from None
     except PateError as exc:
         raise UserError(f"the aggregator refused: {exc}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"the aggregator's GET /v1/{what} is not a record")
+    return record
+
+
+def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
+    """The mechanism and parameters the aggregator answers with (``LabelSource.mechanism``),
+    which must be the one the round was told; ``UserError`` otherwise, before any query."""
+    record = _described(session, "mechanism")
     try:
         mechanism = mechanism_from_dict(record)
     except (ValueError, TypeError, AttributeError):
@@ -264,20 +273,42 @@ def _pool_features(options: StudentOptions, given: Any, previous: Any,
     return PoolFeatures.on_pool(encoder, pool_x)
 
 
-def _check_votes(run: RunDir, pool: VotePool, task: Task) -> None:
-    """Refuse, before anything is asked, votes that do not fit the pool: another number of
-    classes, rows beyond the pool, or another number of teachers than the run's (the shapes
-    and the number of teachers are public; no vote is read)."""
-    if pool.classes != task.num_classes:
-        raise UserError(f"the votes have {pool.classes} classes, the data {task.num_classes}: "
+def _check_teachers_data(run: RunDir, task: Task, data: DataSource) -> None:
+    """Refuse a student's data that is not what the run's teachers voted on: by the pool's
+    fingerprint (``Task.pool_fingerprint``, the same wherever the files lie) where their
+    manifest records one, else by the data's record (an older run)."""
+    manifest = checkpoints.read_manifest(run.root)
+    if not isinstance(manifest, dict):
+        return
+    recorded = manifest.get("pool_fingerprint")
+    teachers = checkpoints.teachers_source(run.root)
+    if (task.pool_fingerprint != recorded if recorded is not None
+            else teachers is not None and source_identity(data) != source_identity(teachers)):
+        raise UserError("the run's teachers were trained and voted on other data than the "
+                        "data flags name: the student's pool must be theirs (give no data "
+                        "flag to use it)")
+
+
+def _check_votes(run: RunDir, votes: dict[str, Any], task: Task) -> None:
+    """Refuse, before anything is asked, votes (``VotePool.describe``, local or GET /v1/pool)
+    that do not fit the pool: cast on another pool (its fingerprint, where known), another
+    number of classes, rows beyond the pool, or another number of teachers than the run's
+    (all public; no vote is read)."""
+    fingerprint = votes.get("fingerprint")
+    if fingerprint is not None and fingerprint != task.pool_fingerprint:
+        raise UserError("the votes were cast on another public pool than the student's (its "
+                        "content, rows or label set differ): they are not this pool's votes")
+    classes = votes.get("classes")
+    if classes is not None and classes != task.num_classes:
+        raise UserError(f"the votes have {classes} classes, the data {task.num_classes}: "
                         "they are not this pool's votes")
-    rows = pool.pool_indices
-    if rows.size and (rows[0] < 0 or rows[-1] >= len(task.pool_x)):
-        raise UserError(f"the votes cover pool rows up to {int(rows[-1])}, but the pool has "
+    first, last = votes.get("first_index"), votes.get("last_index")
+    if first is not None and last is not None and (first < 0 or last >= len(task.pool_x)):
+        raise UserError(f"the votes cover pool rows up to {int(last)}, but the pool has "
                         f"{len(task.pool_x)} rows: they are not this pool's votes")
     manifest = checkpoints.read_manifest(run.root) or {}
-    teachers = pool.teachers
-    if manifest.get("num_teachers") not in (None, teachers):
+    teachers = votes.get("teachers")
+    if teachers is not None and manifest.get("num_teachers") not in (None, teachers):
         raise UserError(f"the votes are of {teachers} teachers, the run's teachers number "
                         f"{manifest['num_teachers']}: they are not this run's votes")
 
@@ -374,6 +405,7 @@ def train_student(run: RunDir,
     gets (epoch, mean losses) after each training epoch; ``say`` one line of news."""
     started = time.perf_counter()
     task = load_task(data, need_private=False)
+    _check_teachers_data(run, task, data)
     method = options.method_config(task.kind)
     fit_config = options.fit_config(method)
     pool_x, pool_y = task.pool_x, task.pool_y
@@ -391,10 +423,12 @@ def train_student(run: RunDir,
     previous = load_classifier(out)
     rounds_before = run.read_json(run.rounds) or []
 
-    session = open_session(lambda pool: _check_votes(run, pool, task))
+    session = open_session(lambda pool: _check_votes(run, pool.describe(), task))
     interactive = session.mechanism == "interactive"
     try:
         mechanism = _served_mechanism(session)
+        if session.service is None:  # a remote aggregator: its votes are checked by their
+            _check_votes(run, _described(session, "pool"), task)  # public description
         out.mkdir(exist_ok=True)  # once the aggregator has accepted the round
         candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:

@@ -156,6 +156,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     elif {k: manifest.get(k) for k in settings} != settings:
         raise UserError("this run's teachers were trained with other settings (see "
                         "teachers/manifest.json); repeat them or use a new --run directory")
+    manifest.setdefault("pool_fingerprint", data.pool_fingerprint)  # Task.pool_fingerprint
     return manifest, data, part
 
 

@@ -129,19 +129,25 @@ def load_ensemble(run_dir: str | Path, device: str = "cpu") -> Ensemble:
 
 def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None = None,
                   batch_size: int | None = None) -> int:
-    """Write ``votes.npz`` (private: votes int32 [queries, classes], pool_index int64) for the
-    public pool of ``run_dir`` and put the teachers' accuracy and their plurality's on the
-    evaluation half, and the plurality's accuracy on the pool, into the manifest. Returns the
-    number of queries."""
+    """Write ``votes.npz`` (private: votes int32 [queries, classes], pool_index int64, and the
+    public ``pool_fingerprint`` of the pool they were cast on) for the public pool of
+    ``run_dir`` and put the teachers' accuracy and their plurality's on the evaluation half,
+    and the plurality's accuracy on the pool, into the manifest. Returns the number of
+    queries."""
     if batch_size is not None and batch_size < 1:
         raise UserError(f"the batch size must be >= 1, got {batch_size}")
     run_dir = Path(run_dir)
     ens = load_ensemble(run_dir, device)
     manifest = checkpoints.read_manifest(run_dir)
     task = load_task(checkpoints.data_source(manifest, data_dir), need_private=False)
+    if manifest.get("pool_fingerprint", task.pool_fingerprint) != task.pool_fingerprint:
+        raise UserError("the public pool is not the one the teachers were trained beside (its "
+                        "content, rows or label set changed since): its votes would not be "
+                        "theirs; restore it, or train the teachers again in a new --run")
     votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
-        fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64)), private=True)
+        fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
+        pool_fingerprint=np.array(task.pool_fingerprint)), private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:
         acc, plurality = ens.scores(task.eval_x, task.eval_y, batch_size,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax
 from pate.api import PrivateLabels, Student, load_student
@@ -127,7 +128,12 @@ def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
                           (lambda: student.fit(x[:0], got, 3), "n >= 1")):
         with pytest.raises(UserError, match=message):
             call()
-    student.fit(x, got, 3)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    student.fit(x, got, 3)  # seeded, and the caller's generator left as it was
+    assert torch.equal(torch.get_rng_state(), state)
+    again = Student("supervised", arch="mlp", epochs=1).fit(x, got, 3)
+    np.testing.assert_array_equal(again.predict_proba(x), student.predict_proba(x))
     with pytest.raises(UserError, match="one label per row of x: 1 labels, 40 rows"):
         student.score(x, [1])
     labels.close()

@@ -287,3 +287,7 @@ class LabelSource(Protocol):
     def mechanism(self) -> dict[str, Any]:
         """The aggregator's mechanism and parameters (``analysis.mechanisms`` record)."""
         ...
+
+    def pool(self) -> dict[str, Any]:
+        """The votes' public description (``VotePool.describe``)."""
+        ...

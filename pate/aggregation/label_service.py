@@ -125,6 +125,14 @@ class LabelService:
         privacy analysis of the answers needs them."""
         return mechanism_to_dict(self.aggregator.mechanism)
 
+    def describe_pool(self) -> dict[str, Any]:
+        """The votes' public description (GET /v1/pool, ``VotePool.describe``); ``rows`` 0 and
+        the rest None when only new inputs are answered."""
+        if self.pool is None:
+            return {"rows": 0, "first_index": None, "last_index": None, "teachers": None,
+                    "classes": None, "fingerprint": None}
+        return self.pool.describe()
+
     def labels(self, req: LabelsRequest, client: str) -> dict[str, Any]:
         """Answer ``req`` (or replay its stored answer), waiting for the ledger's commit.
         Raises a ``PateError`` refusal; any other exception means nothing was released."""
@@ -310,6 +318,10 @@ class InProcessLabels:
     def mechanism(self) -> dict[str, Any]:
         """The mechanism and its parameters, as ``LabelClient.mechanism``."""
         return self.service.mechanism()
+
+    def pool(self) -> dict[str, Any]:
+        """The votes' public description, as ``LabelClient.pool``."""
+        return self.service.describe_pool()
 
     def close(self) -> None:
         """Stop the service (its ledger)."""

@@ -4,21 +4,25 @@ votes never leave the service, docs/design.md, privacy rule 2)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from pate.data.votes_file import load_votes_with_index
+from pate.data.votes_file import load_pool_fingerprint, load_votes_with_index
 from pate.errors import UserError
 
 
 class VotePool:
     """Votes ``[rows, classes]`` and the pool index of each row (default ``0..rows-1``); looks up
-    the rows of given pool indices in O(log rows) each (a sorted copy of the index)."""
+    the rows of given pool indices in O(log rows) each (a sorted copy of the index).
+    ``fingerprint``: the ``Task.pool_fingerprint`` of the pool the votes were cast on, if
+    known."""
 
-    def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None
-                 ) -> None:
+    def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None,
+                 fingerprint: str | None = None) -> None:
         self.votes = np.asarray(votes, np.int64)
+        self.fingerprint = fingerprint
         index = (np.arange(len(self.votes)) if pool_index is None
                  else np.asarray(pool_index, np.int64))
         if index.shape != (len(self.votes),):
@@ -31,8 +35,9 @@ class VotePool:
 
     @classmethod
     def from_file(cls, path: str | Path) -> VotePool:
-        """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index`` (votes.npz)."""
-        return cls(*load_votes_with_index(path))
+        """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index`` and
+        ``pool_fingerprint`` (votes.npz)."""
+        return cls(*load_votes_with_index(path), load_pool_fingerprint(path))
 
     @property
     def pool_indices(self) -> NDArray[np.int64]:
@@ -50,6 +55,17 @@ class VotePool:
     def classes(self) -> int:
         """The number of classes (columns of the votes)."""
         return int(self.votes.shape[1])
+
+    def describe(self) -> dict[str, Any]:
+        """What a student may know of the votes to check that they are its pool's (GET
+        /v1/pool): the pool indices' count and range, the number of teachers and classes, the
+        fingerprint. Public: no vote is read but every row's sum."""
+        index = self._sorted
+        return {"rows": int(index.size),
+                "first_index": int(index[0]) if index.size else None,
+                "last_index": int(index[-1]) if index.size else None,
+                "teachers": self.teachers, "classes": self.classes,
+                "fingerprint": self.fingerprint}
 
     def rows(self, indices: NDArray[np.int64]) -> NDArray[np.intp]:
         """Rows of ``votes`` holding the given pool indices. ``UserError`` for an index outside

@@ -174,7 +174,6 @@ def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
-    from pate.data.task import source_identity
     from student.workflow import StudentOptions, train_student
     from teachers.checkpoints import teachers_source
 
@@ -189,15 +188,12 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
         vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
-    teachers = teachers_source(RunDir(args.run).root)
-    data = source_from_flags(args, teachers)
-    if teachers is not None and source_identity(data) != source_identity(teachers):
-        raise UserError("the run's teachers were trained and voted on other data than the data "
-                        "flags name: the student's pool must be theirs (give no data flag to "
-                        "use it)")
-    with progress_bar(f"student {args.method}", args.epochs, "epoch") as bar:
+    run = RunDir(args.run)
+    data = source_from_flags(args, teachers_source(run.root))
+    with run.create().exclusive(), progress_bar(f"student {args.method}", args.epochs,
+                                                  "epoch") as bar:
         try:
-            metrics = train_student(RunDir(args.run), lambda check: _session(args, check),
+            metrics = train_student(run, lambda check: _session(args, check),
                                     options, data,
                                     conversion=args.conversion,
                                     on_epoch=lambda _e, _loss: bar.update(1))

@@ -87,7 +87,8 @@ def _train(args: argparse.Namespace) -> int:
            else TrainJob(source, args.teachers, args.shard_size, cfg))
     cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
     t0 = time.time()
-    result = train_teachers(args.run, job, cluster)
+    with RunDir(args.run).create().exclusive():
+        result = train_teachers(args.run, job, cluster)
     print(f"teachers: trained {len(result['trained'])} shard(s), {len(result['skipped'])} "
           f"already done, in {time.time() - t0:.1f} s -> {RunDir(args.run).teachers}",
           file=sys.stderr)
@@ -98,7 +99,8 @@ def _votes(args: argparse.Namespace) -> int:
     from teachers.votes import collect_votes
 
     t0 = time.time()
-    queries = collect_votes(args.run, args.device, args.data_dir, args.batch_size)
+    with RunDir(args.run).exclusive():
+        queries = collect_votes(args.run, args.device, args.data_dir, args.batch_size)
     print(f"votes: {queries} queries in {time.time() - t0:.1f} s -> {RunDir(args.run).votes}",
           file=sys.stderr)
     return 0

@@ -14,6 +14,7 @@ Every mistake is one ``UserError`` line naming the file, never a value of a priv
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 import zipfile
 from pathlib import Path
@@ -191,6 +192,23 @@ def image_names(path: str | Path) -> list[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return [f.relative_to(path).as_posix() for f in _image_files(Path(path))[0]]
+
+
+def content_digest(path: str | Path) -> str:
+    """sha256 (hex) of what a data file holds, however it was named or moved: a file's bytes,
+    or a folder's images, each by its name relative to the folder and its bytes, in the order
+    ``read_image_folder`` reads them."""
+    p = Path(path)
+    _exists(p)
+    digest = hashlib.sha256()
+    if p.is_dir():
+        for name in image_names(p):  # each part after its length: no two folders alike
+            data = (p / name).read_bytes()
+            digest.update(f"{len(name)}:{name}{len(data)}:".encode())
+            digest.update(data)
+    else:
+        digest.update(p.read_bytes())
+    return digest.hexdigest()
 
 
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,

@@ -81,6 +81,20 @@ def load_votes_with_index(path: str | Path) -> tuple[NDArray[np.int64], NDArray[
     return votes, index.astype(np.int64)
 
 
+def load_pool_fingerprint(path: str | Path) -> str | None:
+    """The ``pool_fingerprint`` a run's ``votes.npz`` records (``Task.pool_fingerprint`` of the
+    pool the votes were cast on); None for a file without one (a published ``.npy``)."""
+    if not str(path).endswith(".npz"):
+        return None
+    with np.load(path, allow_pickle=False) as data:
+        if "pool_fingerprint" not in data.files:
+            return None
+        value = data["pool_fingerprint"]
+    if value.shape != () or value.dtype.kind != "U":
+        raise UserError(f"{path}: pool_fingerprint must be one string")
+    return str(value)
+
+
 def load_pool_indices(path: str | Path) -> NDArray[np.int64]:
     """Pool indices, 1-d integers: a ``.npy``, or an ``.npz`` with ``pool_index`` (a student's
     ``labels.npz``)."""

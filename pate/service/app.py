@@ -68,6 +68,17 @@ class LabelsResponse(BaseModel):
                                              "(no new noise, no charge)")
 
 
+class PoolDescription(BaseModel):
+    """GET /v1/pool (``VotePool.describe``)."""
+
+    rows: int
+    first_index: int | None
+    last_index: int | None
+    teachers: int | None
+    classes: int | None
+    fingerprint: str | None
+
+
 class ErrorBody(BaseModel):
     error: str
     detail: Any = None
@@ -265,6 +276,14 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
         """The aggregator's mechanism and its parameters: public, as the privacy analysis of
         the answers needs them."""
         return service.mechanism()
+
+    @app.get("/v1/pool", response_model=PoolDescription, responses=_ERRORS, tags=["labels"])
+    def pool(_client_id: ClientId) -> dict[str, Any]:
+        """The public description of the votes the service answers from: how many pool rows
+        they cover, the first and last pool index, the number of teachers and classes, and the
+        fingerprint of the pool they were cast on (null if unknown), so that a student can
+        check, before it asks, that they are its pool's."""
+        return service.describe_pool()
 
     @app.post("/v1/labels", response_model=LabelsResponse, responses=_ERRORS, tags=["labels"],
               openapi_extra={"requestBody": {"required": True, "content": {

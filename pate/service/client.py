@@ -65,6 +65,11 @@ class LabelClient:
         """GET /v1/mechanism: the aggregator's mechanism and its parameters."""
         return self._request("GET", "/v1/mechanism")
 
+    def pool(self) -> dict[str, Any]:
+        """GET /v1/pool: the votes' public description (rows, first and last pool index,
+        teachers, classes, the pool's fingerprint)."""
+        return self._request("GET", "/v1/pool")
+
     def healthy(self) -> bool:
         """Whether the server answers GET /healthz."""
         try:

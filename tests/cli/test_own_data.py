@@ -222,3 +222,40 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
         DataFiles("p", "q", classes=("a", "b", "a"))
     with pytest.raises(UserError, match="must be positive"):
         DataFiles("p", "q", image_size=(0, 16))
+
+
+def test_the_students_data_is_the_teachers_pool_wherever_its_files_lie(
+        tmp_path: Path, capsys: pytest.CaptureFixture, ray_running: None) -> None:
+    """The student's data flags must name the pool the teachers voted on: the same files moved
+    elsewhere are (the pool's fingerprint, not its path, is compared); a pool with one row
+    changed is not, and is refused before anything is asked."""
+    rng = np.random.default_rng(3)
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "private.csv").write_text(census(240, rng))
+    (here / "public.csv").write_text(census(120, rng))
+    run = tmp_path / "run"
+    data = ["--label", "income", "--classes", "<=50K", ">50K"]
+    assert main(["--quiet", "teachers", "train", "--run", str(run), "--private",
+                 str(here / "private.csv"), "--public", str(here / "public.csv"), *data,
+                 "--teachers", "3", "--epochs", "2", "--workers", "1"]) == 0
+    assert main(["--quiet", "teachers", "votes", "--run", str(run)]) == 0
+    manifest = json.loads((run / "teachers" / "manifest.json").read_text())
+    with np.load(run / "votes.npz") as votes:
+        assert str(votes["pool_fingerprint"]) == manifest["pool_fingerprint"]
+    moved = tmp_path / "moved"
+    here.rename(moved)
+    student = ["--quiet", "student", "train", "--run", str(run), "--private",
+               str(moved / "private.csv"), "--public", str(moved / "public.csv"), *data,
+               "--mechanism", "gnmax", "--sigma", "1", "--budget-epsilon", "1000",
+               "--delta", "1e-4", "--method", "supervised", "--epochs", "1"]
+    assert main([*student, "--queries", "10"]) == 0
+    lines = (moved / "public.csv").read_text().splitlines()
+    lines[3] = lines[4]
+    (moved / "public.csv").write_text("\n".join(lines) + "\n")
+    assert main([*student, "--queries", "10"]) == 2
+    assert "the student's pool must be theirs" in capsys.readouterr().err
+    assert len(np.load(run / "labels.npz")["pool_index"]) == 10  # nothing more was asked
+    moved.rename(here)  # nor is it voted on where the teachers' manifest says it lies
+    assert main(["--quiet", "teachers", "votes", "--run", str(run)]) == 2
+    assert "not the one the teachers were trained beside" in capsys.readouterr().err

@@ -263,7 +263,15 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path,
     with run.exclusive():  # another command holds it
         assert main(["run", "digits-tiny", "--run", str(run), "--quiet"]) == 2
         err = capsys.readouterr().err
-        assert "is in use by another pate run" in err and err.count("\n") == 1
+        assert "is in use by another pate command" in err and err.count("\n") == 1
+        # and the separate commands, which would train or release from the same files
+        for argv in (["teachers", "train", "--dataset", "digits", "--teachers", "2"],
+                     ["teachers", "votes"],
+                     ["student", "train", "--dataset", "digits", "--mechanism", "gnmax",
+                      "--sigma", "1", "--budget-epsilon", "9", "--delta", "1e-5",
+                      "--method", "supervised"]):
+            assert main(["--quiet", *argv, "--run", str(run)]) == 2
+            assert "is in use by another pate command" in capsys.readouterr().err
     assert not run.stages.exists()
     with run.exclusive():  # released when its holder ends
         pass

@@ -17,6 +17,7 @@ from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
 from pate.cli.main import main
 from pate.data.datasets import Dataset, public_split
+from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
 from student.rounds import Received, interactive_baseline, select_queries
 
@@ -170,6 +171,43 @@ def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset,
         {"mechanism": "confident", "threshold": 150.0, "sigma1": 40.0, "sigma2": 20.0},
         {"mechanism": "interactive", "threshold": 100.0, "sigma1": 40.0, "sigma2": 20.0,
          "gamma": 0.5}]
+
+
+def test_votes_cast_on_another_pool_are_refused_before_anything_is_asked(
+        run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """votes.npz records the pool it was cast on (``Task.pool_fingerprint``): a student whose
+    pool is another is refused, by a votes file here before its ledger exists and by a
+    server's GET /v1/pool before anything is asked; a student of that pool goes on."""
+    def pool(size: int | None) -> str:
+        return load_task(Benchmark("digits", pool_size=size), need_private=False).pool_fingerprint
+
+    with np.load(run_dir / "votes.npz") as f:
+        votes, index = f["votes"], f["pool_index"]
+    np.savez(run_dir / "votes.npz", votes=votes, pool_index=index,
+             pool_fingerprint=np.array(pool(200)))
+    here = ["student", "train", "--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN,
+            *CONFIDENT, "--queries", "20"]
+    assert main(here) == 2
+    assert "cast on another public pool" in capsys.readouterr().err
+    assert not (run_dir / "ledger.db").exists() and not (run_dir / "labels.npz").exists()
+
+    tokens = write_tokens(run_dir / "tokens")
+    serve = ["--votes", str(run_dir / "votes.npz"), "--delta", "1e-5", "--token-file",
+             str(tokens), "--budget-epsilon", "1e6", *CONFIDENT]
+    with serving(serve, run_dir) as server:
+        described = httpx.get(server.url + "/v1/pool", headers=auth()).json()
+        assert described == {"rows": len(index), "first_index": 0,
+                             "last_index": len(index) - 1, "teachers": int(votes[0].sum()),
+                             "classes": 10, "fingerprint": pool(200)}
+        assert main(["student", "train", "--run", str(run_dir), "--token-file", str(tokens),
+                     *TRAIN, "--server", server.url, "--mechanism", "confident",
+                     "--queries", "20"]) == 2
+        assert "cast on another public pool" in capsys.readouterr().err
+        assert httpx.get(server.url + "/v1/budget", headers=auth()).json()["queries"] == 0
+    np.savez(run_dir / "votes.npz", votes=votes, pool_index=index,
+             pool_fingerprint=np.array(pool(None)))
+    assert main(here) == 0
+    assert len(Received.load(run_dir / "labels.npz")) == 20
 
 
 def test_interactive_baseline_looks_up_each_row_by_pool_index(tmp_path: Path) -> None:
