@@ -352,6 +352,90 @@ def _fit_on_answers(task: Task, options: StudentOptions, spec: ModelSpec,
     return model, learner, result, acc
 
 
+def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: StudentOptions,
+               before: Received, previous: tuple[Any, ModelSpec] | None,
+               rounds_before: list[dict[str, Any]], conversion: str, spent_is_final: bool,
+               say: Callable[[str], None]
+               ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
+    """One query round against ``session`` (closed at the end; ``train_student``): every
+    answer so far, saved as it arrives, every round so far, and the epsilons of the answers
+    (the ledger's data-independent one, the sanitised release)."""
+    interactive = session.mechanism == "interactive"
+    try:
+        mechanism = _served_mechanism(session)
+        if session.service is None:  # a remote aggregator: its votes are checked by their
+            _check_votes(run, _described(session, "pool"), task)  # public description
+        run.student.mkdir(exist_ok=True)  # once the aggregator has accepted the round
+        candidates = np.setdiff1d(np.arange(len(task.pool_x)), before.pool_index)
+        if session.service is not None and session.service.pool is not None:
+            candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
+        if options.queries and not candidates.size:
+            raise UserError("every pool row the votes cover has been asked already: nothing "
+                            "is left to ask (--queries 0 trains on the answers so far)")
+        probs_all = None
+        if options.queries and (interactive or options.select == "uncertainty"):
+            if previous is None:
+                raise UserError("interactive rounds and --select uncertainty need the student "
+                                f"of a previous round in {run.student}")
+            probs_all = predict_proba(previous[0].to(options.device), task.pool_x[candidates],
+                                      options.device)
+        chosen = select_queries(candidates, options.queries, options.select,
+                                np.random.default_rng(options.seed), probs_all)
+        probs = None
+        if interactive and chosen.size:
+            assert probs_all is not None
+            probs = probs_all[np.searchsorted(candidates, chosen)]
+        try:
+            with progress_bar(f"queries ({session.mechanism})", int(chosen.size), "query",
+                              every=10.0) as bar:
+                got, exhausted = ask(session.source, chosen, probs, options.request_size,
+                                     on_request=_saving(run, before, bar))
+        except PateError as exc:
+            raise UserError(f"the aggregator refused: {exc}") from None
+        if exhausted and not len(got) and (spent_is_final or not len(before)):
+            hint = ("--queries 0 retrains on the answers so far" if len(before)
+                    else "a larger --budget-epsilon, or a new ledger")
+            raise UserError("the privacy budget does not cover even one more query: nothing "
+                            f"was asked or spent ({hint})")
+        budget = session.source.budget()
+        received = before + got
+        received.save(run.labels)
+        rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs)
+        sanitised = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
+                                      conversion)
+    finally:
+        session.close()
+    if exhausted:
+        say(f"budget exhausted after {len(got)} of {chosen.size} queries")
+
+    if not received.answered.any() and exhausted:
+        queries = "query" if len(received) == 1 else "queries"
+        raise UserError(f"the privacy budget (epsilon {budget['epsilon_budget']:g}) is spent and "
+                        f"none of the {len(received)} {queries} asked was answered: nothing to "
+                        "train on, and nothing more can be asked of this ledger (a new run with "
+                        "a larger budget or a lower threshold)")
+    return received, rounds, {
+        "delta": budget["delta"],
+        "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients
+        "basis": budget["basis"],
+        "data_dependent_sanitised": sanitised,
+    }
+
+
+def _answers_in_hand(run: RunDir, before: Received, rounds_before: list[dict[str, Any]]
+                     ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
+    """``--queries 0`` with no aggregator named: the answers so far, their rounds and the
+    epsilons the round that asked them gave (``student/metrics.json``). Training again on them
+    asks, spends and releases nothing."""
+    last = run.read_json(run.student_metrics)
+    if not (len(before) and isinstance(last, dict) and isinstance(last.get("epsilon"), dict)
+            and last.get("queries") == len(before)):
+        raise UserError("training on the answers in hand needs a round that asked them here "
+                        f"({run.labels} and {run.student_metrics}); else name the aggregator "
+                        "(--mechanism and its flags, or --server)")
+    return before, rounds_before, last["epsilon"]
+
+
 def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
                       fractions: Sequence[float],
                       say: Callable[[str], None] = _stderr_line) -> list[dict[str, Any]]:
@@ -386,7 +470,8 @@ def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
 
 
 def train_student(run: RunDir,
-                  open_session: Callable[[Callable[[VotePool], None]], AggregatorSession],
+                  open_session: Callable[[Callable[[VotePool], None]], AggregatorSession]
+                  | None,
                   options: StudentOptions, data: DataSource, *,
                   conversion: str = "improved",
                   on_epoch: Callable[[int, dict[str, float]], None] | None = None,
@@ -401,7 +486,9 @@ def train_student(run: RunDir,
     the data, the labels so far, the pool encoder), so a mistake spends nothing.
     ``open_session(check_votes)`` opens the aggregator; one over local votes calls
     ``check_votes`` on them before its ledger opens (a votes file of another pool or run is
-    refused with nothing created). ``on_epoch``
+    refused with nothing created). With no ``open_session`` nothing is asked: the student is
+    trained again on the answers in hand, with the epsilons of the round that asked them.
+    ``on_epoch``
     gets (epoch, mean losses) after each training epoch; ``say`` one line of news."""
     started = time.perf_counter()
     task = load_task(data, need_private=False)
@@ -423,62 +510,13 @@ def train_student(run: RunDir,
     previous = load_classifier(out)
     rounds_before = run.read_json(run.rounds) or []
 
-    session = open_session(lambda pool: _check_votes(run, pool.describe(), task))
-    interactive = session.mechanism == "interactive"
-    try:
-        mechanism = _served_mechanism(session)
-        if session.service is None:  # a remote aggregator: its votes are checked by their
-            _check_votes(run, _described(session, "pool"), task)  # public description
-        out.mkdir(exist_ok=True)  # once the aggregator has accepted the round
-        candidates = np.setdiff1d(np.arange(len(pool_x)), before.pool_index)
-        if session.service is not None and session.service.pool is not None:
-            candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
-        if options.queries and not candidates.size:
-            raise UserError("every pool row the votes cover has been asked already: nothing "
-                            "is left to ask (--queries 0 trains on the answers so far)")
-        probs_all = None
-        if options.queries and (interactive or options.select == "uncertainty"):
-            if previous is None:
-                raise UserError("interactive rounds and --select uncertainty need the student "
-                                f"of a previous round in {out}")
-            probs_all = predict_proba(previous[0].to(options.device), pool_x[candidates],
-                                      options.device)
-        chosen = select_queries(candidates, options.queries, options.select,
-                                np.random.default_rng(options.seed), probs_all)
-        probs = None
-        if interactive and chosen.size:
-            assert probs_all is not None
-            probs = probs_all[np.searchsorted(candidates, chosen)]
-        try:
-            with progress_bar(f"queries ({session.mechanism})", int(chosen.size), "query",
-                              every=10.0) as bar:
-                got, exhausted = ask(session.source, chosen, probs, options.request_size,
-                                     on_request=_saving(run, before, bar))
-        except PateError as exc:
-            raise UserError(f"the aggregator refused: {exc}") from None
-        if exhausted and not len(got) and (spent_is_final or not len(before)):
-            hint = ("--queries 0 retrains on the answers so far" if len(before)
-                    else "a larger --budget-epsilon, or a new ledger")
-            raise UserError("the privacy budget does not cover even one more query: nothing "
-                            f"was asked or spent ({hint})")
-        budget = session.source.budget()
-        received = before + got
-        received.save(run.labels)
-        rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs)
-        sanitised = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
-                                      conversion)
-    finally:
-        session.close()
-    if exhausted:
-        say(f"budget exhausted after {len(got)} of {chosen.size} queries")
-
+    if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
+        received, rounds, epsilon = _answers_in_hand(run, before, rounds_before)
+    else:
+        session = open_session(lambda pool: _check_votes(run, pool.describe(), task))
+        received, rounds, epsilon = _ask_round(run, session, task, options, before, previous,
+                                               rounds_before, conversion, spent_is_final, say)
     answered = received.answered
-    if not answered.any() and exhausted:
-        queries = "query" if len(received) == 1 else "queries"
-        raise UserError(f"the privacy budget (epsilon {budget['epsilon_budget']:g}) is spent and "
-                        f"none of the {len(received)} {queries} asked was answered: nothing to "
-                        "train on, and nothing more can be asked of this ledger (a new run with "
-                        "a larger budget or a lower threshold)")
     if not answered.any():
         raise UserError("no labels received yet: nothing to train on (more queries or a lower "
                         "threshold)")
@@ -509,12 +547,7 @@ def train_student(run: RunDir,
         # a benchmark's pool labels only: a user's public labels are never read
         "label_accuracy": (None if pool_y is None
                            else float(np.mean(lab_y == pool_y[lab_index]))),
-        "epsilon": {
-            "delta": budget["delta"],
-            "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients
-            "basis": budget["basis"],
-            "data_dependent_sanitised": sanitised,
-        },
+        "epsilon": epsilon,
         "rounds": rounds,
         "continued_from_previous": continued,
         "training": {"width": spec.width, **asdict(fit_config),

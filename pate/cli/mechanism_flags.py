@@ -24,11 +24,13 @@ def mechanism_parameters(*, costed_only: bool = False) -> dict[str, str]:
     return out
 
 
-def add_mechanism_flags(parser: argparse.ArgumentParser, *, costed_only: bool = False) -> None:
-    """``--mechanism`` (one of ``MECHANISMS``) and one optional float flag per parameter: the
-    flags of ``pate serve``, ``pate student train`` and (``costed_only``) ``pate analyze``."""
+def add_mechanism_flags(parser: argparse.ArgumentParser, *, costed_only: bool = False,
+                        required: bool = True) -> None:
+    """``--mechanism`` (one of ``MECHANISMS``; optional unless ``required``) and one optional
+    float flag per parameter: the flags of ``pate serve``, ``pate student train`` and
+    (``costed_only``) ``pate analyze``."""
     group = parser.add_argument_group(GROUP_TITLE)
-    group.add_argument("--mechanism", required=True, choices=tuple(MECHANISMS))
+    group.add_argument("--mechanism", required=required, choices=tuple(MECHANISMS))
     for name, text in mechanism_parameters(costed_only=costed_only).items():
         group.add_argument(f"--{name}", type=float, help=text)
 

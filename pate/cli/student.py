@@ -7,8 +7,8 @@ service core over a votes file (``--votes FILE``, default ``DIR/votes.npz``) wit
 Confident-GNMax (or GNMax, LNMax) answers pool indices; Interactive-GNMax also gets the current
 student's probabilities, so it needs the student a previous round left in ``DIR/student``. Every
 call adds its answers to ``DIR/labels.npz`` and trains on all of them (continuing from the saved
-weights when the network is the same, for ``cnn-hog-simclr`` its pool encoder too); ``--queries 0``
-only retrains.
+weights when the network is the same, for ``cnn-hog-simclr`` its pool encoder too). ``--queries 0``
+with no aggregator named trains again on the answers in hand, asking and releasing nothing.
 
 Writes ``DIR/labels.npz``, ``DIR/student/model.safetensors`` (+ ``model.json``, the network; the
 GAN's generator as ``generator.safetensors``), ``DIR/student/rounds.json`` (one public record per
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "DIR/votes.npz)")
     p.add_argument("--token-file", type=Path, metavar="F",
                    help="with --server: a file whose first token is sent (Bearer)")
-    add_mechanism_flags(p)
+    add_mechanism_flags(p, required=False)
     local = p.add_argument_group("local aggregator (with --votes)")
     local.add_argument("--budget-epsilon", type=float, help="epsilon budget of the private data")
     local.add_argument("--delta", type=float, default=1e-5)
@@ -188,13 +188,17 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
         vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
+    named = (args.server, args.votes, args.budget_epsilon, args.ledger, *given_parameters(args))
+    if args.mechanism is None and (args.queries or any(v is not None for v in named)):
+        raise UserError("--mechanism names the aggregator to ask (with --queries 0 and no "
+                        "aggregator, the student trains again on the answers in hand)")
     run = RunDir(args.run)
     data = source_from_flags(args, teachers_source(run.root))
     with run.create().exclusive(), progress_bar(f"student {args.method}", args.epochs,
                                                   "epoch") as bar:
         try:
-            metrics = train_student(run, lambda check: _session(args, check),
-                                    options, data,
+            metrics = train_student(run, None if args.mechanism is None
+                                    else lambda check: _session(args, check), options, data,
                                     conversion=args.conversion,
                                     on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:

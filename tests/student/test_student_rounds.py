@@ -173,6 +173,32 @@ def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset,
          "gamma": 0.5}]
 
 
+def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
+        run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--queries 0`` and no aggregator named: another student on the same answers, nothing
+    asked, spent or released; its metrics carry the epsilons of the round that asked."""
+    again = ["student", "train", "--run", str(run_dir), "--queries", "0",
+             "--method", "vat", "--arch", "mlp", "--dataset", "digits", "--epochs", "1"]
+    assert main(again) == 2  # nothing in hand yet
+    assert "needs a round that asked them here" in capsys.readouterr().err
+    assert main(["student", "train", "--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN,
+                 *CONFIDENT, "--queries", "40"]) == 0
+    first = _metrics(run_dir)
+    ledger = (run_dir / "ledger.db").stat().st_mtime_ns
+    releases = (run_dir / "sanitised-releases.json").read_text()
+    assert main(again) == 0
+    second = _metrics(run_dir)
+    assert (second["method"], first["method"]) == ("vat", "supervised")
+    assert second["epsilon"] == first["epsilon"] and second["rounds"] == first["rounds"]
+    assert second["queries"] == first["queries"] == 40
+    assert (run_dir / "ledger.db").stat().st_mtime_ns == ledger
+    assert (run_dir / "sanitised-releases.json").read_text() == releases
+    assert main(["student", "train", "--run", str(run_dir), "--queries", "5",
+                 "--method", "vat", "--dataset", "digits"]) == 2
+    assert "--mechanism names the aggregator to ask" in capsys.readouterr().err
+    assert len(Received.load(run_dir / "labels.npz")) == 40
+
+
 def test_votes_cast_on_another_pool_are_refused_before_anything_is_asked(
         run_dir: Path, capsys: pytest.CaptureFixture) -> None:
     """votes.npz records the pool it was cast on (``Task.pool_fingerprint``): a student whose
