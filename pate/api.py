@@ -287,7 +287,8 @@ class Student:
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr)
         self.spec_ = method.spec(x.shape[1:], n_classes)
         self.schema_ = None  # fitted on arrays: it predicts on arrays
-        with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator as it was
+        # seeded here (torch.manual_seed seeds every CUDA device too), the caller's as it was
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
             seed_everything(self.fit_config.seed)
             self.model_ = build_classifier(self.spec_)
             fit(build_learner(method, self.model_, self.spec_),

@@ -218,7 +218,10 @@ class RunDir:
             os.close(fd)
 
     def in_use(self) -> bool:
-        """Whether a command holds the directory now (:meth:`exclusive`)."""
+        """Whether a command holds the directory now (:meth:`exclusive`); a directory that
+        does not exist is not."""
+        if not self.root.is_dir():
+            return False
         try:
             with self.exclusive():
                 return False

@@ -1,5 +1,5 @@
 """``pate status``: where a run stands (docs/cli.md): each stage of ``pate run`` done (with its
-seconds), running (started in ``log.txt``, and a ``pate run`` holds the directory), stopped
+seconds), running (started in ``log.txt``, and a command holds the directory), stopped
 (started, not finished, and no command holds it: it failed or was interrupted), or pending (for a
 directory the stage commands built, each command's output, there or not); and the privacy budget
 of the run's ledger, with the settings it was created with: epsilon spent (data-independent, the
@@ -28,7 +28,7 @@ def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
             parts = line.split(" ", 1)
             if len(parts) == 2 and parts[1].endswith(": started"):
                 started.add(parts[1].removesuffix(": started"))
-    unfinished = "running" if run.in_use() else "stopped"  # `pate run` holds the directory
+    unfinished = "running" if run.in_use() else "stopped"  # a command holds the directory
     out = []
     for stage in config.stages():
         if stage in done:

@@ -160,12 +160,16 @@ class AggregatorSession:
         self.source.close()
 
 
-def _described(session: AggregatorSession, what: str) -> dict[str, Any]:
+def _described(session: AggregatorSession, what: str, optional: bool = False
+               ) -> dict[str, Any]:
     """The aggregator's public description ``what`` (``mechanism`` or ``pool``, a
-    ``LabelSource`` method and a GET route); ``UserError`` when it is refused or missing."""
+    ``LabelSource`` method and a GET route); ``UserError`` when it is refused, or missing
+    unless ``optional`` (then ``{}``: a server of an older version)."""
     try:
         record = getattr(session.source, what)()
     except RemoteServiceError as exc:
+        if exc.status == 404 and optional:
+            return {}
         if exc.status == 404:
             raise UserError(f"the server has no GET /v1/{what}: not a pate serve of this "
                             "version (or not a pate serve)") from None
@@ -280,10 +284,12 @@ def _check_teachers_data(run: RunDir, task: Task, data: DataSource) -> None:
     manifest = checkpoints.read_manifest(run.root)
     if not isinstance(manifest, dict):
         return
-    recorded = manifest.get("pool_fingerprint")
-    teachers = checkpoints.teachers_source(run.root)
-    if (task.pool_fingerprint != recorded if recorded is not None
-            else teachers is not None and source_identity(data) != source_identity(teachers)):
+    if "pool_fingerprint" in manifest:
+        other = checkpoints.pool_changed(manifest, task)
+    else:
+        teachers = checkpoints.teachers_source(run.root)
+        other = teachers is not None and source_identity(data) != source_identity(teachers)
+    if other:
         raise UserError("the run's teachers were trained and voted on other data than the "
                         "data flags name: the student's pool must be theirs (give no data "
                         "flag to use it)")
@@ -363,8 +369,8 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
     interactive = session.mechanism == "interactive"
     try:
         mechanism = _served_mechanism(session)
-        if session.service is None:  # a remote aggregator: its votes are checked by their
-            _check_votes(run, _described(session, "pool"), task)  # public description
+        if session.service is None:  # a remote aggregator's votes, by their description
+            _check_votes(run, _described(session, "pool", optional=True), task)
         run.student.mkdir(exist_ok=True)  # once the aggregator has accepted the round
         candidates = np.setdiff1d(np.arange(len(task.pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:
@@ -422,17 +428,24 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
     }
 
 
-def _answers_in_hand(run: RunDir, before: Received, rounds_before: list[dict[str, Any]]
-                     ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
+def _answers_in_hand(run: RunDir, before: Received, rounds_before: list[dict[str, Any]],
+                     task: Task) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
     """``--queries 0`` with no aggregator named: the answers so far, their rounds and the
-    epsilons the round that asked them gave (``student/metrics.json``). Training again on them
-    asks, spends and releases nothing."""
+    epsilons the round that asked them gave (``student/metrics.json``), once the answers are
+    known to be of the student's pool (the fingerprint the metrics record, else the run's
+    votes). Training again on them asks, spends and releases nothing."""
     last = run.read_json(run.student_metrics)
     if not (len(before) and isinstance(last, dict) and isinstance(last.get("epsilon"), dict)
             and last.get("queries") == len(before)):
         raise UserError("training on the answers in hand needs a round that asked them here "
                         f"({run.labels} and {run.student_metrics}); else name the aggregator "
                         "(--mechanism and its flags, or --server)")
+    if last.get("pool_fingerprint") is not None:
+        if last["pool_fingerprint"] != task.pool_fingerprint:
+            raise UserError("the answers in hand are of another public pool than the data "
+                            "flags name (its content, rows or label set differ)")
+    elif run.votes.is_file():  # metrics of an older version
+        _check_votes(run, VotePool.from_file(run.votes).describe(), task)
     return before, rounds_before, last["epsilon"]
 
 
@@ -511,7 +524,7 @@ def train_student(run: RunDir,
     rounds_before = run.read_json(run.rounds) or []
 
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
-        received, rounds, epsilon = _answers_in_hand(run, before, rounds_before)
+        received, rounds, epsilon = _answers_in_hand(run, before, rounds_before, task)
     else:
         session = open_session(lambda pool: _check_votes(run, pool.describe(), task))
         received, rounds, epsilon = _ask_round(run, session, task, options, before, previous,
@@ -540,9 +553,11 @@ def train_student(run: RunDir,
         "method": options.method, "arch": spec.arch, "dataset": task.name,
         "accuracy": acc,  # None: no test data, so not measured (never on private data)
         "eval_size": 0 if task.eval_y is None else len(task.eval_y),
-        "pool_size": len(pool_x), "classes": list(task.classes),
+        "pool_size": len(pool_x), "pool_fingerprint": task.pool_fingerprint,
+        "classes": list(task.classes),
         "classes_from": task.classes_from,
         **received.counts(),
+        "asked_this_round": len(received) - len(before),
         "labels_used": int(answered.sum()),
         # a benchmark's pool labels only: a user's public labels are never read
         "label_accuracy": (None if pool_y is None

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load, save
 
-from pate.data.task import Benchmark, DataSource, source_from_record
+from pate.data.task import Benchmark, DataSource, Task, source_from_record
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 from pate.rundir import RunDir
@@ -44,6 +44,13 @@ def data_source(manifest: dict, data_dir: str | Path | None = None) -> DataSourc
     if isinstance(source, Benchmark) and data_dir is not None:
         source = replace(source, data_dir=str(data_dir))
     return source
+
+
+def pool_changed(manifest: dict, task: Task) -> bool:
+    """Whether ``task``'s public pool is another than the one the teachers' manifest records
+    (``Task.pool_fingerprint``); False where it records none (a run of an older version)."""
+    recorded = manifest.get("pool_fingerprint")
+    return recorded is not None and recorded != task.pool_fingerprint
 
 
 def teachers_source(run_dir: Path) -> DataSource | None:

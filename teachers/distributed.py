@@ -156,7 +156,11 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     elif {k: manifest.get(k) for k in settings} != settings:
         raise UserError("this run's teachers were trained with other settings (see "
                         "teachers/manifest.json); repeat them or use a new --run directory")
-    manifest.setdefault("pool_fingerprint", data.pool_fingerprint)  # Task.pool_fingerprint
+    elif checkpoints.pool_changed(manifest, data):
+        raise UserError("the public pool is not the one this run's teachers were trained beside "
+                        "(its content, rows or label set changed since): restore it, or use a "
+                        "new --run directory")
+    manifest.setdefault("pool_fingerprint", data.pool_fingerprint)  # an older run's: recorded
     return manifest, data, part
 
 

@@ -140,7 +140,7 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     ens = load_ensemble(run_dir, device)
     manifest = checkpoints.read_manifest(run_dir)
     task = load_task(checkpoints.data_source(manifest, data_dir), need_private=False)
-    if manifest.get("pool_fingerprint", task.pool_fingerprint) != task.pool_fingerprint:
+    if checkpoints.pool_changed(manifest, task):
         raise UserError("the public pool is not the one the teachers were trained beside (its "
                         "content, rows or label set changed since): its votes would not be "
                         "theirs; restore it, or train the teachers again in a new --run")

@@ -43,7 +43,7 @@ from pate.aggregation.label_requests import (
     labels_body,
     new_request_id,
 )
-from pate.aggregation.ledger import Budget, Charge, Ledger, Stored
+from pate.aggregation.ledger import Budget, Charge, Ledger, Stored, canonical_url
 from pate.aggregation.vote_pool import VotePool
 from pate.errors import (
     BatchTooLarge,
@@ -52,7 +52,9 @@ from pate.errors import (
     RequestConflict,
     UserError,
 )
+from pate.io import write_bytes_atomic
 
+LEDGER_RECORD = "ledger-url.txt"  # beside votes whose ledger is not their own ledger.db
 BRANCH_NAMES = np.array([b.name.lower() for b in sorted(Branch)])  # indexed by Branch value
 
 
@@ -260,8 +262,9 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); the ledger defaults to ``sqlite:///DIR/ledger.db`` in
-    the run directory, or next to the votes file. ``check_pool`` may refuse the votes before
-    the ledger exists. Raises ``UserError``, ``LedgerError``."""
+    the run directory, or next to the votes file, and a votes' ledger is theirs for good
+    (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
+    Raises ``UserError``, ``LedgerError``."""
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
     pool = None
@@ -283,17 +286,37 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         raise UserError(f"the budget, epsilon {epsilon_budget:g} at delta {delta:g}, does not "
                         "cover even one query of this aggregator: nothing was created (a larger "
                         "budget, or more noise)")
-    own = home / "ledger.db"
-    same = ledger_url is None or (ledger_url.startswith("sqlite:///") and Path(
-        ledger_url.removeprefix("sqlite:///")).resolve() == own)
-    if own.is_file() and not same:
-        raise UserError(f"{own} already charges these votes: another ledger ({ledger_url}) "
-                        "would give the same private data a second budget; use that one (or "
-                        "move it away, knowing what it spent)")
-    ledger = Ledger(ledger_url or f"sqlite:///{own}", default_orders(), delta, epsilon_budget,
-                    conversion)
+    url, record = _ledger_of_votes(home, ledger_url)
+    ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
+    if record is not None:
+        try:
+            write_bytes_atomic(record, (canonical_url(url) + "\n").encode(), private=True)
+        except BaseException:
+            ledger.close()
+            raise
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)
     return LabelService(aggregator, ledger, pool, ensemble, limits)
+
+
+def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, Path | None]:
+    """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
+    where to record it, if it must be: one budget per body of private data, so the votes'
+    first ledger is theirs for good. By default their own SQLite file ``home/ledger.db``;
+    another (PostgreSQL, say) is recorded, password hidden, in ``home/ledger-url.txt`` when
+    first opened. ``UserError`` for another ledger than the one they have."""
+    own = f"sqlite:///{home / 'ledger.db'}"
+    url = ledger_url or own
+    record = home / LEDGER_RECORD
+    if record.is_file():
+        bound: str | None = record.read_text(encoding="utf-8").strip()
+    else:
+        bound = canonical_url(own) if (home / "ledger.db").is_file() else None
+    if bound is not None and bound != canonical_url(url):
+        raise UserError(f"{bound} already charges these votes: another ledger "
+                        f"({canonical_url(url)}) would give the same private data a second "
+                        "budget; use that one (or move it away, knowing what it spent)")
+    return url, (record if bound is None and canonical_url(url) != canonical_url(own)
+                 else None)
 
 
 class InProcessLabels:

@@ -264,6 +264,19 @@ def _engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
     return eng, eng
 
 
+def canonical_url(url: str) -> str:
+    """``url`` as one ledger is always named: a SQLite file by its resolved path, the password
+    hidden (so the result may be written down); a text that is no URL is returned as it is
+    (opening it says what is wrong)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return url
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        parsed = parsed.set(database=str(Path(parsed.database).resolve()))
+    return parsed.render_as_string(hide_password=True)
+
+
 def stored_settings(url: str) -> dict[str, Any] | None:
     """The delta, epsilon budget and conversion the ledger at ``url`` was created with (public
     parameters), or None when it holds none yet; reads only, creates nothing."""

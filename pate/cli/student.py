@@ -188,7 +188,8 @@ def run_train(args: argparse.Namespace) -> int:
         lr=args.lr, augment=args.augment, balance_classes=args.balance_classes,
         vat_eps=args.vat_eps, entmin=args.entmin, pool_encoder=args.pool_encoder,
         encoder_epochs=args.encoder_epochs, seed=args.seed, device=args.device)
-    named = (args.server, args.votes, args.budget_epsilon, args.ledger, *given_parameters(args))
+    named = (args.server, args.votes, args.token_file, args.budget_epsilon, args.ledger,
+             *given_parameters(args))
     if args.mechanism is None and (args.queries or any(v is not None for v in named)):
         raise UserError("--mechanism names the aggregator to ask (with --queries 0 and no "
                         "aggregator, the student trains again on the answers in hand)")
@@ -214,8 +215,9 @@ def run_train(args: argparse.Namespace) -> int:
         labels = f"labels {metrics['labels_used']}"
         if metrics["label_accuracy"] is not None:  # the pool's true labels known (benchmarks)
             labels += f" (label accuracy {metrics['label_accuracy']:.3f})"
+        carried = "" if args.mechanism else " (as the round that asked them gave)"
         print(f"{accuracy}  {labels}  epsilon {eps['data_independent']:.3f} data-independent"
-              f"{shown} at delta {eps['delta']:g}  -> {RunDir(args.run).student_metrics}")
+              f"{shown} at delta {eps['delta']:g}{carried}  -> {run.student_metrics}")
     return 0
 
 

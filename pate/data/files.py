@@ -15,10 +15,11 @@ Every mistake is one ``UserError`` line naming the file, never a value of a priv
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -197,18 +198,28 @@ def image_names(path: str | Path) -> list[str]:
 def content_digest(path: str | Path) -> str:
     """sha256 (hex) of what a data file holds, however it was named or moved: a file's bytes,
     or a folder's images, each by its name relative to the folder and its bytes, in the order
-    ``read_image_folder`` reads them."""
+    ``read_image_folder`` reads them. Every part after its length in bytes, and a file's
+    digest apart from a folder's, so that no two contents give one digest."""
     p = Path(path)
     _exists(p)
     digest = hashlib.sha256()
     if p.is_dir():
-        for name in image_names(p):  # each part after its length: no two folders alike
-            data = (p / name).read_bytes()
-            digest.update(f"{len(name)}:{name}{len(data)}:".encode())
-            digest.update(data)
+        digest.update(b"folder\0")
+        for name in image_names(p):
+            raw = os.fsencode(name)
+            digest.update(b"%d:%s%d:" % (len(raw), raw, (p / name).stat().st_size))
+            _hash_file(p / name, digest)
     else:
-        digest.update(p.read_bytes())
+        digest.update(b"file\0")
+        _hash_file(p, digest)
     return digest.hexdigest()
+
+
+def _hash_file(path: Path, digest: Any, chunk: int = 1 << 20) -> None:
+    """Feed ``path``'s bytes to ``digest`` a chunk at a time (a large file is not held)."""
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
 
 
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,

@@ -23,6 +23,7 @@ import hashlib
 import json
 import warnings
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -96,15 +97,15 @@ def source_from_record(record: dict[str, Any]) -> DataSource:
 class Task:
     """The arrays of one task. ``private_*`` are None unless asked for; ``pool_y`` is known for
     benchmarks only (a user's public labels are never read); ``eval_*`` are None without test
-    data. ``classes_from`` says where the label set came from; ``pool_content`` what the pool
-    was read from (``pool_fingerprint``); ``preprocessing`` describes, publicly, how features
-    were made."""
+    data. ``classes_from`` says where the label set came from; ``pool_file`` the user's public
+    file or folder the pool was read from (None for a built-in dataset); ``preprocessing``
+    describes, publicly, how features were made."""
 
     name: str
     kind: str                      # "image" or "tabular"
     classes: tuple[str, ...]
     classes_from: str              # "dataset", "config", "test" or "folders"
-    pool_content: str              # "dataset <name>", or the public file's content_digest
+    pool_file: str | None
     pool_x: NDArray[np.float32]
     pool_y: NDArray[np.int64] | None
     eval_x: NDArray[np.float32] | None
@@ -117,14 +118,15 @@ class Task:
     def num_classes(self) -> int:
         return len(self.classes)
 
-    @property
+    @cached_property
     def pool_fingerprint(self) -> str:
         """sha256 (hex) of what pool indices and vote columns refer to: the pool's content (a
         built-in dataset's files are checked by their checksums, so its name says it), its
         number of rows and the label set. Public, as all three are; the same wherever the
         files lie, so the teachers' votes and a student's pool can be matched by it."""
-        record = {"pool": self.pool_content, "rows": len(self.pool_x),
-                  "classes": list(self.classes)}
+        content = (f"dataset {self.name}" if self.pool_file is None
+                   else files.content_digest(self.pool_file))
+        record = {"pool": content, "rows": len(self.pool_x), "classes": list(self.classes)}
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -153,9 +155,8 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
     ds = load_dataset(source.name, source.data_dir, need_train=need_private)
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds, source.pool_size)
     kind = "image" if pool_x.ndim == 4 else "tabular"
-    return Task(ds.name, kind, ds.classes, "dataset", f"dataset {ds.name}",
-                pool_x, pool_y, eval_x, eval_y, ds.train_x, ds.train_y,
-                benchmark_record(ds.name, pool_x.shape[1:], ds.pixel_max))
+    return Task(ds.name, kind, ds.classes, "dataset", None, pool_x, pool_y, eval_x, eval_y,
+                ds.train_x, ds.train_y, benchmark_record(ds.name, pool_x.shape[1:], ds.pixel_max))
 
 
 # --- a user's files -------------------------------------------------------------------------
@@ -258,5 +259,5 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         private_y = _encode_labels(reads["private"][1], classes, indices, str(source.private),
                                    True)
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
-                files.content_digest(source.public), pool_x, None, eval_x, eval_y, private_x,
-                private_y, preprocessing)
+                source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
+                preprocessing)

@@ -114,8 +114,9 @@ def test_a_budget_spent_with_no_answer_says_the_run_cannot_go_on(
 
 def test_a_second_ledger_for_the_same_votes_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """One budget per body of private data: once the votes' own ledger exists, another ledger
-    for them is refused (the same file named another way is not another ledger)."""
+    """One budget per body of private data: once the votes' ledger exists, another ledger for
+    them is refused, whichever came first (the same file named another way is not another
+    ledger)."""
     rng = np.random.default_rng(4)
     votes = tmp_path / "votes.npz"
     np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
@@ -128,6 +129,24 @@ def test_a_second_ledger_for_the_same_votes_is_refused(
     assert not (tmp_path / "other.db").exists()
     assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5", "--ledger",
                          f"sqlite:///{tmp_path}/./ledger.db")) == 0
+    # the other way round: votes first charged to a ledger of another name keep it, recorded
+    # beside them, and their own ledger.db would be the second budget
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    np.savez(elsewhere / "votes.npz", votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9,
+                                                            size=250))
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    assert main(_student(tmp_path / "run2", elsewhere / "votes.npz", "--budget-epsilon", "20",
+                         "--queries", "5", "--ledger", other)) == 0
+    record = elsewhere / "ledger-url.txt"
+    assert record.read_text() == other + "\n" and record.stat().st_mode & 0o077 == 0
+    capsys.readouterr()
+    assert main(_student(tmp_path / "run2", elsewhere / "votes.npz", "--budget-epsilon", "20",
+                         "--queries", "5")) == 2
+    _one_error_line(capsys, f"{other} already charges these votes")
+    assert not (elsewhere / "ledger.db").exists()
+    assert main(_student(tmp_path / "run2", elsewhere / "votes.npz", "--budget-epsilon", "20",
+                         "--queries", "5", "--ledger", other)) == 0
 
 
 def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Path,

@@ -259,3 +259,7 @@ def test_the_students_data_is_the_teachers_pool_wherever_its_files_lie(
     moved.rename(here)  # nor is it voted on where the teachers' manifest says it lies
     assert main(["--quiet", "teachers", "votes", "--run", str(run)]) == 2
     assert "not the one the teachers were trained beside" in capsys.readouterr().err
+    assert main(["--quiet", "teachers", "train", "--run", str(run), "--private",
+                 str(here / "private.csv"), "--public", str(here / "public.csv"), *data,
+                 "--teachers", "3", "--epochs", "2", "--workers", "1"]) == 2
+    assert "not the one this run's teachers were trained beside" in capsys.readouterr().err

@@ -259,8 +259,10 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path,
     """Two `pate run`s on one directory would train the same stage at once."""
     from pate.rundir import RunDir
 
+    assert not RunDir(tmp_path / "run").in_use()  # not there yet: nobody holds it
     run = RunDir(tmp_path / "run").create()
     with run.exclusive():  # another command holds it
+        assert run.in_use()
         assert main(["run", "digits-tiny", "--run", str(run), "--quiet"]) == 2
         err = capsys.readouterr().err
         assert "is in use by another pate command" in err and err.count("\n") == 1

@@ -3,6 +3,7 @@ files lie, and different once the pool's content, rows or label set change."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def test_an_image_folder_is_known_by_its_names_and_bytes(tmp_path: Path) -> None
     assert content_digest(tmp_path / "copy") == digest
     (pool / "2.png").rename(pool / "9.png")  # the same bytes under another name: another row
     assert content_digest(pool) != digest
+    (pool / "9.png").rename(pool / os.fsdecode(b"\xff.png"))  # a name that is no UTF-8
+    assert len(content_digest(pool)) == 64
 
 
 def test_a_benchmark_pool_is_known_by_its_name_and_rows() -> None:

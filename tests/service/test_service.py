@@ -13,7 +13,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+from service_harness import (
+    TOKENS,
+    Server,
+    auth,
+    serving,
+    synthetic_votes,
+    votes_for_ledger,
+    write_tokens,
+)
 
 from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
@@ -58,9 +66,10 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def base_args(d: Path, *mech: str, budget: str = "1e15", votes: str = "votes.npz",
               extra: tuple[str, ...] = ()) -> list[str]:
-    return ["--votes", str(d / votes), *mech, "--budget-epsilon", budget, "--delta", "1e-5",
-            "--token-file", str(d / "tokens.txt"), "--ledger",
-            f"sqlite:///{d / ('ledger-' + '-'.join(mech).replace('--', '')) }.db", *extra]
+    ledger = f"sqlite:///{d / ('ledger-' + '-'.join(mech).replace('--', '')) }.db"
+    return ["--votes", str(votes_for_ledger(d / votes, ledger)), *mech, "--budget-epsilon",
+            budget, "--delta", "1e-5", "--token-file", str(d / "tokens.txt"), "--ledger",
+            ledger, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -388,6 +397,7 @@ def test_serve_refuses_a_ledger_of_other_settings_in_one_line(
     Ledger(ledger, default_orders(), 1e-5, 5.0).close()
     args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "10", votes="plurality.npy")
     args[args.index("--ledger") + 1] = ledger
+    args[args.index("--votes") + 1] = str(votes_for_ledger(workdir / "plurality.npy", ledger))
     assert main(["serve", *args, "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pate: error: the ledger was created with epsilon_budget 5.0;")

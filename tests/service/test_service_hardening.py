@@ -16,7 +16,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+from service_harness import (
+    TOKENS,
+    Server,
+    auth,
+    serving,
+    synthetic_votes,
+    votes_for_ledger,
+    write_tokens,
+)
 
 from analysis.orders import default_orders
 from pate.aggregation.label_requests import MAX_QUERIES, LabelsRequest, Limits
@@ -36,9 +44,10 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def args(d: Path, name: str, *extra: str) -> list[str]:
-    return ["--votes", str(d / "votes.npy"), "--mechanism", "gnmax", "--sigma", "40",
-            "--budget-epsilon", "1e6", "--delta", "1e-5", "--token-file",
-            str(d / "tokens.txt"), "--ledger", f"sqlite:///{d / name}.db", *extra]
+    ledger = f"sqlite:///{d / name}.db"
+    return ["--votes", str(votes_for_ledger(d / "votes.npy", ledger)), "--mechanism", "gnmax",
+            "--sigma", "40", "--budget-epsilon", "1e6", "--delta", "1e-5", "--token-file",
+            str(d / "tokens.txt"), "--ledger", ledger, *extra]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+from service_harness import (
+    TOKENS,
+    Server,
+    auth,
+    serving,
+    synthetic_votes,
+    votes_for_ledger,
+    write_tokens,
+)
 
 from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
@@ -40,7 +48,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def args_for(d: Path, ledger: str, budget: float = BUDGET) -> list[str]:
-    return ["--votes", str(d / "votes.npy"), "--mechanism", "gnmax", "--sigma", SIGMA,
+    return ["--votes", str(votes_for_ledger(d / "votes.npy", ledger)), "--mechanism",
+            "gnmax", "--sigma", SIGMA,
             "--budget-epsilon", str(budget), "--delta", str(DELTA),
             "--token-file", str(d / "tokens.txt"), "--ledger", ledger]
 

@@ -191,11 +191,15 @@ def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
     assert (second["method"], first["method"]) == ("vat", "supervised")
     assert second["epsilon"] == first["epsilon"] and second["rounds"] == first["rounds"]
     assert second["queries"] == first["queries"] == 40
+    assert (second["asked_this_round"], first["asked_this_round"]) == (0, 40)
+    assert "(as the round that asked them gave)" in capsys.readouterr().out
     assert (run_dir / "ledger.db").stat().st_mtime_ns == ledger
     assert (run_dir / "sanitised-releases.json").read_text() == releases
     assert main(["student", "train", "--run", str(run_dir), "--queries", "5",
                  "--method", "vat", "--dataset", "digits"]) == 2
     assert "--mechanism names the aggregator to ask" in capsys.readouterr().err
+    assert main([*again, "--pool-size", "200"]) == 2  # answers of another pool's rows
+    assert "answers in hand are of another public pool" in capsys.readouterr().err
     assert len(Received.load(run_dir / "labels.npz")) == 40
 
 
