@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from service_common import votes_for_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token"
@@ -53,10 +54,11 @@ def start_server(workdir: Path, case: str, code: Path = ROOT
                  ) -> tuple[subprocess.Popen[str], str]:
     """A ``pate serve`` of the checkout ``code`` on the pool of ``workdir`` with a new ledger of
     its own."""
-    cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / "votes.npy"),
-           *MECHANISM, "--budget-epsilon", "1e9", "--delta", "1e-5",
-           "--token-file", str(workdir / "tokens.txt"), "--port", "0",
-           "--ledger", f"sqlite:///{workdir / case}.db"]
+    ledger = f"sqlite:///{workdir / case}.db"
+    cmd = [sys.executable, "-m", "pate", "serve", "--votes",
+           str(votes_for_ledger(workdir / "votes.npy", ledger)), *MECHANISM,
+           "--budget-epsilon", "1e9", "--delta", "1e-5", "--token-file",
+           str(workdir / "tokens.txt"), "--port", "0", "--ledger", ledger]
     proc = subprocess.Popen(cmd, cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None

@@ -36,6 +36,8 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from service_common import votes_for_ledger  # noqa: E402
+
 from analysis.orders import default_orders  # noqa: E402
 from pate.aggregation.label_requests import MAX_QUERIES, Limits  # noqa: E402
 from pate.aggregation.ledger import Ledger, requests_table  # noqa: E402
@@ -69,7 +71,8 @@ class Server:
 
     def __init__(self, workdir: Path, ledger: str, budget: float, *extra: str,
                  mechanism: tuple[str, ...] = GNMAX, votes: str = "votes.npy") -> None:
-        cmd = [sys.executable, "-m", "pate", "serve", "--votes", str(workdir / votes),
+        cmd = [sys.executable, "-m", "pate", "serve", "--votes",
+               str(votes_for_ledger(workdir / votes, ledger)),
                *mechanism, "--budget-epsilon", str(budget), "--delta", str(DELTA),
                "--token-file", str(workdir / "tokens.txt"), "--ledger", ledger, "--port", "0",
                *extra]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,18 +23,6 @@ def write_tokens(path: Path, tokens: tuple[str, ...] = TOKENS) -> Path:
     path.write_text("# test tokens\n" + "\n".join(tokens) + "\n")
     path.chmod(0o600)
     return path
-
-
-def votes_for_ledger(votes: Path, ledger: str) -> Path:
-    """A copy of ``votes`` in a folder of its own per ledger URL: votes have one ledger for
-    good (``open_label_service``), and these tests start many servers on the same synthetic
-    votes, each with a ledger of its own (servers sharing a ledger share the copy)."""
-    folder = votes.parent / ("votes-for-" + re.sub(r"[^\w.-]", "_", ledger))
-    folder.mkdir(exist_ok=True)
-    copy = folder / votes.name
-    if not copy.exists():
-        shutil.copyfile(votes, copy)
-    return copy
 
 
 def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10,

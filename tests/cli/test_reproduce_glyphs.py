@@ -148,6 +148,8 @@ def test_reproduction_writes_figure4_and_table1(tmp_path: Path,
         metrics = json.loads((run / "student" / "metrics.json").read_text())
         assert (row["student_accuracy"], row["label_accuracy"]) == (metrics["accuracy"],
                                                                     metrics["label_accuracy"])
+        assert row["epsilon_sanitised_released"] == (
+            metrics["epsilon"]["data_dependent_sanitised"])
     assert rows["non-private baseline"]["train_rows"] == 600
     assert rows["non-private baseline"]["test_rows"] == 400
     for name in ("figure4_left.png", "figure4_right.png"):

@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from service_common import votes_for_ledger
 from service_harness import (
     TOKENS,
     Server,
     auth,
     serving,
     synthetic_votes,
-    votes_for_ledger,
     write_tokens,
 )
 
