@@ -125,6 +125,9 @@ async def run_case(url: str, pid: int, batch: int, clients: int, pool: int,
     measured = min(time.perf_counter(), until) - warm_until
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1e3 / max(sum(c[0] for c in counts), 1)
     lat = np.array(latencies) * 1e3
+    if not lat.size:
+        raise SystemExit(f"no request was measured: the pool of {pool} rows ran out in the "
+                         "warm-up (give a larger --pool)")
     return {"bench": "service", "mechanism": "confident", "teachers": 250, "classes": 10,
             "ledger": "sqlite-wal-full", "batch": batch, "clients": clients,
             "requests": int(lat.size), "errors": sum(c[1] for c in counts),
