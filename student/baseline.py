@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pate.aggregation.delta_policy import check_delta
 from pate.data.task import DataSource, load_task
 from pate.errors import UserError
 from pate.io import write_with_atomic
@@ -23,12 +24,17 @@ from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                          progress: Callable[[int, int], None] | None = None,
                          out: Path | None = None,
-                         encoding: EncodingConfig | None = None) -> dict[str, Any]:
+                         encoding: EncodingConfig | None = None,
+                         allow_large_delta: bool | None = None) -> dict[str, Any]:
     """Train and evaluate the DP-SGD baseline; returns the metrics written to
     ``metrics.json`` of ``out`` (default the run's ``dpsgd/``; the comparison's runs go to
     ``RunDir.comparison_dpsgd``). The input standardisation comes from the public pool (no
     privacy cost). ``progress(step, total)`` after every step. A non-plain ``encoding`` trains
-    ``student.encoded_dpsgd`` instead (no Bayesian accountant: its distances file is empty)."""
+    ``student.encoded_dpsgd`` instead (no Bayesian accountant: its distances file is empty).
+    ``allow_large_delta``: None where the caller has checked delta against the number of
+    private records (``pate run``); else a delta of 1/n or more is refused unless True
+    (``check_delta``)."""
+    run.create()  # a run directory that cannot be one is said before any training
     task = load_task(data)
     if task.eval_x is None or task.eval_y is None:
         raise UserError("the DP-SGD baseline is evaluated on test data: give data.test "
@@ -36,6 +42,8 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
     if task.kind != "image":
         raise UserError("the DP-SGD baseline's network is a CNN for images")
     assert task.private_x is not None and task.private_y is not None
+    if allow_large_delta is not None:
+        check_delta(config.delta, len(task.private_y), allow_large_delta)
     norm = (float(task.pool_x.mean()), float(task.pool_x.std()))
     try:
         result = (train_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
@@ -47,7 +55,6 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
         raise UserError(str(exc)) from None
     metrics = {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
                **result.metrics}
-    run.create()
     folder = run.private_dir(out or run.dpsgd)
     write_with_atomic(folder / run.dpsgd_distances.name,
                       lambda fh: np.save(fh, result.distances), private=True)

@@ -77,6 +77,11 @@ class DPSGDConfig:
             raise ValueError("epochs and expected_batch_size must be >= 1, bayesian_pairs >= 3")
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+        if not (self.lr > 0 and 0 <= self.momentum < 1):
+            raise ValueError(f"lr must be > 0 and momentum in [0, 1), got {self.lr!r} and "
+                             f"{self.momentum!r}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
 
 
 def tempered_cnn(in_shape: tuple[int, int, int], num_classes: int, mean: float,

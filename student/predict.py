@@ -87,6 +87,12 @@ def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = 
         target = None if out is None else Path(out).resolve()  # a link: its target is written
         if target is not None and target.exists() and not target.is_file():
             raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
+        if target is not None and target.exists() and (
+                target.suffix.lower() != ".csv" or target == Path(data).resolve()):
+            raise UserError(f"{out}: would be overwritten, and it is not a .csv of predictions "
+                            "(or it is the data scored): --out names a new file, or a .csv")
+        if target is not None and not target.parent.is_dir():
+            raise UserError(f"{out}: no such folder {target.parent}")
     except (OSError, RuntimeError) as exc:  # a name too long, a loop of links
         raise UserError(f"{out}: not a path to write ({exc.__class__.__name__})") from None
     loaded = load_classifier(folder)

@@ -25,6 +25,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,6 +41,7 @@ from analysis.votes_analysis import (
 from pate.aggregation.label_requests import LabelSource
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_bytes_atomic
+from pate.rundir import RunDir
 from student.choices import SELECTIONS
 
 BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored branch code
@@ -185,6 +187,23 @@ def interactive_baseline(probs_path: Path, index: NDArray[np.int64], num_teacher
         raise UserError(f"{probs_path}: no student probabilities for {missing} interactive "
                         "queries")
     return num_teachers * probs[rows].astype(np.float64)
+
+
+def read_rounds(run: RunDir) -> list[dict[str, Any]]:
+    """The rounds of ``student/rounds.json`` (``[]`` where there is none), each checked to be
+    what ``pate student train`` writes: a record with the ``mechanism`` it asked (an object
+    naming one) and its count of ``queries``; ``UserError`` otherwise (a damaged run
+    directory)."""
+    rounds = run.read_json(run.rounds)
+    if rounds is None:
+        return []
+    if not isinstance(rounds, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("mechanism"), dict)
+            and isinstance(r["mechanism"].get("mechanism"), str)
+            and type(r.get("queries")) is int and r["queries"] >= 0 for r in rounds):
+        raise UserError(f"{run.rounds}: not a record of query rounds: this run directory is "
+                        "damaged (restore the file, or start a new --run directory)")
+    return rounds
 
 
 def round_segments(rounds: list[dict], received: Received,

@@ -49,7 +49,7 @@ from student.models import (
     same_tensors,
 )
 from student.predict import student_schema
-from student.rounds import Received, analyze_rounds, ask, select_queries
+from student.rounds import Received, analyze_rounds, ask, read_rounds, select_queries
 from student.sanitised import Releases
 from student.training import (
     FitConfig,
@@ -521,7 +521,7 @@ def train_student(run: RunDir,
     if np.any(before.pool_index >= len(pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)
-    rounds_before = run.read_json(run.rounds) or []
+    rounds_before = read_rounds(run)
 
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
         received, rounds, epsilon = _answers_in_hand(run, before, rounds_before, task)

@@ -43,7 +43,14 @@ from pate.aggregation.label_requests import (
     labels_body,
     new_request_id,
 )
-from pate.aggregation.ledger import Budget, Charge, Ledger, Stored, canonical_url
+from pate.aggregation.ledger import (
+    Budget,
+    Charge,
+    Ledger,
+    Stored,
+    canonical_url,
+    stored_settings,
+)
 from pate.aggregation.vote_pool import VotePool
 from pate.errors import (
     BatchTooLarge,
@@ -53,6 +60,7 @@ from pate.errors import (
     UserError,
 )
 from pate.io import write_bytes_atomic
+from pate.rundir import RunDir
 
 LEDGER_RECORD = "ledger-url.txt"  # beside votes whose ledger is not their own ledger.db
 BRANCH_NAMES = np.array([b.name.lower() for b in sorted(Branch)])  # indexed by Branch value
@@ -258,12 +266,15 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        ensemble: TeacherEnsemble | None = None, ledger_url: str | None = None,
                        conversion: Conversion = "improved", limits: Limits | None = None,
                        offline_seed: int | None = None,
-                       check_pool: Callable[[VotePool], None] | None = None) -> LabelService:
+                       check_pool: Callable[[VotePool], None] | None = None,
+                       charged_before: bool = False) -> LabelService:
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); the ledger defaults to ``sqlite:///DIR/ledger.db`` in
     the run directory, or next to the votes file, and a votes' ledger is theirs for good
     (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
+    Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
+    directory's own is looked for), the ledger must exist: a new one would be a second budget.
     Raises ``UserError``, ``LedgerError``."""
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
@@ -287,6 +298,11 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                         "cover even one query of this aggregator: nothing was created (a larger "
                         "budget, or more noise)")
     url, record = _ledger_of_votes(home, ledger_url)
+    if (charged_before or (run_dir is not None and RunDir(home).labels.is_file())) and (
+            stored_settings(url) is None):
+        raise UserError(f"answers received before were charged to a ledger that is not at "
+                        f"{canonical_url(url)}: restore it (a new one would give the same "
+                        "private data a second budget)")
     ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
     if record is not None:
         try:

@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "softmax on HOG features")
     train.add_argument("--epochs", type=int, default=40)
     train.add_argument("--delta", type=float, default=1e-5)
+    train.add_argument("--allow-large-delta", action="store_true",
+                       help="accept a delta of 1/n or more (n the private records)")
     train.add_argument("--batch-size", type=int, default=2048,
                        help="expected batch size; the Poisson sampling rate is this / n")
     train.add_argument("--lr", type=float, default=4.0)
@@ -75,6 +77,7 @@ def run_train(args: argparse.Namespace) -> int:
     from student.baseline import train_dpsgd_baseline
     from student.dpsgd import DPSGDConfig
     from student.encoded_dpsgd import EncodingConfig
+    from teachers.checkpoints import teachers_source
 
     try:
         config = DPSGDConfig(
@@ -88,10 +91,12 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     run = RunDir(args.run)
+    data = source_from_flags(args, teachers_source(run.root))  # default: the run's teachers'
     with progress_bar("DP-SGD", None, "step", every=10.0) as bar:
-        metrics = train_dpsgd_baseline(run, config, source_from_flags(args),
+        metrics = train_dpsgd_baseline(run, config, data,
                                        lambda _step, total: bar.update(1, total),
-                                       encoding=encoding)
+                                       encoding=encoding,
+                                       allow_large_delta=args.allow_large_delta)
     bayesian = (f", {metrics['epsilon_bayesian']:.3f} (Bayesian)"
                 if "epsilon_bayesian" in metrics else "")
     print(json.dumps(metrics) if args.json

@@ -97,9 +97,16 @@ def load_distances(path: Path) -> np.ndarray:
         d = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read distances from {path}: {exc}") from None
+    if not isinstance(d, np.ndarray):  # an .npz archive
+        d.close()
+        raise UserError(f"{path}: a .npy file of one array [steps, pairs] is needed, not an "
+                        ".npz archive")
     if d.ndim != 2 or not np.issubdtype(d.dtype, np.number):
         raise UserError(f"{path} must hold a numeric array [steps, pairs], got shape {d.shape}")
-    return d.astype(np.float64)
+    d = d.astype(np.float64)
+    if not np.all(np.isfinite(d)) or np.any(d < 0):
+        raise UserError(f"{path}: distances must be finite and non-negative")
+    return d
 
 
 def run_bayesian(args: argparse.Namespace) -> int:

@@ -166,7 +166,8 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     service = open_label_service(mechanism_from_flags(args),
                                  epsilon_budget=args.budget_epsilon, delta=args.delta,
                                  votes_path=votes, ledger_url=args.ledger,
-                                 conversion=args.conversion, check_pool=check_votes)
+                                 conversion=args.conversion, check_pool=check_votes,
+                                 charged_before=RunDir(args.run).labels.is_file())
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 

@@ -31,7 +31,7 @@ from pate.report.figures import (
 )
 from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
 from pate.rundir import RunDir
-from student.rounds import Received, interactive_baseline
+from student.rounds import Received, interactive_baseline, read_rounds
 from teachers.checkpoints import teachers_source
 
 
@@ -115,7 +115,7 @@ def _segments(run: RunDir, facts: RunFacts, votes: np.ndarray,
     row_of[pool_index] = np.arange(pool_index.size)
     if np.any(asked > pool_index.max()) or np.any(row_of[np.minimum(asked, pool_index.max())] < 0):
         raise UserError(f"{run.labels}: asks for pool rows the votes do not cover")
-    rounds = (run.read_json(run.rounds)
+    rounds = (read_rounds(run)
               or [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
     if sum(r["queries"] for r in rounds) != asked.size:
         raise UserError(f"{run.rounds}: its rounds do not add up to the rows of {run.labels}")

@@ -149,6 +149,24 @@ def test_a_second_ledger_for_the_same_votes_is_refused(
                          "--queries", "5", "--ledger", other)) == 0
 
 
+def test_answers_in_hand_without_their_ledger_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Fail closed: once answers were charged, a ledger that is gone is not started afresh (a
+    second budget for the same data)."""
+    rng = np.random.default_rng(5)
+    run = tmp_path / "run"
+    run.mkdir()
+    votes = run / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 0
+    for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):
+        (run / name).unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 2
+    _one_error_line(capsys, "answers received before were charged to a ledger that is not at")
+    assert not (run / "ledger.db").exists()
+
+
 def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "tokens").write_text("x" * 32 + "\n")
@@ -369,6 +387,9 @@ def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
     other = tmp_path / "b" / "votes.npz"  # a new ledger: told to, it accepts a large delta
     other.parent.mkdir()
     other.write_bytes(votes.read_bytes())
+    second = RunDir(tmp_path / "run2").create()  # with no answers charged to another ledger
+    second.write_json(second.partition, {"num_rows": 1297})
+    args[args.index("--run") + 1] = str(second.root)
     args[args.index("--votes") + 1] = str(other)
     args[args.index("--delta") + 1] = "0.01"
     assert main([*args, "--queries", "5", "--allow-large-delta"]) == 0

@@ -133,6 +133,28 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
         metrics["epsilon_bayesian"], rel=1e-12)
 
 
+def test_cli_trains_on_the_runs_data_and_checks_its_input_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without data flags the baseline learns the run's teachers' data (here digits, not the
+    default dataset); a delta of 1/n or more, a momentum outside [0, 1) and a run directory
+    that cannot be one are each one line, before any training."""
+    run = tmp_path / "run"
+    (run / "teachers").mkdir(parents=True)
+    (run / "teachers" / "manifest.json").write_text(json.dumps(
+        {"data": {"kind": "benchmark", "name": "digits", "data_dir": None, "pool_size": None}}))
+    small = ["--noise-multiplier", "1.2", "--epochs", "1", "--batch-size", "256",
+             "--bayesian-pairs", "16"]
+    assert main(["dpsgd", "train", "--run", str(run), *small, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dataset"] == "digits"
+    (tmp_path / "a-file").write_text("")
+    for argv, message in ((["--run", str(run), "--delta", "0.01"], "at least 1/n"),
+                          (["--run", str(run), "--momentum", "5"], "momentum in [0, 1)"),
+                          (["--run", str(tmp_path / "a-file")], "cannot create the run")):
+        assert main(["dpsgd", "train", *argv, *small]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
 def test_cli_needs_one_noise_setting(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["dpsgd", "train", "--run", str(tmp_path), "--dataset", "digits"])

@@ -132,13 +132,20 @@ def test_bad_inputs_are_one_line(csv_run: tuple[Path, dict], capsys: pytest.Capt
         ([str(tmp_path / "twice.csv")], "the column 'age' appears more than once"),
         ([str(tmp_path / "test.csv"), "--out", str(tmp_path)], "not a regular file"),
         ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "file" / "x.csv")],
-         "cannot write it"),
+         "no such folder"),
+        ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "new" / "x.csv")],
+         "no such folder"),
+        ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "x.npz")],  # a ledger, say
+         "would be overwritten, and it is not a .csv of predictions"),
+        ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "test.csv")],
+         "would be overwritten"),
     ]
     for argv, message in cases:
         capsys.readouterr()
         assert main(["student", "predict", "--run", run, *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()
     assert main(["student", "predict", "--run", str(tmp_path / "none"),
                  str(tmp_path / "test.csv")]) == 2
     assert "no saved student" in capsys.readouterr().err
