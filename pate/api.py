@@ -14,6 +14,7 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_service import (
     InProcessLabels,
     LabelService,
+    check_budget,
     check_pool_threshold,
 )
 from pate.aggregation.ledger import Ledger
@@ -112,6 +114,10 @@ class Teachers:
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
                  seed: int = 0) -> None:
+        if min(n_teachers, shard_size, epochs, batch_size) < 1 or n_classes < 2 or not lr > 0:
+            raise UserError("n_teachers, shard_size, epochs and batch_size must be >= 1, "
+                            f"n_classes >= 2 and lr > 0, got {n_teachers}, {shard_size}, "
+                            f"{epochs}, {batch_size}, {n_classes} and {lr}")
         self.n_teachers, self.n_classes, self.shard_size = n_teachers, n_classes, shard_size
         self.model = model
         self.config = TrainConfig(model=model or DEFAULT_MODEL["image"], epochs=epochs,
@@ -187,7 +193,10 @@ class PrivateLabels:
         if private_records is not None and private_records < 1:
             raise UserError(f"private_records must be >= 1, got {private_records}")
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
+        check_budget(mechanism, epsilon_budget, delta, conversion)  # before the ledger exists
         self.mechanism = mechanism
+        if "://" not in str(ledger) and Path(ledger).expanduser().is_dir():
+            raise UserError(f"ledger={ledger}: a folder; the ledger is a file (or a URL)")
         url = (str(ledger) if "://" in str(ledger)
                else f"sqlite:///{Path(ledger).expanduser().absolute()}")
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
@@ -261,6 +270,8 @@ class Student:
                  batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
         if epochs < 1 or batch_size < 1:
             raise UserError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
+        if lr is not None and not (math.isfinite(lr) and lr > 0):
+            raise UserError(f"lr must be a finite number > 0, got {lr}")
         self.arch, self.lr = arch, lr
         self.method = method_for_data("image", method, arch, lr=lr)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
@@ -336,6 +347,8 @@ class Student:
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit the student first")
         out = Path(directory)
+        if out.exists() and not out.is_dir():
+            raise UserError(f"{out}: not a folder; save writes the student into a folder")
         out.mkdir(parents=True, exist_ok=True)
         save_model(self.model_, self.spec_, out)
         if self.schema_ is not None:

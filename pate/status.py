@@ -16,6 +16,7 @@ from analysis.orders import default_orders
 from pate.aggregation.ledger import Ledger, stored_settings
 from pate.config import RunConfig, parse_config
 from pate.errors import UserError
+from pate.report.run_report import current_report
 from pate.rundir import RunDir
 
 
@@ -50,7 +51,8 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
               ("votes", "done" if run.votes.is_file() else "not run", None),
               ("student", "not run" if student is None else "done",
                None if student is None else student.get("seconds")),
-              ("report", "done" if (run.report / "report.json").is_file() else "not run", None)]
+              ("report", "not run" if not (run.report / "report.json").is_file()
+               else "done" if current_report(run.root) is not None else "out of date", None)]
     return [{"stage": stage, "state": state, **({} if seconds is None else {"seconds": seconds})}
             for stage, state, seconds in states]
 

@@ -178,3 +178,24 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         Teachers(3, 2).fit(x, np.where(y == 1, "yes", "no"))
     with pytest.raises(UserError, match="x must be numbers"):
         Teachers(3, 2).fit([["a"] * 6] * 300, y)
+
+
+def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
+    """A budget that buys nothing, or none at all, is refused before a ledger would keep it for
+    good; a folder is no ledger; nonsense settings are refused when given."""
+    from pate.api import Teachers
+
+    votes = np.random.default_rng(0).multinomial(50, [0.8, 0.1, 0.1], size=20)
+    ledger = tmp_path / "ledger.db"
+    for budget, message in ((1e-6, "does not cover even one query"),
+                            (float("inf"), "finite number > 0"), (0.0, "finite number > 0")):
+        with pytest.raises(UserError, match=message):
+            PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=budget, delta=1e-5,
+                          ledger=ledger)
+        assert not list(tmp_path.iterdir())
+    with pytest.raises(UserError, match="a folder; the ledger is a file"):
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=tmp_path)
+    with pytest.raises(UserError, match="shard_size"):
+        Teachers(2, 10, shard_size=0)
+    with pytest.raises(UserError, match="lr must be a finite number > 0"):
+        Student(lr=-1.0)

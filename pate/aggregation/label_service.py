@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -292,11 +293,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         check_pool_threshold(mechanism, pool)
         if check_pool is not None:
             check_pool(pool)
-    if 0.0 < delta < 1.0 and epsilon_budget > 0.0 and not worst_case_queries(
-            mechanism, epsilon_budget, delta, default_orders(), conversion=conversion, limit=1):
-        raise UserError(f"the budget, epsilon {epsilon_budget:g} at delta {delta:g}, does not "
-                        "cover even one query of this aggregator: nothing was created (a larger "
-                        "budget, or more noise)")
+    check_budget(mechanism, epsilon_budget, delta, conversion)
     url, record = _ledger_of_votes(home, ledger_url)
     if (charged_before or (run_dir is not None and RunDir(home).labels.is_file())) and (
             stored_settings(url) is None):
@@ -312,6 +309,20 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
             raise
     aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)
     return LabelService(aggregator, ledger, pool, ensemble, limits)
+
+
+def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
+                 conversion: Conversion = "improved") -> None:
+    """Refuse (``UserError``), before any ledger is made, an epsilon budget that is not a
+    finite number > 0, or one that covers not even one query of ``mechanism`` at its worst
+    (``analysis.costs.worst_case_queries``): the ledger would keep that budget for good."""
+    if not (math.isfinite(epsilon_budget) and epsilon_budget > 0):
+        raise UserError(f"the epsilon budget must be a finite number > 0, got {epsilon_budget!r}")
+    if 0.0 < delta < 1.0 and not worst_case_queries(
+            mechanism, epsilon_budget, delta, default_orders(), conversion=conversion, limit=1):
+        raise UserError(f"the budget, epsilon {epsilon_budget:g} at delta {delta:g}, does not "
+                        "cover even one query of this aggregator: nothing was created (a larger "
+                        "budget, or more noise)")
 
 
 def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, Path | None]:

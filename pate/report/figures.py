@@ -448,13 +448,15 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                                                                   "sigma"))))
     detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
-    note = ('<p class="note">This report contains private statistics (the teachers\' vote '
-            "histogram and the columns marked private). Share only the data-independent ε, the "
-            "smooth-sensitivity-sanitised ε and the student's accuracy. The data-independent "
-            "ε is that of the queries asked and of the teachers' answers, counts the student "
-            "holds anyway; the columns marked expected are PATE 2018's Table 2 analysis, "
-            "expectations over which queries the threshold lets through, and depend on the "
-            "votes.</p>")
+    note = ('<p class="note">This report contains private statistics: the teachers\' vote '
+            "histogram, the columns marked private, and in the Details the teachers' and their "
+            "plurality's accuracies and the smooth-sensitivity release's order, β, SS and σ, "
+            "all computed from the private data or the votes. Share only the data-independent "
+            "ε, the smooth-sensitivity-sanitised ε and the student's accuracy. The "
+            "data-independent ε is that of the queries asked and of the teachers' answers, "
+            "counts the student holds anyway; the columns marked expected are PATE 2018's "
+            "Table 2 analysis, expectations over which queries the threshold lets through, and "
+            "depend on the votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("Details", f"<table>{detail_rows}</table>")]
 

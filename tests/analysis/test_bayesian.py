@@ -169,3 +169,17 @@ def test_cli_rejects_a_delta_below_the_failure_probability(
                  "--confidence", "0.99"])
     err = capsys.readouterr().err
     assert code == 2 and "failure probability" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("write", "message"), [
+    (lambda p: np.savez(p / "d.npz", d=np.full((10, 4), 0.05)), "not an .npz archive"),
+    (lambda p: np.save(p / "d.npy", np.full((10, 4), -0.05)), "finite and non-negative"),
+])
+def test_cli_refuses_distances_that_are_not_a_plain_array_of_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], write, message: str) -> None:
+    write(tmp_path)
+    path = next(tmp_path.glob("d.*"))
+    code = main(["epsilon", "bayesian", "--distances", str(path), "--noise-std", "1",
+                 "--sampling-rate", "0.01", "--delta", "1e-5"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err

@@ -4,6 +4,7 @@ stage started but not finished) and after."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,16 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["status", "--run", str(run)]) == 0
     out = capsys.readouterr().out
     assert "teachers             running or interrupted" in out and "spent of 77" in out
+    # a report older than what it is made from (a student retrained since) is out of date
+    from pate.report.run_report import REPORT_FORMAT
+
+    (run / "report").mkdir()
+    report = run / "report" / "report.json"
+    report.write_text(json.dumps({"report_format": REPORT_FORMAT}))
+    metrics = run / "student" / "metrics.json"
+    os.utime(report, ns=(metrics.stat().st_mtime_ns + 10**9,) * 2)
+    for expected in ("done", "out of date"):
+        assert main(["status", "--run", str(run), "--json"]) == 0
+        states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
+        assert states["report"] == expected
+        os.utime(metrics, ns=(report.stat().st_mtime_ns + 10**9,) * 2)

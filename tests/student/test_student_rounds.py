@@ -19,7 +19,7 @@ from pate.cli.main import main
 from pate.data.datasets import Dataset, public_split
 from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
-from student.rounds import Received, interactive_baseline, select_queries
+from student.rounds import Received, interactive_baseline, read_rounds, select_queries
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -52,6 +52,22 @@ def test_selection() -> None:
     np.testing.assert_array_equal(select_queries(cand, 3, "uncertainty", probs=probs),
                                   [3, 7, 5])
     assert select_queries(cand, 10, "first").size == 5
+
+
+def test_a_damaged_rounds_record_is_one_error(tmp_path: Path) -> None:
+    from pate.rundir import RunDir
+
+    run = RunDir(tmp_path).create()
+    assert read_rounds(run) == []
+    run.rounds.parent.mkdir()
+    good = {"mechanism": {"mechanism": "gnmax", "sigma": 4.0}, "select": "first", "queries": 5}
+    run.write_json(run.rounds, [good])
+    assert read_rounds(run) == [good]
+    for bad in ({"rounds": []}, [{"mechanism": {"mechanism": "gnmax"}}],
+                [{**good, "queries": "5"}], [{**good, "mechanism": "gnmax"}]):
+        run.write_json(run.rounds, bad)
+        with pytest.raises(UserError, match="not a record of query rounds"):
+            read_rounds(run)
 
 
 def test_received_round_trip(tmp_path: Path) -> None:
