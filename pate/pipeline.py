@@ -30,7 +30,8 @@ from pate.data.task import Benchmark, data_kind, load_task
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
-from pate.report.run_report import current_report, write_run_report
+from pate.report.freshness import current_report
+from pate.report.run_report import write_run_report
 from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server

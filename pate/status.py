@@ -16,7 +16,7 @@ from analysis.orders import default_orders
 from pate.aggregation.ledger import Ledger, stored_settings
 from pate.config import RunConfig, parse_config
 from pate.errors import UserError
-from pate.report.run_report import current_report
+from pate.report.freshness import current_report
 from pate.rundir import RunDir
 
 

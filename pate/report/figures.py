@@ -36,11 +36,7 @@ from analysis.mechanisms import (
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segments
-
-# report.json's layout; a report of another (an older version's) is rebuilt, not reused. 2: the
-# table's data-independent epsilon is the realised one, the ledger's charge. 3: its sanitised
-# epsilon is the student's release, with noise; the analysis' figure before noise is private.
-REPORT_FORMAT = 3
+from pate.report.freshness import REPORT_FORMAT
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
 from pate.report.figures import (
-    REPORT_FORMAT,
     RunData,
     Segment,
     build_report,
@@ -29,6 +28,7 @@ from pate.report.figures import (
     table_html,
     write_report,
 )
+from pate.report.freshness import REPORT_FORMAT, current_report
 from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline, read_rounds
@@ -230,32 +230,6 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
         sections.append(audit_section(audit))
     write_report(owner, shown, run.report, f"Owner-only evaluation: {data.name}", sections,
                  _private_writer, stem="owner-evaluation")
-
-
-def _report_inputs(run: RunDir) -> list[Path]:
-    """The files a run's report is made from."""
-    audits = sorted(run.audit.glob("models-*Z.json")) if run.audit.is_dir() else []
-    return [run.config, run.manifest, run.votes, run.labels, run.rounds, run.probs,
-            run.student_metrics, run.dpsgd_metrics, run.comparison_metrics, run.releases,
-            *audits[-1:]]
-
-
-def current_report(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's ``report/report.json`` when it is there, readable, of this version's layout
-    (``REPORT_FORMAT``) and newer than every file it is made from; None when it must be
-    written (again): it is derived from the run directory, so a missing, damaged or outdated
-    one is rebuilt rather than trusted."""
-    run = RunDir(run_dir)
-    path = run.report / "report.json"
-    try:
-        report = run.read_json(path)
-    except UserError:
-        return None
-    if not isinstance(report, dict) or report.get("report_format") != REPORT_FORMAT:
-        return None
-    written = path.stat().st_mtime_ns
-    newer = [p for p in _report_inputs(run) if p.is_file() and p.stat().st_mtime_ns > written]
-    return None if newer else report
 
 
 def _stale_report(run_dir: str | Path, why: UserError) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "teachers             running or interrupted" in out and "spent of 77" in out
     # a report older than what it is made from (a student retrained since) is out of date
-    from pate.report.run_report import REPORT_FORMAT
+    from pate.report.freshness import REPORT_FORMAT
 
     (run / "report").mkdir()
     report = run / "report" / "report.json"

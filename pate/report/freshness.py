@@ -1,0 +1,41 @@
+"""Whether a run's report is current: of this version's layout and newer than every file it is
+made from. Light on purpose (no torch), so that ``pate status`` can say it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pate.errors import UserError
+from pate.rundir import RunDir
+
+# report.json's layout; a report of another (an older version's) is rebuilt, not reused. 2: the
+# table's data-independent epsilon is the realised one, the ledger's charge. 3: its sanitised
+# epsilon is the student's release, with noise; the analysis' figure before noise is private.
+REPORT_FORMAT = 3
+
+
+def report_inputs(run: RunDir) -> list[Path]:
+    """The files a run's report is made from."""
+    audits = sorted(run.audit.glob("models-*Z.json")) if run.audit.is_dir() else []
+    return [run.config, run.manifest, run.votes, run.labels, run.rounds, run.probs,
+            run.student_metrics, run.dpsgd_metrics, run.comparison_metrics, run.releases,
+            *audits[-1:]]
+
+
+def current_report(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's ``report/report.json`` when it is there, readable, of this version's layout
+    (``REPORT_FORMAT``) and newer than every file it is made from; None when it must be
+    written (again): it is derived from the run directory, so a missing, damaged or outdated
+    one is rebuilt rather than trusted."""
+    run = RunDir(run_dir)
+    path = run.report / "report.json"
+    try:
+        report = run.read_json(path)
+    except UserError:
+        return None
+    if not isinstance(report, dict) or report.get("report_format") != REPORT_FORMAT:
+        return None
+    written = path.stat().st_mtime_ns
+    newer = [p for p in report_inputs(run) if p.is_file() and p.stat().st_mtime_ns > written]
+    return None if newer else report
