@@ -85,4 +85,4 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     last = run.log.read_text().splitlines()[-1] if run.log.is_file() else None
     return {"run": str(run), "name": None if config is None else config.name,
             "stages": _stages_by_hand(run) if config is None else _stages(run, config),
-            "budget": _budget(run), "last_log": last}
+            "budget": _budget(run), "answers_in_hand": run.labels.is_file(), "last_log": last}

@@ -29,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
         seconds = f" ({s['seconds']:.1f} s)" if "seconds" in s else ""
         print(f"  {s['stage']:<20} {s['state']}{seconds}")
     b = status["budget"]
-    if b is None:
+    if b is None and status["answers_in_hand"]:
+        print("  budget: no ledger here, though answers were charged to one (it is elsewhere: "
+              "--ledger or beside the votes, or it is missing)")
+    elif b is None:
         print("  budget: no ledger yet")
     else:
         print(f"  budget: epsilon {b['epsilon_spent']:.4g} spent of {b['epsilon_budget']:g}, "

@@ -94,3 +94,7 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
         states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
         assert states["report"] == expected
         os.utime(metrics, ns=(report.stat().st_mtime_ns + 10**9,) * 2)
+    for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):  # the ledger moved away
+        (run / name).unlink(missing_ok=True)
+    assert main(["status", "--run", str(run)]) == 0
+    assert "no ledger here, though answers were charged to one" in capsys.readouterr().out
