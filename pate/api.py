@@ -114,7 +114,8 @@ class Teachers:
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
                  seed: int = 0) -> None:
-        if min(n_teachers, shard_size, epochs, batch_size) < 1 or n_classes < 2 or not lr > 0:
+        if (min(n_teachers, shard_size, epochs, batch_size) < 1 or n_classes < 2
+                or not (math.isfinite(lr) and lr > 0)):
             raise UserError("n_teachers, shard_size, epochs and batch_size must be >= 1, "
                             f"n_classes >= 2 and lr > 0, got {n_teachers}, {shard_size}, "
                             f"{epochs}, {batch_size}, {n_classes} and {lr}")

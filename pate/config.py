@@ -200,7 +200,7 @@ class DPSGDConfig(_Section):
     epochs: int = Field(default=10, ge=1)
     batch_size: int = Field(default=2048, ge=1)
     lr: float = Field(default=4.0, gt=0)
-    momentum: float = Field(default=0.9, ge=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
     max_grad_norm: float = Field(default=0.1, gt=0)
     noise: Literal["gaussian", "student-t", "laplace"] = "gaussian"
     dof: float = Field(default=9.0, gt=2)

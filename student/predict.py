@@ -78,6 +78,20 @@ def score_file(model: nn.Module, spec: ModelSpec, schema: dict[str, Any], data: 
     return pd.concat([frame, pd.DataFrame(probs, columns=[f"p_{c}" for c in classes])], axis=1)
 
 
+def _predictions_file(path: Path, data: str | Path) -> bool:
+    """Whether ``path`` is empty or holds predictions this command wrote (its header begins
+    ``row,label,confidence``), and is not the data being scored: the files ``--out`` may
+    overwrite (never private data, a ledger or votes by a slip)."""
+    try:
+        if Path(data).exists() and path.samefile(data):
+            return False
+        with path.open("rb") as fh:
+            head = fh.readline(64)
+        return not head or head.startswith(b"row,label,confidence")
+    except OSError:
+        return False
+
+
 def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = None,
                  device: str = "cpu") -> pd.DataFrame:
     """The student saved in ``folder`` (a run's ``student/`` or ``Student.save``'s) on the rows
@@ -87,10 +101,10 @@ def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = 
         target = None if out is None else Path(out).resolve()  # a link: its target is written
         if target is not None and target.exists() and not target.is_file():
             raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
-        if target is not None and target.exists() and (
-                target.suffix.lower() != ".csv" or target == Path(data).resolve()):
-            raise UserError(f"{out}: would be overwritten, and it is not a .csv of predictions "
-                            "(or it is the data scored): --out names a new file, or a .csv")
+        if target is not None and target.exists() and not _predictions_file(target, data):
+            raise UserError(f"{out}: would be overwritten, and it is not a file of predictions "
+                            "(or it is the data scored): --out names a new file, or an earlier "
+                            "one of predictions")
         if target is not None and not target.parent.is_dir():
             raise UserError(f"{out}: no such folder {target.parent}")
     except (OSError, RuntimeError) as exc:  # a name too long, a loop of links

@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike, NDArray
 from analysis.costs import check_threshold, worst_case_queries
 from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
-from analysis.rdp import Conversion
+from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import Aggregator, Branch, check_student_probs
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -313,9 +313,13 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
 
 def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
                  conversion: Conversion = "improved") -> None:
-    """Refuse (``UserError``), before any ledger is made, an epsilon budget that is not a
-    finite number > 0, or one that covers not even one query of ``mechanism`` at its worst
-    (``analysis.costs.worst_case_queries``): the ledger would keep that budget for good."""
+    """Refuse (``UserError``), before any ledger is made, an unknown conversion, an epsilon
+    budget that is not a finite number > 0, or one that covers not even one query of
+    ``mechanism`` at its worst (``analysis.costs.worst_case_queries``): the ledger would keep
+    that budget for good."""
+    if conversion not in CONVERSIONS:
+        raise UserError(f"conversion must be one of {', '.join(CONVERSIONS)}, got "
+                        f"{conversion!r}")
     if not (math.isfinite(epsilon_budget) and epsilon_budget > 0):
         raise UserError(f"the epsilon budget must be a finite number > 0, got {epsilon_budget!r}")
     if 0.0 < delta < 1.0 and not worst_case_queries(
@@ -328,24 +332,25 @@ def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
 def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, Path | None]:
     """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
     where to record it, if it must be: one budget per body of private data, so the votes'
-    first ledger is theirs for good. By default their own SQLite file ``home/ledger.db``;
-    another (PostgreSQL, say) is recorded, password hidden, in ``home/ledger-url.txt`` when
-    first opened. ``UserError`` for another ledger than the one they have."""
+    first ledger is theirs for good, recorded (password hidden) in ``home/ledger-url.txt``
+    when first opened; by default it is their own SQLite file ``home/ledger.db``. Refused
+    (``UserError``): another ledger than the one they have, and a recorded ledger that is no
+    longer there (a new one would be a second budget)."""
     own = f"sqlite:///{home / 'ledger.db'}"
     url = ledger_url or own
     record = home / LEDGER_RECORD
     if record.is_file():
         bound: str | None = record.read_text(encoding="utf-8").strip()
-    else:
+    else:  # votes charged before ledgers were recorded: their own ledger.db, if any
         bound = canonical_url(own) if (home / "ledger.db").is_file() else None
     if bound is not None and bound != canonical_url(url):
         raise UserError(f"{bound} already charges these votes: another ledger "
                         f"({canonical_url(url)}) would give the same private data a second "
                         "budget; use that one (or move it away, knowing what it spent)")
-    return url, (record if bound is None and canonical_url(url) != canonical_url(own)
-                 else None)
-
-
+    if record.is_file() and stored_settings(url) is None:
+        raise UserError(f"the ledger that charged these votes ({bound}) is not there: restore "
+                        "it (a new one would give the same private data a second budget)")
+    return url, None if record.is_file() else record
 class InProcessLabels:
     """A ``LabelSource`` over a ``LabelService`` in this process: the same schema, rules, ledger
     and errors as over HTTP (``pate student train --votes FILE``)."""

@@ -280,10 +280,13 @@ def canonical_url(url: str) -> str:
 def stored_settings(url: str) -> dict[str, Any] | None:
     """The delta, epsilon budget and conversion the ledger at ``url`` was created with (public
     parameters), or None when it holds none yet; reads only, creates nothing."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
-        return None
-    _, reader = _engines(url)
+    try:
+        parsed = sa.make_url(url)
+        if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
+            return None
+        _, reader = _engines(url)
+    except (sa.exc.SQLAlchemyError, ValueError) as exc:  # not a URL, no such driver
+        raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}") from None
     try:
         with reader.connect() as conn:
             if not sa.inspect(conn).has_table(meta_table.name):

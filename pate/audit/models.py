@@ -77,7 +77,7 @@ from pate.errors import UserError
 from pate.io import ensure_dir, write_json_atomic, write_with_atomic
 from pate.rundir import RunDir
 from student.models import POOL_FEATURE_ARCHS, ModelSpec, PoolFeatures, build_classifier
-from student.rounds import Received
+from student.rounds import Received, read_rounds
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -523,7 +523,7 @@ def student_recipe(run: Run, epochs: int | None, device: str) -> StudentRecipe:
     d = run.dir
     metrics = d.read_json(d.student_metrics)
     published = load_classifier(d.student)
-    rounds = d.read_json(d.rounds)
+    rounds = read_rounds(d)
     if metrics is None or published is None or not rounds or not d.labels.is_file():
         raise UserError(f"{d} has no trained student (student/metrics.json, model, rounds.json, "
                         "labels.npz); audit without the student target or run the student")

@@ -39,8 +39,9 @@ def add_data_flags(parser: argparse.ArgumentParser, *, files: bool = True) -> No
 
 def source_from_flags(args: argparse.Namespace, default: DataSource | None = None
                       ) -> DataSource:
-    """The source the flags name; without any, ``default`` (the run's teachers' data), else
-    the default dataset. Mixing a dataset with files is an error."""
+    """The source the flags name; without any, ``default`` (the run's teachers' data; for a
+    built-in dataset ``--data-dir`` and ``--pool-size`` apply to it), else the default
+    dataset. Mixing a dataset with files is an error."""
     given_files = [getattr(args, k, None) for k in ("private", "public", "test", "label",
                                                     "classes")]
     if any(v is not None for v in given_files):
@@ -54,10 +55,16 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
                                  for p in (args.private, args.public, args.test))
         return DataFiles(private, public, test, args.label,
                          None if args.classes is None else tuple(args.classes))
-    if args.dataset is None and args.pool_size is None and default is not None:
-        if isinstance(default, Benchmark) and args.data_dir is not None:
-            return replace(default, data_dir=str(Path(args.data_dir).resolve()))
-        return default
+    if args.dataset is None and default is not None:
+        if not isinstance(default, Benchmark):
+            if args.pool_size is not None or args.data_dir is not None:
+                raise UserError("--pool-size and --data-dir are for a built-in dataset; the "
+                                "run's data are your files")
+            return default
+        return replace(default, data_dir=(default.data_dir if args.data_dir is None
+                                          else str(Path(args.data_dir).resolve())),
+                       pool_size=default.pool_size if args.pool_size is None
+                       else args.pool_size)
     return Benchmark(args.dataset or DEFAULT_DATASET,
                      None if args.data_dir is None else str(Path(args.data_dir).resolve()),
                      args.pool_size)

@@ -1,9 +1,10 @@
 """``pate dpsgd train``: the DP-SGD baseline learner (``student.dpsgd``) on a run directory.
 
-Writes ``DIR/dpsgd/metrics.json`` (accuracy on the evaluation half of the test split, the RDP
-and the Bayesian epsilon, delta, steps, noise multiplier, sampling rate, clipping norm),
-``DIR/dpsgd/model.pt`` (the state dict) and, private, ``DIR/dpsgd/distances.npy`` (the pair
-distances per step, input of ``pate epsilon bayesian``). ``--noise``, ``--encode`` and
+It learns the run's teachers' data unless data flags say otherwise. Writes
+``DIR/dpsgd/metrics.json`` (accuracy on the test data, the RDP and the Bayesian epsilon, delta,
+steps, noise multiplier, sampling rate, clipping norm), ``DIR/dpsgd/model.pt`` (the state
+dict) and, private, ``DIR/dpsgd/distances.npy`` (the pair distances per step, input of
+``pate epsilon bayesian``). ``--noise``, ``--encode`` and
 ``--denoise`` select DP-SGD with gradient encoding and denoising (``student.encoded_dpsgd``).
 """
 
@@ -29,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "RDP core and the Bayesian accountant.")
     sub = parser.add_subparsers(dest="dpsgd_command", required=True, metavar="COMMAND")
     train = sub.add_parser("train", help="train the DP-SGD baseline",
-                           description="Train a network with DP-SGD on the "
-                                       "training split and evaluate it on the second half of "
-                                       "the test split.")
+                           description="Train a network with DP-SGD on the private data "
+                                       "(default: the run's teachers') and evaluate it on the "
+                                       "test data.")
     train.add_argument("--run", type=Path, required=True, metavar="DIR")
     add_data_flags(train)
     noise = train.add_mutually_exclusive_group(required=True)

@@ -126,8 +126,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="new rows in the training data's format: a .csv (a label column is "
                          "ignored), a .npz with x, or a folder of images")
     pr.add_argument("--out", type=Path, metavar="FILE",
-                    help="write the CSV here (atomically; a link's target) instead of to "
-                         "standard output (also: -)")
+                    help="write the CSV here (atomically; a link's target, in a folder that "
+                         "exists; an existing file only if empty or of earlier predictions) "
+                         "instead of to standard output (also: -)")
     add_device_flag(pr, "the student")
     pr.set_defaults(handler=run_predict)
 

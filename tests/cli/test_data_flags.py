@@ -9,6 +9,7 @@ import pytest
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.task import Benchmark, DataFiles
+from pate.errors import UserError
 
 
 def _source(argv: list[str]) -> DataFiles | Benchmark:
@@ -28,3 +29,18 @@ def test_file_paths_are_made_absolute_where_they_are_given(
         str(tmp_path / "p.csv"), str(tmp_path / "sub" / "q.csv"), None)
     bench = _source(["--dataset", "digits", "--data-dir", "data"])
     assert isinstance(bench, Benchmark) and bench.data_dir == str(tmp_path / "data")
+
+
+def test_a_runs_data_is_the_default_and_a_pool_size_applies_to_it(tmp_path: Path) -> None:
+    """Without --dataset, the run's teachers' data: --pool-size and --data-dir change that
+    dataset's (never switch to the default dataset); for a user's files they are an error."""
+    parser = argparse.ArgumentParser()
+    add_data_flags(parser)
+    teachers = Benchmark("digits", None, 200)
+    assert source_from_flags(parser.parse_args([]), teachers) == teachers
+    assert source_from_flags(parser.parse_args(["--pool-size", "150"]), teachers) == Benchmark(
+        "digits", None, 150)
+    files = DataFiles(str(tmp_path / "p.csv"), str(tmp_path / "q.csv"))
+    assert source_from_flags(parser.parse_args([]), files) == files
+    with pytest.raises(UserError, match="are for a built-in dataset"):
+        source_from_flags(parser.parse_args(["--pool-size", "150"]), files)

@@ -163,6 +163,15 @@ def test_answers_in_hand_without_their_ledger_are_refused(
         (run / name).unlink(missing_ok=True)
     capsys.readouterr()
     assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 2
+    _one_error_line(capsys, "the ledger that charged these votes")
+    # nor by a student of another run directory on the same votes, with no answers of its own
+    assert main(_student(tmp_path / "run2", votes, "--budget-epsilon", "20",
+                         "--queries", "5")) == 2
+    _one_error_line(capsys, "the ledger that charged these votes")
+    assert not (run / "ledger.db").exists() and not (tmp_path / "run2" / "labels.npz").exists()
+    # votes charged before their ledger was recorded: the answers in hand say so
+    (run / "ledger-url.txt").unlink()
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 2
     _one_error_line(capsys, "answers received before were charged to a ledger that is not at")
     assert not (run / "ledger.db").exists()
 

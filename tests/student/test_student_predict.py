@@ -78,6 +78,8 @@ def test_csv_rows_are_scored_as_the_test_rows_were(
     assert list(scored.columns) == ["row", "label", "confidence", "p_<=50K", "p_>50K"]
     assert scored["row"].tolist() == list(range(200))
     assert np.allclose(scored[["p_<=50K", "p_>50K"]].sum(axis=1), 1.0)
+    assert main(["student", "predict", "--run", str(tmp_path / "run"), str(tmp_path / "test.csv"),
+                 "--out", str(out)]) == 0  # earlier predictions may be written over
     assert np.allclose(scored["confidence"], scored[["p_<=50K", "p_>50K"]].max(axis=1))
     truth = pd.read_csv(tmp_path / "test.csv")["income"]
     assert metrics["accuracy"] > 0.7
@@ -136,7 +138,9 @@ def test_bad_inputs_are_one_line(csv_run: tuple[Path, dict], capsys: pytest.Capt
         ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "new" / "x.csv")],
          "no such folder"),
         ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "x.npz")],  # a ledger, say
-         "would be overwritten, and it is not a .csv of predictions"),
+         "would be overwritten, and it is not a file of predictions"),
+        ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "inf.csv")],  # data, not scores
+         "would be overwritten, and it is not a file of predictions"),
         ([str(tmp_path / "test.csv"), "--out", str(tmp_path / "test.csv")],
          "would be overwritten"),
     ]
