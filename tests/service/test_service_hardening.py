@@ -17,14 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from service_common import votes_for_ledger
-from service_harness import (
-    TOKENS,
-    Server,
-    auth,
-    serving,
-    synthetic_votes,
-    write_tokens,
-)
+from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
 
 from analysis.orders import default_orders
 from pate.aggregation.label_requests import MAX_QUERIES, LabelsRequest, Limits

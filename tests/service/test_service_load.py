@@ -19,14 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from service_common import votes_for_ledger
-from service_harness import (
-    TOKENS,
-    Server,
-    auth,
-    serving,
-    synthetic_votes,
-    write_tokens,
-)
+from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
 
 from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
