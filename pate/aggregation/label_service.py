@@ -63,7 +63,8 @@ from pate.errors import (
 from pate.io import write_bytes_atomic
 from pate.rundir import RunDir
 
-LEDGER_RECORD = "ledger-url.txt"  # beside votes whose ledger is not their own ledger.db
+LEDGER_RECORD = "ledger-url.txt"  # beside the votes: the ledger that charges them
+OWN_LEDGER = "ledger.db"  # the votes' own ledger, beside them (the default)
 BRANCH_NAMES = np.array([b.name.lower() for b in sorted(Branch)])  # indexed by Branch value
 
 
@@ -303,7 +304,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
     if record is not None:
         try:
-            write_bytes_atomic(record, (canonical_url(url) + "\n").encode(), private=True)
+            write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
         except BaseException:
             ledger.close()
             raise
@@ -329,28 +330,33 @@ def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
                         "budget, or more noise)")
 
 
-def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, Path | None]:
+def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, str | None]:
     """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
-    where to record it, if it must be: one budget per body of private data, so the votes'
-    first ledger is theirs for good, recorded (password hidden) in ``home/ledger-url.txt``
-    when first opened; by default it is their own SQLite file ``home/ledger.db``. Refused
-    (``UserError``): another ledger than the one they have, and a recorded ledger that is no
-    longer there (a new one would be a second budget)."""
-    own = f"sqlite:///{home / 'ledger.db'}"
+    what to record of it, if it must be: one budget per body of private data, so the votes'
+    first ledger is theirs for good, recorded in ``home/ledger-url.txt`` when first opened:
+    ``ledger.db`` for their own SQLite file beside them (the default; it moves with them),
+    else its URL, password hidden. Refused (``UserError``): another ledger than the one they
+    have, and a recorded ledger that is no longer there (a new one would be a second
+    budget)."""
+    own = canonical_url(f"sqlite:///{home / OWN_LEDGER}")
     url = ledger_url or own
+    named = canonical_url(url)
     record = home / LEDGER_RECORD
     if record.is_file():
-        bound: str | None = record.read_text(encoding="utf-8").strip()
+        text = record.read_text(encoding="utf-8").strip()
+        bound: str | None = own if text == OWN_LEDGER else text
     else:  # votes charged before ledgers were recorded: their own ledger.db, if any
-        bound = canonical_url(own) if (home / "ledger.db").is_file() else None
-    if bound is not None and bound != canonical_url(url):
-        raise UserError(f"{bound} already charges these votes: another ledger "
-                        f"({canonical_url(url)}) would give the same private data a second "
-                        "budget; use that one (or move it away, knowing what it spent)")
+        bound = own if (home / OWN_LEDGER).is_file() else None
+    if bound is not None and bound != named:
+        raise UserError(f"{bound} already charges these votes: another ledger ({named}) would "
+                        "give the same private data a second budget; use that one (or move it "
+                        "away, knowing what it spent)")
     if record.is_file() and stored_settings(url) is None:
         raise UserError(f"the ledger that charged these votes ({bound}) is not there: restore "
                         "it (a new one would give the same private data a second budget)")
-    return url, None if record.is_file() else record
+    return url, None if record.is_file() else (OWN_LEDGER if named == own else named)
+
+
 class InProcessLabels:
     """A ``LabelSource`` over a ``LabelService`` in this process: the same schema, rules, ledger
     and errors as over HTTP (``pate student train --votes FILE``)."""

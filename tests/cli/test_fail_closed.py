@@ -149,6 +149,22 @@ def test_a_second_ledger_for_the_same_votes_is_refused(
                          "--queries", "5", "--ledger", other)) == 0
 
 
+def test_votes_moved_with_their_own_ledger_keep_it(tmp_path: Path) -> None:
+    """The votes' own ledger.db is recorded as such, not by its path: a folder moved (or
+    renamed) with its votes and ledger goes on with them."""
+    rng = np.random.default_rng(6)
+    home = tmp_path / "a"
+    home.mkdir()
+    np.savez(home / "votes.npz", votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
+    assert main(_student(home / "run", home / "votes.npz", "--budget-epsilon", "20",
+                         "--queries", "5")) == 0
+    assert (home / "ledger-url.txt").read_text() == "ledger.db\n"
+    home.rename(tmp_path / "b")
+    assert main(_student(tmp_path / "b" / "run", tmp_path / "b" / "votes.npz",
+                         "--budget-epsilon", "20", "--queries", "5")) == 0
+    assert len(np.load(tmp_path / "b" / "run" / "labels.npz")["pool_index"]) == 10
+
+
 def test_answers_in_hand_without_their_ledger_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Fail closed: once answers were charged, a ledger that is gone is not started afresh (a
