@@ -99,14 +99,15 @@ def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = 
     folder = Path(folder)
     try:
         target = None if out is None else Path(out).resolve()  # a link: its target is written
-        if target is not None and target.exists() and not target.is_file():
-            raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
-        if target is not None and target.exists() and not _predictions_file(target, data):
-            raise UserError(f"{out}: would be overwritten, and it is not a file of predictions "
-                            "(or it is the data scored): --out names a new file, or an earlier "
-                            "one of predictions")
-        if target is not None and not target.parent.is_dir():
-            raise UserError(f"{out}: no such folder {target.parent}")
+        if target is not None:
+            if target.exists() and not target.is_file():
+                raise UserError(f"{out}: not a regular file; --out names the CSV file to write")
+            if target.exists() and not _predictions_file(target, data):
+                raise UserError(f"{out}: would be overwritten, and it is not a file of "
+                                "predictions (or it is the data scored): --out names a new "
+                                "file, or an earlier one of predictions")
+            if not target.parent.is_dir():
+                raise UserError(f"{out}: no such folder {target.parent}")
     except (OSError, RuntimeError) as exc:  # a name too long, a loop of links
         raise UserError(f"{out}: not a path to write ({exc.__class__.__name__})") from None
     loaded = load_classifier(folder)

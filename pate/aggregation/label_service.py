@@ -295,12 +295,8 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if check_pool is not None:
             check_pool(pool)
     check_budget(mechanism, epsilon_budget, delta, conversion)
-    url, record = _ledger_of_votes(home, ledger_url)
-    if (charged_before or (run_dir is not None and RunDir(home).labels.is_file())) and (
-            stored_settings(url) is None):
-        raise UserError(f"answers received before were charged to a ledger that is not at "
-                        f"{canonical_url(url)}: restore it (a new one would give the same "
-                        "private data a second budget)")
+    url, record = _ledger_of_votes(home, ledger_url, charged_before or (
+        run_dir is not None and RunDir(home).labels.is_file()))
     ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
     if record is not None:
         try:
@@ -330,14 +326,15 @@ def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
                         "budget, or more noise)")
 
 
-def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, str | None]:
+def _ledger_of_votes(home: Path, ledger_url: str | None, charged_before: bool
+                     ) -> tuple[str, str | None]:
     """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
     what to record of it, if it must be: one budget per body of private data, so the votes'
     first ledger is theirs for good, recorded in ``home/ledger-url.txt`` when first opened:
     ``ledger.db`` for their own SQLite file beside them (the default; it moves with them),
     else its URL, password hidden. Refused (``UserError``): another ledger than the one they
-    have, and a recorded ledger that is no longer there (a new one would be a second
-    budget)."""
+    have, and a ledger that is not there where one was recorded or answers were charged
+    before (a new one would be a second budget)."""
     own = canonical_url(f"sqlite:///{home / OWN_LEDGER}")
     url = ledger_url or own
     named = canonical_url(url)
@@ -351,9 +348,14 @@ def _ledger_of_votes(home: Path, ledger_url: str | None) -> tuple[str, str | Non
         raise UserError(f"{bound} already charges these votes: another ledger ({named}) would "
                         "give the same private data a second budget; use that one (or move it "
                         "away, knowing what it spent)")
-    if record.is_file() and stored_settings(url) is None:
-        raise UserError(f"the ledger that charged these votes ({bound}) is not there: restore "
-                        "it (a new one would give the same private data a second budget)")
+    if (record.is_file() or charged_before) and stored_settings(url) is None:
+        if record.is_file():
+            raise UserError(f"the ledger that charged these votes ({bound}) is not there: "
+                            "restore it (a new one would give the same private data a second "
+                            "budget)")
+        raise UserError(f"answers received before were charged to a ledger that is not at "
+                        f"{named}: restore it (a new one would give the same private data a "
+                        "second budget)")
     return url, None if record.is_file() else (OWN_LEDGER if named == own else named)
 
 

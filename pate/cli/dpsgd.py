@@ -4,8 +4,8 @@ It learns the run's teachers' data unless data flags say otherwise. Writes
 ``DIR/dpsgd/metrics.json`` (accuracy on the test data, the RDP and the Bayesian epsilon, delta,
 steps, noise multiplier, sampling rate, clipping norm), ``DIR/dpsgd/model.pt`` (the state
 dict) and, private, ``DIR/dpsgd/distances.npy`` (the pair distances per step, input of
-``pate epsilon bayesian``). ``--noise``, ``--encode`` and
-``--denoise`` select DP-SGD with gradient encoding and denoising (``student.encoded_dpsgd``).
+``pate epsilon bayesian``). ``--noise``, ``--encode`` and ``--denoise`` select DP-SGD with
+gradient encoding and denoising (``student.encoded_dpsgd``).
 """
 
 from __future__ import annotations
