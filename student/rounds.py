@@ -13,7 +13,8 @@ Selection (``select_queries``): ``first`` rows of the pool, a ``random`` subset,
 "least confident" sampling, B. Settles, "Active Learning Literature Survey", 2009, §3.1).
 
 What was received is ``labels.npz`` of the run directory (docs/design.md): ``pool_index`` int64,
-``label`` int64 (-1 = no answer), plus ``branch`` int8 (0 none, 1 teachers, 2 student), written
+``label`` int64 (-1 = no answer), plus ``branch`` int8 (0 none, 1 teachers, 2 student) and the
+``pool_fingerprint`` of the public pool asked about (``Task.pool_fingerprint``), written
 atomically after every request so that nothing paid for is lost.
 """
 
@@ -39,6 +40,7 @@ from analysis.votes_analysis import (
     analyze_segments,
 )
 from pate.aggregation.label_requests import LabelSource
+from pate.data.votes_file import load_pool_fingerprint
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_bytes_atomic
 from pate.rundir import RunDir
@@ -49,11 +51,13 @@ BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored br
 
 @dataclass(frozen=True)
 class Received:
-    """Answers received so far, one row per asked pool index."""
+    """Answers received so far, one row per asked pool index; ``pool_fingerprint``: the pool's
+    ``Task.pool_fingerprint`` where known (public)."""
 
     pool_index: NDArray[np.int64]
     label: NDArray[np.int64]
     branch: NDArray[np.int8]
+    pool_fingerprint: str | None = None
 
     @classmethod
     def empty(cls) -> Received:
@@ -61,7 +65,8 @@ class Received:
 
     @classmethod
     def load(cls, path: Path) -> Received:
-        """``labels.npz``; a file without ``branch`` counts every answer as the teachers'."""
+        """``labels.npz``; a file without ``branch`` counts every answer as the teachers', one
+        without ``pool_fingerprint`` (an older version's) leaves it None."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 index = data["pool_index"].astype(np.int64)
@@ -76,26 +81,31 @@ class Received:
         if np.any((branch < 0) | (branch >= len(BRANCHES))) or np.any((branch == 0) != (label < 0)):
             raise UserError(f"{path}: branch must be 1 or 2 where a label came back, 0 where none "
                             "did: this run directory is damaged")
-        return cls(index, label, branch)
+        return cls(index, label, branch, load_pool_fingerprint(path))
 
     def save(self, path: Path) -> None:
         buf = io.BytesIO()
-        np.savez(buf, pool_index=self.pool_index, label=self.label, branch=self.branch)
+        pool = {} if self.pool_fingerprint is None else {"pool_fingerprint": self.pool_fingerprint}
+        np.savez(buf, pool_index=self.pool_index, label=self.label, branch=self.branch, **pool)
         write_bytes_atomic(path, buf.getvalue())
 
     def __add__(self, other: Received) -> Received:
         if np.intersect1d(self.pool_index, other.pool_index).size:
             raise ValueError("a pool index was asked twice")
+        pools = {self.pool_fingerprint, other.pool_fingerprint} - {None}
+        if len(pools) > 1:
+            raise ValueError("answers about two different pools")
         return Received(np.concatenate([self.pool_index, other.pool_index]),
                         np.concatenate([self.label, other.label]),
-                        np.concatenate([self.branch, other.branch]))
+                        np.concatenate([self.branch, other.branch]), next(iter(pools), None))
 
     def __len__(self) -> int:
         return int(self.pool_index.size)
 
     def first(self, n: int) -> Received:
         """The first ``n`` rows asked (a prefix in asking order)."""
-        return Received(self.pool_index[:n], self.label[:n], self.branch[:n])
+        return Received(self.pool_index[:n], self.label[:n], self.branch[:n],
+                        self.pool_fingerprint)
 
     @property
     def answered(self) -> NDArray[np.bool_]:

@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +319,14 @@ def _check_votes(run: RunDir, votes: dict[str, Any], task: Task) -> None:
                         f"{manifest['num_teachers']}: they are not this run's votes")
 
 
+def _check_answers_pool(recorded: str | None, task: Task) -> None:
+    """Refuse answers in hand recorded as being about another pool (``recorded``: the
+    ``pool_fingerprint`` of ``labels.npz`` or ``student/metrics.json``; None: not recorded)."""
+    if recorded not in (None, task.pool_fingerprint):
+        raise UserError("the answers in hand are of another public pool than the data flags "
+                        "name (its content, rows or label set differ)")
+
+
 def _saving(run: RunDir, before: Received, bar: Progress) -> Callable[[Received], None]:
     """An ``on_request`` that saves everything received so far (nothing paid for is lost) and
     advances the round's progress."""
@@ -365,8 +373,10 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
                ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
     """One query round against ``session`` (closed at the end; ``train_student``): every
     answer so far, saved as it arrives, every round so far, and the epsilons of the answers
-    (the ledger's data-independent one, the sanitised release)."""
+    (the ledger's data-independent one, the sanitised release). ``labels.npz`` records the
+    pool's fingerprint."""
     interactive = session.mechanism == "interactive"
+    before = replace(before, pool_fingerprint=task.pool_fingerprint)
     try:
         mechanism = _served_mechanism(session)
         if session.service is None:  # a remote aggregator's votes, by their description
@@ -432,19 +442,18 @@ def _answers_in_hand(run: RunDir, before: Received, rounds_before: list[dict[str
                      task: Task) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
     """``--queries 0`` with no aggregator named: the answers so far, their rounds and the
     epsilons the round that asked them gave (``student/metrics.json``), once the answers are
-    known to be of the student's pool (the fingerprint the metrics record, else the run's
-    votes). Training again on them asks, spends and releases nothing."""
+    known to be of the student's pool (the fingerprint ``labels.npz`` or the metrics record,
+    else the run's votes). Training again on them asks, spends and releases nothing."""
     last = run.read_json(run.student_metrics)
     if not (len(before) and isinstance(last, dict) and isinstance(last.get("epsilon"), dict)
             and last.get("queries") == len(before)):
         raise UserError("training on the answers in hand needs a round that asked them here "
                         f"({run.labels} and {run.student_metrics}); else name the aggregator "
                         "(--mechanism and its flags, or --server)")
-    if last.get("pool_fingerprint") is not None:
-        if last["pool_fingerprint"] != task.pool_fingerprint:
-            raise UserError("the answers in hand are of another public pool than the data "
-                            "flags name (its content, rows or label set differ)")
-    elif run.votes.is_file():  # metrics of an older version
+    recorded = before.pool_fingerprint or last.get("pool_fingerprint")
+    if recorded is not None:
+        _check_answers_pool(recorded, task)
+    elif run.votes.is_file():  # labels and metrics of an older version
         _check_votes(run, VotePool.from_file(run.votes).describe(), task)
     return before, rounds_before, last["epsilon"]
 
@@ -518,6 +527,7 @@ def train_student(run: RunDir,
     run.create()
     out = run.student
     before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
+    _check_answers_pool(before.pool_fingerprint, task)
     if np.any(before.pool_index >= len(pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)

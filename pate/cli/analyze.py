@@ -103,16 +103,21 @@ def _votes_and_asked_rows(votes_path: str, asked_path: str,
     """The votes, and the rows holding the pool indices of ``asked_path`` in its order (the
     service's own lookup, so the rows are those its aggregator saw). With ``distinct``, an
     index asked again counts once: the service replays its first answer, free (every mechanism
-    but Interactive-GNMax, docs/design.md, "The aggregation service")."""
+    but Interactive-GNMax, docs/design.md, "The aggregation service"). A ``labels.npz`` that
+    records another pool than the votes' (``pool_fingerprint``) is refused."""
     import numpy as np
 
     from pate.aggregation.vote_pool import VotePool
-    from pate.data.votes_file import load_pool_indices
+    from pate.data.votes_file import load_pool_fingerprint, load_pool_indices
 
     indices = load_pool_indices(asked_path)
     if distinct:
         indices = indices[np.sort(np.unique(indices, return_index=True)[1])]
     pool = VotePool.from_file(votes_path)
+    asked_pool = load_pool_fingerprint(asked_path)
+    if None not in (asked_pool, pool.fingerprint) and asked_pool != pool.fingerprint:
+        raise UserError(f"{asked_path}: these rows were asked of another public pool than "
+                        f"{votes_path} was cast on")
     try:
         return pool.votes, pool.rows(indices)
     except UserError as exc:

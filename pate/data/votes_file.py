@@ -82,8 +82,9 @@ def load_votes_with_index(path: str | Path) -> tuple[NDArray[np.int64], NDArray[
 
 
 def load_pool_fingerprint(path: str | Path) -> str | None:
-    """The ``pool_fingerprint`` a run's ``votes.npz`` records (``Task.pool_fingerprint`` of the
-    pool the votes were cast on); None for a file without one (a published ``.npy``)."""
+    """The ``pool_fingerprint`` an ``.npz`` of a run records (``Task.pool_fingerprint`` of the
+    pool its ``votes.npz`` was cast on, or its ``labels.npz`` asked about); None for a file
+    without one (a published ``.npy``, an older version's file)."""
     if not str(path).endswith(".npz"):
         return None
     with np.load(path, allow_pickle=False) as data:

@@ -76,6 +76,25 @@ def test_asked_rows_are_found_through_the_pool_index(capsys: pytest.CaptureFixtu
                    *fixed) == expected
 
 
+def test_rows_asked_of_another_pool_are_refused(capsys: pytest.CaptureFixture,
+                                                tmp_path: Path) -> None:
+    """A student's labels.npz and a run's votes.npz record the pool they are about
+    (``pool_fingerprint``): another run's labels, whose indices may all exist in these votes,
+    are refused; a file that records none (a .npy, an older version's) is taken as it is."""
+    votes = np.load(EXAMPLE)
+    np.savez(tmp_path / "votes.npz", votes=votes, pool_index=np.arange(len(votes)),
+             pool_fingerprint=np.array("pool-a"))
+    fixed = ["--votes", str(tmp_path / "votes.npz"), "--delta", "1e-5", *CONFIDENT]
+    for pool, ok in (("pool-a", True), ("pool-b", False), (None, True)):
+        extra = {} if pool is None else {"pool_fingerprint": np.array(pool)}
+        np.savez(tmp_path / "labels.npz", pool_index=np.array([3, 4]), label=np.zeros(2, int),
+                 **extra)
+        code = main(["analyze", *fixed, "--asked", str(tmp_path / "labels.npz")])
+        err = capsys.readouterr().err
+        assert code == (0 if ok else 2)
+        assert ok or "asked of another public pool than" in err
+
+
 # ``pate analyze --votes EXAMPLE --delta 1e-5`` + CONFIDENT, as the analysis gave it before it
 # returned a typed result: the figures must not move (to 1e-12).
 PINNED = {"mechanism": "confident", "queries": 640, "teachers": 250, "classes": 10,

@@ -4,6 +4,7 @@ aggregator and against a real ``pate serve`` (Confident-GNMax, then Interactive-
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -75,7 +76,14 @@ def test_received_round_trip(tmp_path: Path) -> None:
     b = Received(np.array([7]), np.array([3]), np.array([2], np.int8))
     (a + b).save(tmp_path / "labels.npz")
     back = Received.load(tmp_path / "labels.npz")
+    assert back.pool_fingerprint is None  # as an older version's file
     np.testing.assert_array_equal(back.pool_index, [4, 2, 7])
+    a = replace(a, pool_fingerprint="pool-a")
+    (a + b).save(tmp_path / "labels.npz")  # the pool of either side
+    assert Received.load(tmp_path / "labels.npz").pool_fingerprint == "pool-a"
+    assert (b + a).first(1).pool_fingerprint == "pool-a"
+    with pytest.raises(ValueError, match="two different pools"):
+        _ = a + replace(b, pool_fingerprint="pool-b")
     np.testing.assert_array_equal(back.label, [1, -1, 3])
     assert back.counts() == {"queries": 3, "answered": 2, "answered_by_teachers": 1,
                              "answered_by_student": 1}
@@ -216,7 +224,17 @@ def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
     assert "--mechanism names the aggregator to ask" in capsys.readouterr().err
     assert main([*again, "--pool-size", "200"]) == 2  # answers of another pool's rows
     assert "answers in hand are of another public pool" in capsys.readouterr().err
-    assert len(Received.load(run_dir / "labels.npz")) == 40
+    held = Received.load(run_dir / "labels.npz")
+    assert len(held) == 40
+    assert held.pool_fingerprint == load_task(Benchmark("digits"),
+                                              need_private=False).pool_fingerprint
+    # labels.npz alone says so, with the metrics' record gone
+    metrics = _metrics(run_dir)
+    del metrics["pool_fingerprint"]
+    (run_dir / "student" / "metrics.json").write_text(json.dumps(metrics))
+    (run_dir / "votes.npz").unlink()  # nor do the votes
+    assert main([*again, "--pool-size", "200"]) == 2
+    assert "answers in hand are of another public pool" in capsys.readouterr().err
 
 
 def test_votes_cast_on_another_pool_are_refused_before_anything_is_asked(
