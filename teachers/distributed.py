@@ -148,7 +148,8 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
         verify_partition(recorded, part, settings["dataset"])
     check_disjoint(part.parts(), n)
     manifest = checkpoints.read_manifest(run_dir)
-    if manifest is None:
+    if manifest is None or not (manifest.get("shards") or manifest.get("pool_encoder")):
+        # nothing trained yet (a first run, or one stopped before its first shard): these settings
         manifest = {**settings, "model": job.train.model,
                     "in_shape": list(data.input_shape), "num_classes": data.num_classes,
                     "classes": list(data.classes), "min_size": int(part.sizes.min()),
@@ -204,6 +205,7 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         raise UserError("--workers and --shard-size must be at least 1")
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
+    checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so from now on
     encoder = _pool_encoder(run_dir, job, manifest, data)
     shards = shard_ranges(job.num_teachers, job.shard_size)
     done = manifest["shards"]

@@ -59,6 +59,20 @@ def test_train_checkpoint_and_resume(tmp_path, ray_running):
         train_teachers(run, TrainJob("digits", 12, 6, CFG), Cluster())
 
 
+def test_the_manifest_says_started_before_the_first_shard(tmp_path, ray_running):
+    """The manifest is written before anything trains (a pool encoder can take minutes), so
+    ``pate status`` does not say "not run"; a run stopped before its first shard holds nothing,
+    and a rerun with other settings starts afresh."""
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match="GPU"):  # this Ray has none: stops before any shard
+        train_teachers(run, JOB, Cluster(workers=1, device="cuda"))
+    manifest = checkpoints.read_manifest(run)
+    assert manifest["shards"] == {} and not manifest["done"]
+    assert train_teachers(run, TrainJob("digits", 12, 6, CFG), Cluster(workers=2)) == {
+        "trained": [0, 1], "skipped": []}
+    assert checkpoints.read_manifest(run)["shard_size"] == 6
+
+
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
 def test_killed_run_loses_only_shards_in_flight(tmp_path, ray_running):
     run = tmp_path / "run"
