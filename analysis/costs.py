@@ -21,7 +21,14 @@ from numpy.typing import ArrayLike, NDArray
 
 from analysis.gaussian import gnmax_logq, gnmax_rdp_dependent, gnmax_rdp_independent
 from analysis.lnmax import lnmax_rdp_dependent, lnmax_rdp_independent
-from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, LNMax, Mechanism
+from analysis.mechanisms import (
+    ConfidentGNMax,
+    GNMax,
+    InteractiveGNMax,
+    LNMax,
+    Mechanism,
+    ParameterError,
+)
 from analysis.rdp import Conversion, epsilon_from_rdp
 from analysis.smooth_sensitivity import (
     check_conditions,
@@ -201,16 +208,16 @@ def check_threshold(mechanism: Mechanism, num_teachers: int) -> None:
     """Refuse a threshold outside [0, N], N the number of teachers (a stated policy, not a
     formula): the threshold step compares T with a count of at most N (Interactive-GNMax: with
     max_j (n_j - N p_j), which is never below 0), so above N a query passes only by noise and
-    below 0 always; either is almost surely a mistake. Raises ValueError."""
+    below 0 always; either is almost surely a mistake. Raises ``ParameterError``."""
     plan = steps(mechanism)
     if plan.select is None:
         return
     if plan.select.threshold > num_teachers:
-        raise ValueError(f"--threshold {plan.select.threshold:g} exceeds the number of teachers "
-                         f"({num_teachers}): a query would pass only by noise")
+        raise ParameterError("threshold", f"{plan.select.threshold:g} exceeds the number of "
+                             f"teachers ({num_teachers}): a query would pass only by noise")
     if plan.select.threshold < 0:
-        raise ValueError(f"--threshold {plan.select.threshold:g} is below 0: every query would "
-                         "pass the threshold step")
+        raise ParameterError("threshold", f"{plan.select.threshold:g} is below 0: every query "
+                             "would pass the threshold step")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,21 @@ from typing import Any, ClassVar
 NOISE_RANGE = (1e-6, 1e12)
 
 
+class ParameterError(ValueError):
+    """A parameter that is invalid, missing or not taken: ``names`` (one or more), then
+    ``detail``. ``str()`` names them bare, as a Python caller's keyword or a record's key;
+    ``named("--")`` as a command line's flags."""
+
+    def __init__(self, names: str | tuple[str, ...], detail: str) -> None:
+        self.names = (names,) if isinstance(names, str) else tuple(names)
+        self.detail = detail
+        super().__init__(self.named(""))
+
+    def named(self, prefix: str) -> str:
+        """The message, each parameter's name after ``prefix``."""
+        return f"{', '.join(prefix + name for name in self.names)} {self.detail}"
+
+
 def _parameter(help: str, *, positive: bool = True, probability: bool = False,
                costless_value: float | None = None) -> Any:
     """A mechanism parameter: ``help`` describes it (the command line's help text), ``positive``
@@ -46,17 +61,17 @@ class _Parameters:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"--{f.name} must be a number, got {value!r}")
+                raise ParameterError(f.name, f"must be a number, got {value!r}")
             if not math.isfinite(value):
-                raise ValueError(f"--{f.name} must be finite, got {value!r}")
+                raise ParameterError(f.name, f"must be finite, got {value!r}")
             if f.metadata["positive"] and value <= 0:
-                raise ValueError(f"--{f.name} must be > 0, got {value!r}")
+                raise ParameterError(f.name, f"must be > 0, got {value!r}")
             if f.metadata["positive"] and not NOISE_RANGE[0] <= value <= NOISE_RANGE[1]:
-                raise ValueError(f"--{f.name} must lie in [{NOISE_RANGE[0]:g}, "
-                                 f"{NOISE_RANGE[1]:g}], got {value!r}: the analysis in float64 "
-                                 "over- or underflows far outside it")
+                raise ParameterError(f.name, f"must lie in [{NOISE_RANGE[0]:g}, "
+                                     f"{NOISE_RANGE[1]:g}], got {value!r}: the analysis in "
+                                     "float64 over- or underflows far outside it")
             if f.metadata["probability"] and not 0.0 <= value <= 1.0:
-                raise ValueError(f"--{f.name} must be a probability in [0, 1], got {value!r}")
+                raise ParameterError(f.name, f"must be a probability in [0, 1], got {value!r}")
             object.__setattr__(self, f.name, float(value))
 
 
@@ -125,18 +140,21 @@ def parameters(cls: type[Mechanism]) -> tuple[Field[Any], ...]:
 
 def mechanism_from_dict(record: Mapping[str, Any]) -> Mechanism:
     """The mechanism of a record ``{"mechanism": name, **parameters}``, validated; a parameter
-    the mechanism does not take is an error. Raises ValueError with one line."""
+    the mechanism does not take is an error. Raises ValueError with one line (a
+    ``ParameterError`` where a parameter is at fault)."""
     name = record.get("mechanism")
     cls = MECHANISMS.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {name!r}")
     names = [f.name for f in parameters(cls)]
-    extra = [f"--{key}" for key in record if key != "mechanism" and key not in names]
+    extra = tuple(str(key) for key in record if key != "mechanism" and key not in names)
     if extra:
-        raise ValueError(f"mechanism {name} does not take {', '.join(extra)}")
-    for key in names:
-        if record.get(key) is None:
-            raise ValueError(f"mechanism {name} needs --{key}")
+        raise ParameterError(extra, f"{'is' if len(extra) == 1 else 'are'} not taken by "
+                                    f"mechanism {name}")
+    missing = tuple(key for key in names if record.get(key) is None)
+    if missing:
+        raise ParameterError(missing, f"must be given: mechanism {name} needs "
+                                      f"{'it' if len(missing) == 1 else 'them'}")
     return cls(**{key: record[key] for key in names})
 
 

@@ -23,7 +23,7 @@ from analysis.costs import (
     realised_rdp_independent,
     steps,
 )
-from analysis.mechanisms import Mechanism
+from analysis.mechanisms import Mechanism, ParameterError
 from analysis.orders import as_orders
 from analysis.rdp import Conversion, epsilon_curve, epsilon_from_rdp
 from analysis.smooth_sensitivity import gnss_rdp, optimise_release
@@ -215,7 +215,7 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
                                                                conversion)[1]
     at = int(np.flatnonzero(orders == order_rel)[0])
     if beta is not None and not 0.0 <= beta < 1.0 / (2.0 * order_rel):
-        raise ValueError(f"--beta must be in [0, 1/(2*order)) = [0, {1 / (2 * order_rel):g})")
+        raise ParameterError("beta", f"must be in [0, 1/(2*order)) = [0, {1 / (2 * order_rel):g})")
     parts = [_segment_sensitivity(QuerySegment(v, s.mechanism, s.baseline), c, at, num_teachers)
              for v, s, c in zip(votes, segments, costs, strict=True)]
     rdp_total = sum(p[0] for p in parts) + float(prior[at])

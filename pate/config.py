@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
+from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from pate.data.augment import AUGMENTATIONS
 from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
@@ -141,11 +141,14 @@ class AggregatorConfig(_Section):
             raise UserError(f"a run's rounds are confident or interactive, not {mechanism!r}")
         if mechanism == ConfidentGNMax.name:
             return ConfidentGNMax(self.threshold, self.sigma1, self.sigma2)
-        return InteractiveGNMax(
-            self.threshold if self.interactive_threshold is None else self.interactive_threshold,
-            self.sigma1 if self.interactive_sigma1 is None else self.interactive_sigma1,
-            self.sigma2 if self.interactive_sigma2 is None else self.interactive_sigma2,
-            self.gamma)
+        own = {name: f"interactive_{name}" for name in ("threshold", "sigma1", "sigma2")
+               if getattr(self, f"interactive_{name}") is not None}  # the keys that say it
+        try:
+            return InteractiveGNMax(
+                **{name: getattr(self, own.get(name, name))
+                   for name in ("threshold", "sigma1", "sigma2", "gamma")})
+        except ParameterError as exc:
+            raise ParameterError(tuple(own.get(n, n) for n in exc.names), exc.detail) from None
 
 
 class StudentConfig(_Section):

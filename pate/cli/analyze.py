@@ -59,6 +59,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     from analysis.costs import steps
+    from analysis.mechanisms import ParameterError
     from analysis.votes_analysis import analyze_votes
     from pate.data.votes_file import load_baseline, load_votes
 
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = analyze_votes(votes, mechanism, args.delta, baseline=baseline, order=args.order,
                                beta=args.beta, conversion=args.conversion)
+    except ParameterError as exc:
+        raise UserError(exc.named("--")) from None
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if args.json:

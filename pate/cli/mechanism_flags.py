@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.mechanisms import MECHANISMS, Mechanism, mechanism_from_dict, parameters
+from analysis.mechanisms import (
+    MECHANISMS,
+    Mechanism,
+    ParameterError,
+    mechanism_from_dict,
+    parameters,
+)
 from pate.errors import UserError
 
 GROUP_TITLE = "aggregator (PATE 2017 §2.2; PATE 2018 §4, Alg. 1-2)"
@@ -55,5 +61,7 @@ def mechanism_from_flags(args: argparse.Namespace, *, costed_only: bool = False)
                 record[f.name] = f.metadata["costless_value"]
     try:
         return mechanism_from_dict(record)
+    except ParameterError as exc:
+        raise UserError(exc.named("--")) from None
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -14,6 +14,7 @@ from analysis.mechanisms import (
     GNMax,
     InteractiveGNMax,
     LNMax,
+    ParameterError,
     mechanism_from_dict,
     mechanism_to_dict,
     parameters,
@@ -57,28 +58,41 @@ def test_the_record_is_the_public_one() -> None:
 
 
 @pytest.mark.parametrize(("record", "match"), [
-    ({"mechanism": "gnmax"}, "mechanism gnmax needs --sigma"),
-    ({"mechanism": "gnmax", "sigma": None}, "needs --sigma"),
-    ({"mechanism": "gnmax", "sigma": 0.0}, "--sigma must be > 0, got 0.0"),
-    ({"mechanism": "confident", "threshold": 1, "sigma1": -1, "sigma2": 1}, "--sigma1 must be > 0"),
-    ({"mechanism": "lnmax", "scale": float("nan")}, "--scale must be finite"),
-    ({"mechanism": "gnmax", "sigma": 1e-300}, r"--sigma must lie in \[1e-06, 1e\+12\]"),
+    ({"mechanism": "gnmax"}, "^sigma must be given: mechanism gnmax needs it$"),
+    ({"mechanism": "gnmax", "sigma": None}, "^sigma must be given"),
+    ({"mechanism": "gnmax", "sigma": 0.0}, "^sigma must be > 0, got 0.0$"),
+    ({"mechanism": "confident", "threshold": 1, "sigma1": -1, "sigma2": 1}, "^sigma1 must be > 0"),
+    ({"mechanism": "lnmax", "scale": float("nan")}, "^scale must be finite"),
+    ({"mechanism": "gnmax", "sigma": 1e-300}, r"^sigma must lie in \[1e-06, 1e\+12\]"),
     ({"mechanism": "confident", "threshold": 1, "sigma1": 1, "sigma2": 1e300},
-     "--sigma2 must lie in"),
+     "^sigma2 must lie in"),
     ({"mechanism": "confident", "threshold": math.inf, "sigma1": 1, "sigma2": 1},
-     "--threshold must be finite"),
+     "^threshold must be finite"),
     ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1, "gamma": 2},
-     r"--gamma must be a probability in \[0, 1\], got 2"),
-    ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1}, "needs --gamma"),
+     r"^gamma must be a probability in \[0, 1\], got 2"),
+    ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1},
+     "^gamma must be given"),
+    ({"mechanism": "confident", "threshold": 1}, "^sigma1, sigma2 must be given: .* needs them$"),
     ({"mechanism": "median"}, "mechanism must be one of lnmax, gnmax, confident, interactive"),
     ({"scale": 1.0}, "mechanism must be one of"),
-    ({"mechanism": "lnmax", "scale": 1.0, "sigma": 2.0}, "mechanism lnmax does not take --sigma"),
-    ({"mechanism": "gnmax", "sigma": "40"}, "--sigma must be a number"),
-    ({"mechanism": "gnmax", "sigma": True}, "--sigma must be a number"),
+    ({"mechanism": "lnmax", "scale": 1.0, "sigma": 2.0},
+     "^sigma is not taken by mechanism lnmax$"),
+    ({"mechanism": "gnmax", "sigma": "40"}, "^sigma must be a number"),
+    ({"mechanism": "gnmax", "sigma": True}, "^sigma must be a number"),
 ])
 def test_bad_records_are_refused(record: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         mechanism_from_dict(record)
+
+
+def test_a_parameter_error_names_its_parameters_as_the_caller_does() -> None:
+    """Bare, as a Python caller's keywords (``ConfidentGNMax(sigma1=0, ...)``); the command
+    line names them as its flags."""
+    with pytest.raises(ParameterError) as caught:
+        mechanism_from_dict({"mechanism": "gnmax", "sigma": 1.0, "scale": 2, "gamma": 0.5})
+    assert caught.value.names == ("scale", "gamma")
+    assert str(caught.value) == "scale, gamma are not taken by mechanism gnmax"
+    assert caught.value.named("--") == "--scale, --gamma are not taken by mechanism gnmax"
 
 
 def test_construction_validates_too() -> None:

@@ -51,7 +51,11 @@ def test_presets_load_and_round_trip() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = inf\n"
      "delta = 1e-5\n", "aggregator.budget_epsilon: Input should be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1e-300\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator: Value error, --sigma1 must lie in [1e-06, 1e+12]"),
+     "delta = 1e-5\n", "aggregator: Value error, sigma1 must lie in [1e-06, 1e+12]"),
+    # the interactive round's own key is named where it is the one at fault
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "interactive_sigma2 = 1e-300\ndelta = 1e-5\n",
+     "aggregator: Value error, interactive_sigma2 must lie in [1e-06, 1e+12]"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
     with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
@@ -101,7 +105,7 @@ def test_the_interactive_round_takes_its_own_parameters() -> None:
     assert (p.threshold, p.sigma1, p.sigma2, p.gamma) == (250, 40, 40, 0.9)
     recorded = {"mechanism": "gnmax", "sigma": 30.0}  # a round that recorded its parameters
     assert mechanism_to_dict(round_mechanism(facts, recorded)) == recorded
-    with pytest.raises(UserError, match=r"rounds\.json: mechanism gnmax does not take --scale"):
+    with pytest.raises(UserError, match=r"rounds\.json: scale is not taken by mechanism gnmax"):
         round_mechanism(facts, {**recorded, "scale": 1.0})
 
 

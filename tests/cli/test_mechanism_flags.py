@@ -78,10 +78,10 @@ def test_flags_parse_through_the_record() -> None:
     assert mechanism_to_dict(mechanism_from_flags(args)) == {
         "mechanism": "confident", "threshold": 200.0, "sigma1": 150.0, "sigma2": 40.0}
     assert given_parameters(args) == ["--threshold", "--sigma1", "--sigma2"]
-    with pytest.raises(UserError, match="mechanism lnmax does not take --sigma"):
+    with pytest.raises(UserError, match="--sigma is not taken by mechanism lnmax"):
         mechanism_from_flags(parser.parse_args(["--mechanism", "lnmax", "--scale", "1",
                                                 "--sigma", "2"]))
-    with pytest.raises(UserError, match="mechanism interactive needs --gamma"):
+    with pytest.raises(UserError, match="--gamma must be given: mechanism interactive needs it"):
         mechanism_from_flags(parser.parse_args(["--mechanism", "interactive", "--threshold",
                                                 "1", "--sigma1", "1", "--sigma2", "1"]))
     with pytest.raises(UserError, match="--sigma must be > 0"):

@@ -365,7 +365,7 @@ def test_in_process_client_shares_the_rules(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"--sigma": None}, "needs --sigma"),
+    ({"--sigma": None}, "--sigma must be given"),
     ({"--token-file": "missing.txt"}, "cannot read the token file"),
     ({"--votes": "missing.npy"}, "no such file"),
     ({"--delta": "2"}, "delta must be in (0, 1)"),
