@@ -205,19 +205,22 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         raise UserError("--workers and --shard-size must be at least 1")
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
-    checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so from now on
-    encoder = _pool_encoder(run_dir, job, manifest, data)
     shards = shard_ranges(job.num_teachers, job.shard_size)
     done = manifest["shards"]
     wanted = range(len(shards)) if only is None else sorted(set(only) & set(range(len(shards))))
     todo = [i for i in wanted if not (
         str(i) in done and checkpoints.shard_ok(run_dir, i, done[str(i)]["sha256"]))]
-    if todo:
+    if not todo:
+        _pool_encoder(run_dir, job, manifest, data)  # the recorded one, checked
+    else:
         # Here, not in the workers (whose output is not shown): the warning line of a user's
         # network that trains one teacher at a time.
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
         owned = _start_ray(cluster, ray_runtime_env(job.train.model))
         try:
+            _check_gpus(cluster)  # before a pool encoder's minutes
+            checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
+            encoder = _pool_encoder(run_dir, job, manifest, data)
             _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], data, part, cluster,
                  encoder)
         finally:
@@ -228,6 +231,16 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}
 
 
+def _check_gpus(cluster: Cluster) -> None:
+    """Refuse shards on cuda where the Ray cluster has too few GPUs: they would wait forever."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if cluster.device == "cuda" and gpus < cluster.gpus_per_shard:
+        raise UserError(f"the Ray cluster has {gpus:g} GPU(s), a shard on cuda needs "
+                        f"{cluster.gpus_per_shard:g}: it would wait for one forever")
+
+
 def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
          data: Task, part: Partition, cluster: Cluster,
          encoder: dict[str, np.ndarray] | None) -> None:
@@ -235,12 +248,7 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
     result as it arrives."""
     import ray
 
-    resources = ray.cluster_resources()
-    gpus = resources.get("GPU", 0)
-    if cluster.device == "cuda" and gpus < cluster.gpus_per_shard:
-        raise UserError(f"the Ray cluster has {gpus:g} GPU(s), a shard on cuda needs "
-                        f"{cluster.gpus_per_shard:g}: it would wait for one forever")
-    cpus = max(1, int(resources.get("CPU", 1)) // cluster.workers)
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // cluster.workers)
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)

@@ -59,15 +59,26 @@ def test_train_checkpoint_and_resume(tmp_path, ray_running):
         train_teachers(run, TrainJob("digits", 12, 6, CFG), Cluster())
 
 
-def test_the_manifest_says_started_before_the_first_shard(tmp_path, ray_running):
-    """The manifest is written before anything trains (a pool encoder can take minutes), so
-    ``pate status`` does not say "not run"; a run stopped before its first shard holds nothing,
-    and a rerun with other settings starts afresh."""
+def test_missing_gpus_are_refused_before_the_pool_encoder_trains(tmp_path, ray_running):
+    """Shards on cuda where Ray has no GPU: refused before the pool encoder's minutes of
+    training, with nothing written under teachers/."""
     run = tmp_path / "run"
-    with pytest.raises(UserError, match="GPU"):  # this Ray has none: stops before any shard
-        train_teachers(run, JOB, Cluster(workers=1, device="cuda"))
+    job = TrainJob("digits", 12, 4, TrainConfig(model="cnn-pool-hog-simclr", epochs=1, seed=1))
+    started = time.perf_counter()
+    with pytest.raises(UserError, match="GPU"):
+        train_teachers(run, job, Cluster(workers=1, device="cuda"))
+    assert time.perf_counter() - started < 30  # the encoder alone trains for minutes
+    assert not (run / "teachers").exists()
+
+
+def test_a_run_stopped_before_its_first_shard_holds_no_settings(tmp_path, ray_running):
+    """The manifest is written once training starts (``pate status``: under way); one with no
+    shard and no pool encoder, as a run stopped before its first shard leaves it, holds
+    nothing trained, so a rerun with other training settings starts afresh."""
+    run = tmp_path / "run"
+    train_teachers(run, JOB, Cluster(workers=2), only=[0])
     manifest = checkpoints.read_manifest(run)
-    assert manifest["shards"] == {} and not manifest["done"]
+    checkpoints.write_manifest(run, {**manifest, "shards": {}, "done": False})
     assert train_teachers(run, TrainJob("digits", 12, 6, CFG), Cluster(workers=2)) == {
         "trained": [0, 1], "skipped": []}
     assert checkpoints.read_manifest(run)["shard_size"] == 6
@@ -83,10 +94,15 @@ def test_killed_run_loses_only_shards_in_flight(tmp_path, ray_running):
                             stderr=subprocess.PIPE)
     manifest = run / "teachers" / "manifest.json"
     deadline = time.time() + 240
+    seen_started = False  # the manifest says so before the first shard is done
     while time.time() < deadline and proc.poll() is None:
-        if manifest.is_file() and json.loads(manifest.read_text())["shards"]:
-            break
+        if manifest.is_file():
+            shards = json.loads(manifest.read_text())["shards"]
+            seen_started |= not shards
+            if shards:
+                break
         time.sleep(0.05)
+    assert seen_started
     assert proc.poll() is None, proc.stderr.read().decode()
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
     proc.wait()
