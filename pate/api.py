@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import realised_rdp_independent, steps
-from analysis.mechanisms import Mechanism
+from analysis.costs import check_threshold, realised_rdp_independent, steps
+from analysis.mechanisms import Mechanism, ParameterError
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
@@ -40,7 +40,6 @@ from pate.aggregation.label_service import (
     InProcessLabels,
     LabelService,
     check_budget,
-    check_pool_threshold,
 )
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
@@ -190,7 +189,10 @@ class PrivateLabels:
                  delta: float, ledger: str | Path, conversion: Conversion = "improved",
                  private_records: int | None = None, allow_large_delta: bool = False) -> None:
         self.pool = VotePool(check_votes(votes))
-        check_pool_threshold(mechanism, self.pool)  # before the ledger exists
+        try:
+            check_threshold(mechanism, self.pool.teachers)  # before the ledger exists
+        except ParameterError as exc:
+            raise UserError(str(exc)) from None
         if private_records is not None and private_records < 1:
             raise UserError(f"private_records must be >= 1, got {private_records}")
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")

@@ -254,15 +254,6 @@ class LabelService:
         self.ledger.close()
 
 
-def check_pool_threshold(mechanism: Mechanism, pool: VotePool) -> None:
-    """``analysis.costs.check_threshold`` against the pool's number of teachers, as a
-    ``UserError``: call it before the ledger exists, so a refused mechanism writes nothing."""
-    try:
-        check_threshold(mechanism, pool.teachers)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
 def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: float,
                        run_dir: str | Path | None = None, votes_path: str | Path | None = None,
                        ensemble: TeacherEnsemble | None = None, ledger_url: str | None = None,
@@ -277,7 +268,8 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
     directory's own is looked for), the ledger must exist: a new one would be a second budget.
-    Raises ``UserError``, ``LedgerError``."""
+    Raises ``UserError``, ``LedgerError``, and ``analysis.mechanisms.ParameterError`` for a
+    threshold outside [0, the votes' number of teachers]."""
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
     pool = None
@@ -291,7 +283,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if (home / "votes.npz").is_file():
             pool = VotePool.from_file(home / "votes.npz")
     if pool is not None:
-        check_pool_threshold(mechanism, pool)
+        check_threshold(mechanism, pool.teachers)  # before the ledger exists
         if check_pool is not None:
             check_pool(pool)
     check_budget(mechanism, epsilon_budget, delta, conversion)

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from analysis.mechanisms import ParameterError
 from pate import __version__
 from pate.errors import PateError
 from pate.progress import quiet, set_quiet
@@ -89,14 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    """Run the command's handler: a PateError becomes one error line and exit status 2, and a
-    failed command leaves no empty run directory behind."""
+    """Run the command's handler: a PateError (or a mechanism's ParameterError) becomes one
+    error line and exit status 2, and a failed command leaves no empty run directory behind."""
     run = getattr(args, "run", None)
     new_run = run is not None and not Path(run).exists()
     try:
         return int(args.handler(args) or 0)
     except PateError as exc:
         print(f"pate: error: {exc}", file=sys.stderr)
+        status = 2
+    except ParameterError as exc:  # a mechanism's parameter, named as its flag
+        print(f"pate: error: {exc.named('--')}", file=sys.stderr)
         status = 2
     except KeyboardInterrupt:
         print("pate: interrupted", file=sys.stderr)

@@ -229,7 +229,7 @@ def test_a_threshold_above_the_number_of_teachers_is_refused(
     assert main(["analyze", "--votes", str(EXAMPLE), "--mechanism", "confident",
                  "--threshold", "300", "--sigma1", "150", "--sigma2", "40",
                  "--delta", "1e-5"]) == 2
-    _one_error_line(capsys, "threshold 300 exceeds the number of teachers (250)")
+    _one_error_line(capsys, "--threshold 300 exceeds the number of teachers (250)")
 
 
 @pytest.mark.parametrize("threshold", ["60", "-3"])
@@ -247,7 +247,7 @@ def test_student_train_refuses_a_bad_threshold_before_any_ledger(
                            "--sigma2", "1"]
     assert main(args) == 2
     _one_error_line(capsys, "exceeds the number of teachers (20)" if threshold == "60"
-                    else "threshold -3 is below 0")
+                    else "--threshold -3 is below 0")
     assert not (tmp_path / "ledger.db").exists() and not (run / "labels.npz").exists()
 
 
