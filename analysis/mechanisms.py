@@ -37,6 +37,9 @@ class ParameterError(ValueError):
         """The message, each parameter's name after ``prefix``."""
         return f"{', '.join(prefix + name for name in self.names)} {self.detail}"
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a Ray worker may raise it)
+        return type(self), (self.names, self.detail)
+
 
 def _parameter(help: str, *, positive: bool = True, probability: bool = False,
                costless_value: float | None = None) -> Any:

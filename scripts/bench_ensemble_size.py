@@ -5,7 +5,8 @@ votes``), Confident-GNMax with the parameters given for ``--reference-teachers``
 scaled in proportion to this ensemble's size (the same threshold and noise as fractions of the
 votes), asks the pool rows in one random order. The script finds the most queries whose
 smooth-sensitivity epsilon before noise (PATE 2018, App. C; ``pate analyze``'s
-``smooth_sensitivity.epsilon`` of those rows) stays at or under ``--target``, and prints what
+``smooth_sensitivity.epsilon`` of those rows) stays at or under ``--target`` (to within
+``--step`` queries; where none fit, the epsilon of the first ``--step``), and prints what
 they are expected to bring: answers (the sum over queries of the probability that the noisy
 top count passes the threshold, Phi((max_j n_j - T) / sigma1)), right answers (that times the
 probability that GNMax's noisy arg max is the true label, from ``--draws`` draws of its noise),
@@ -33,7 +34,7 @@ from analysis.mechanisms import ConfidentGNMax
 from analysis.votes_analysis import analyze_votes
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.task import load_task
-from pate.data.votes_file import load_votes_with_index
+from pate.data.votes_file import load_pool_fingerprint, load_votes_with_index
 
 
 def sanitised_before_noise(votes: np.ndarray, mechanism: ConfidentGNMax, delta: float) -> float:
@@ -46,8 +47,8 @@ def sanitised_before_noise(votes: np.ndarray, mechanism: ConfidentGNMax, delta: 
 
 def most_queries(votes: np.ndarray, mechanism: ConfidentGNMax, delta: float, target: float,
                  step: int) -> int:
-    """The most leading rows (to ``step``) whose epsilon is at most ``target``: a bisection, the
-    epsilon growing with the rows asked."""
+    """The most leading rows whose epsilon is at most ``target``, to within ``step`` rows (a
+    bisection: the epsilon grows with the rows asked); 0 where not even ``step`` rows fit."""
     if sanitised_before_noise(votes, mechanism, delta) <= target:
         return len(votes)
     low, high = 0, len(votes)
@@ -76,7 +77,11 @@ def main() -> int:
     add_data_flags(ap, files=False)
     args = ap.parse_args()
     task = load_task(source_from_flags(args), need_private=False)
+    if task.pool_y is None:
+        ap.error("the pool's true labels are needed: a built-in dataset, or test data")
     for path in args.votes:
+        if load_pool_fingerprint(path) not in (None, task.pool_fingerprint):
+            ap.error(f"{path}: cast on another public pool than the data flags name")
         rng = np.random.default_rng(args.seed)
         votes, index = load_votes_with_index(path)
         truth = task.pool_y[index]
@@ -95,8 +100,9 @@ def main() -> int:
               "plurality_accuracy": round(float(np.mean(votes.argmax(axis=1) == truth)), 4),
               "threshold": mechanism.threshold, "sigma1": mechanism.sigma1,
               "sigma2": mechanism.sigma2, "target": args.target, "queries": queries,
-              "sanitised_before_noise": round(
-                  sanitised_before_noise(asked, mechanism, args.delta), 3) if queries else None,
+              # where not even the first --step rows fit: what those would cost
+              "sanitised_before_noise": round(sanitised_before_noise(
+                  asked if queries else votes[:args.step], mechanism, args.delta), 3),
               "expected_answers": round(float(answered.sum()), 1),
               "expected_right": round(float(np.sum(answered * correct)), 1)}, args.out)
     return 0

@@ -319,12 +319,20 @@ def _check_votes(run: RunDir, votes: dict[str, Any], task: Task) -> None:
                         f"{manifest['num_teachers']}: they are not this run's votes")
 
 
-def _check_answers_pool(recorded: str | None, task: Task) -> None:
-    """Refuse answers in hand recorded as being about another pool (``recorded``: the
-    ``pool_fingerprint`` of ``labels.npz`` or ``student/metrics.json``; None: not recorded)."""
-    if recorded not in (None, task.pool_fingerprint):
+def _check_answers_pool(run: RunDir, received: Received, task: Task) -> bool:
+    """Refuse answers in hand (``received``, from ``labels.npz``) recorded as being about
+    another pool than ``task``'s: by their own ``pool_fingerprint``, and by that of
+    ``student/metrics.json`` where its rounds asked them all (an older version recorded it
+    there only). Returns whether either recorded one."""
+    recorded = {received.pool_fingerprint}
+    metrics = run.read_json(run.student_metrics)
+    if isinstance(metrics, dict) and metrics.get("queries") == len(received):
+        recorded.add(metrics.get("pool_fingerprint"))
+    recorded.discard(None)
+    if recorded - {task.pool_fingerprint}:
         raise UserError("the answers in hand are of another public pool than the data flags "
                         "name (its content, rows or label set differ)")
+    return bool(recorded)
 
 
 def _saving(run: RunDir, before: Received, bar: Progress) -> Callable[[Received], None]:
@@ -439,21 +447,20 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
 
 
 def _answers_in_hand(run: RunDir, before: Received, rounds_before: list[dict[str, Any]],
-                     task: Task) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
+                     task: Task, pool_recorded: bool
+                     ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
     """``--queries 0`` with no aggregator named: the answers so far, their rounds and the
     epsilons the round that asked them gave (``student/metrics.json``), once the answers are
-    known to be of the student's pool (the fingerprint ``labels.npz`` or the metrics record,
-    else the run's votes). Training again on them asks, spends and releases nothing."""
+    known to be of the student's pool (``pool_recorded``: ``_check_answers_pool`` found it
+    recorded; else by the run's votes). Training again on them asks, spends and releases
+    nothing."""
     last = run.read_json(run.student_metrics)
     if not (len(before) and isinstance(last, dict) and isinstance(last.get("epsilon"), dict)
             and last.get("queries") == len(before)):
         raise UserError("training on the answers in hand needs a round that asked them here "
                         f"({run.labels} and {run.student_metrics}); else name the aggregator "
                         "(--mechanism and its flags, or --server)")
-    recorded = before.pool_fingerprint or last.get("pool_fingerprint")
-    if recorded is not None:
-        _check_answers_pool(recorded, task)
-    elif run.votes.is_file():  # labels and metrics of an older version
+    if not pool_recorded and run.votes.is_file():  # labels and metrics of an older version
         _check_votes(run, VotePool.from_file(run.votes).describe(), task)
     return before, rounds_before, last["epsilon"]
 
@@ -470,6 +477,7 @@ def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
     if not run.labels.is_file():
         raise UserError(f"{run}: no labels.npz; the student has asked nothing yet")
     received = Received.load(run.labels)
+    _check_answers_pool(run, received, task)
     features = None
     if spec.arch in POOL_FEATURE_ARCHS:
         given = _given_encoder(run, options, task.pool_x.shape[1])
@@ -527,14 +535,15 @@ def train_student(run: RunDir,
     run.create()
     out = run.student
     before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
-    _check_answers_pool(before.pool_fingerprint, task)
+    pool_recorded = _check_answers_pool(run, before, task)
     if np.any(before.pool_index >= len(pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)
     rounds_before = read_rounds(run)
 
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
-        received, rounds, epsilon = _answers_in_hand(run, before, rounds_before, task)
+        received, rounds, epsilon = _answers_in_hand(run, before, rounds_before, task,
+                                                    pool_recorded)
     else:
         session = open_session(lambda pool: _check_votes(run, pool.describe(), task))
         received, rounds, epsilon = _ask_round(run, session, task, options, before, previous,

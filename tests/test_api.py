@@ -159,7 +159,7 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
     assert teachers.config.model == "mlp"
     votes = teachers.vote(x[:100])
     assert votes.shape == (100, 2) and set(votes.sum(axis=1)) == {3}
-    with pytest.raises(UserError, match="^threshold 4 exceeds the number of teachers"):
+    with pytest.raises(UserError, match=r"^threshold 4 exceeds the number of teachers"):
         PrivateLabels(votes, ConfidentGNMax(4, 1.0, 1.0), epsilon_budget=1000.0, delta=1e-5,
                       ledger=tmp_path / "refused.db")
     assert not (tmp_path / "refused.db").exists()

@@ -87,12 +87,15 @@ def load_pool_fingerprint(path: str | Path) -> str | None:
     without one (a published ``.npy``, an older version's file)."""
     if not str(path).endswith(".npz"):
         return None
-    with np.load(path, allow_pickle=False) as data:
-        if "pool_fingerprint" not in data.files:
-            return None
-        value = data["pool_fingerprint"]
-    if value.shape != () or value.dtype.kind != "U":
-        raise UserError(f"{path}: pool_fingerprint must be one string")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "pool_fingerprint" not in data.files:
+                return None
+            value = data["pool_fingerprint"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        value = None  # an object array, a damaged member: no string
+    if value is None or value.shape != () or value.dtype.kind != "U" or not str(value):
+        raise UserError(f"{path}: pool_fingerprint must be one non-empty string")
     return str(value)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from dataclasses import FrozenInstanceError
 
 import pytest
@@ -93,6 +94,8 @@ def test_a_parameter_error_names_its_parameters_as_the_caller_does() -> None:
     assert caught.value.names == ("scale", "gamma")
     assert str(caught.value) == "scale, gamma are not taken by mechanism gnmax"
     assert caught.value.named("--") == "--scale, --gamma are not taken by mechanism gnmax"
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert (again.names, str(again)) == (caught.value.names, str(caught.value))
 
 
 def test_construction_validates_too() -> None:

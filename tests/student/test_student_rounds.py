@@ -84,6 +84,12 @@ def test_received_round_trip(tmp_path: Path) -> None:
     assert (b + a).first(1).pool_fingerprint == "pool-a"
     with pytest.raises(ValueError, match="two different pools"):
         _ = a + replace(b, pool_fingerprint="pool-b")
+    # a damaged fingerprint is one error line, not a traceback
+    for bad in (np.array(["a", "b"]), np.array(""), np.array([{"a": 1}], dtype=object)):
+        np.savez(tmp_path / "bad.npz", pool_index=[4], label=[1], branch=[1],
+                 pool_fingerprint=bad)
+        with pytest.raises(UserError, match="pool_fingerprint must be one non-empty string"):
+            Received.load(tmp_path / "bad.npz")
     np.testing.assert_array_equal(back.label, [1, -1, 3])
     assert back.counts() == {"queries": 3, "answered": 2, "answered_by_teachers": 1,
                              "answered_by_student": 1}
@@ -228,8 +234,12 @@ def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
     assert len(held) == 40
     assert held.pool_fingerprint == load_task(Benchmark("digits"),
                                               need_private=False).pool_fingerprint
+    metrics = _metrics(run_dir)  # either record of another pool refuses
+    (run_dir / "student" / "metrics.json").write_text(
+        json.dumps({**metrics, "pool_fingerprint": "another"}))
+    assert main(again) == 2
+    assert "answers in hand are of another public pool" in capsys.readouterr().err
     # labels.npz alone says so, with the metrics' record gone
-    metrics = _metrics(run_dir)
     del metrics["pool_fingerprint"]
     (run_dir / "student" / "metrics.json").write_text(json.dumps(metrics))
     (run_dir / "votes.npz").unlink()  # nor do the votes
