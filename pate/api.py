@@ -14,6 +14,8 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +27,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from analysis.costs import check_threshold, realised_rdp_independent, steps
-from analysis.mechanisms import Mechanism, ParameterError
+from analysis.mechanisms import Mechanism, ParameterError, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
@@ -183,11 +185,17 @@ class PrivateLabels:
     not fit the budget is refused (and asked again in halves by ``ask``). Given
     ``private_records``, the number of private rows the teachers learnt from, ``delta`` must be
     below 1/n (a ``UserError`` otherwise, unless ``allow_large_delta``; a warning above
-    1/(10 n)), as ``pate serve`` and ``pate run`` require."""
+    1/(10 n)), as ``pate serve`` and ``pate run`` require.
+
+    The sanitised epsilons released (``epsilon``) are kept in ``releases``, a private JSON file,
+    by default ``<ledger file>.releases.json`` beside a file ledger (a ledger URL needs one):
+    each is drawn once per set of answers, whichever object of the ledger asks, since fresh
+    draws for the same answers would average their noise away (docs/privacy-math.md §5)."""
 
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
                  delta: float, ledger: str | Path, conversion: Conversion = "improved",
-                 private_records: int | None = None, allow_large_delta: bool = False) -> None:
+                 private_records: int | None = None, allow_large_delta: bool = False,
+                 releases: str | Path | None = None) -> None:
         self.pool = VotePool(check_votes(votes))
         try:
             check_threshold(mechanism, self.pool.teachers)  # before the ledger exists
@@ -200,15 +208,21 @@ class PrivateLabels:
         self.mechanism = mechanism
         if "://" not in str(ledger) and Path(ledger).expanduser().is_dir():
             raise UserError(f"ledger={ledger}: a folder; the ledger is a file (or a URL)")
-        url = (str(ledger) if "://" in str(ledger)
-               else f"sqlite:///{Path(ledger).expanduser().absolute()}")
+        if releases is None and "://" in str(ledger):
+            raise UserError("a ledger URL needs releases=PATH, the private file that keeps the "
+                            "sanitised epsilons released from it")
+        file = Path(ledger).expanduser().absolute()
+        url = str(ledger) if "://" in str(ledger) else f"sqlite:///{file}"
+        kept = Path(releases).expanduser() if releases else Path(f"{file}.releases.json")
+        if kept.is_dir() or (releases and not kept.parent.is_dir()):
+            raise UserError(f"releases={releases}: not a file in an existing folder")
+        self._releases = Releases(kept)  # every sanitised epsilon released from the ledger
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
         self.service = LabelService(Aggregator(mechanism, self.ledger.orders), self.ledger,
                                     self.pool, None)
         self._source = InProcessLabels(self.service)
         self.received = Received.empty()
         self._probs: list[NDArray[np.float64]] = []
-        self._releases = Releases()  # the sanitised epsilons released by this object
 
     def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
             request_size: int = 512) -> Received:
@@ -232,9 +246,10 @@ class PrivateLabels:
 
     def epsilon(self) -> PublishableEpsilon:
         """The epsilons you may publish for every query this object asked so far. The sanitised
-        one is released with noise (docs/privacy-math.md §5) once per set of answers: asked
-        again for as many answers it is the same figure; a release for more answers composes
-        with this object's earlier ones."""
+        one is released with noise (docs/privacy-math.md §5) once per set of answers (the same
+        rows, votes and mechanism): asked again, by this object or another on the same ledger,
+        it is the same figure; a release for other answers composes with every earlier one
+        kept in ``releases``."""
         budget = self.ledger.budget()
         if not len(self.received):
             sanitised = 0.0 if steps(self.mechanism).answer.smooth_sensitivity else None
@@ -248,11 +263,25 @@ class PrivateLabels:
                                     budget.delta, conversion=self.ledger.conversion,
                                     earlier=earlier)
 
-        sanitised = self._releases.release(len(self.received), analyse, self.ledger.conversion)
+        sanitised = self._releases.release(len(self.received), analyse, self.ledger.conversion,
+                                           self._answers_digest())
         independent = self.ledger.epsilon(realised_rdp_independent(
             self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
             self.ledger.orders))
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
+
+    def _answers_digest(self) -> str:
+        """Which answers a release covers: the mechanism, the rows asked (as a set), their
+        votes and the probabilities sent with them (sha256; kept in the private releases
+        file only)."""
+        order = np.argsort(self.received.pool_index)
+        rows = self.received.pool_index[order]
+        digest = hashlib.sha256(json.dumps(mechanism_to_dict(self.mechanism)).encode())
+        digest.update(rows.tobytes())
+        digest.update(np.ascontiguousarray(self.pool.votes[self.pool.rows(rows)]).tobytes())
+        if self._probs:
+            digest.update(np.concatenate(self._probs)[order].tobytes())
+        return digest.hexdigest()
 
     def close(self) -> None:
         self.service.close()

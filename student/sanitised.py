@@ -4,9 +4,9 @@ The Table-2 analysis's sanitised bound is a function of the private votes; what 
 its GNSS release (PATE 2018, Theorem 23; ``analysis.votes_analysis.sanitised_release``), with
 noise drawn from the operating system's entropy. A release is made once per set of answers and
 kept: asking for the epsilon of the same answers again returns the same figure at no new cost. A
-release for more answers composes with the earlier ones, whose beta and sigma are kept in a
-private record (a run's ``sanitised-releases.json``, or in memory), and is written before it is
-returned.
+release for more (or other) answers composes with the earlier ones, whose beta and sigma are
+kept in a private record (a run's ``sanitised-releases.json``; ``PrivateLabels``'s beside its
+ledger), and is written before it is returned.
 """
 
 from __future__ import annotations
@@ -27,13 +27,16 @@ from pate.io import write_json_atomic
 
 @dataclass(frozen=True)
 class Release:
-    """One release: the number of answers it covers, the epsilon published, and the beta and
-    sigma of its noise (None: no noise was needed, nothing more to compose)."""
+    """One release: the number of answers it covers, the epsilon published, the beta and
+    sigma of its noise (None: no noise was needed, nothing more to compose), and ``answers``,
+    a digest of which answers it covers where they are not the first ``queries`` of a run's
+    (``PrivateLabels``: any set of rows, by any of the ledger's users)."""
 
     queries: int
     epsilon: float
     beta: float | None = None
     sigma: float | None = None
+    answers: str | None = None
 
     def __post_init__(self) -> None:
         """Checked as read back: a record that cannot be one (a hand-edited file) is refused,
@@ -42,7 +45,8 @@ class Release:
         positive = all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in noise)
         noise_ok = noise == (None, None) or (positive and self.beta < 0.5)
         if not (type(self.queries) is int and self.queries >= 1 and noise_ok
-                and isinstance(self.epsilon, float) and math.isfinite(self.epsilon)):
+                and isinstance(self.epsilon, float) and math.isfinite(self.epsilon)
+                and (self.answers is None or isinstance(self.answers, str))):
             raise ValueError("not a release")
 
 
@@ -56,22 +60,24 @@ class Releases:
         if path is not None and path.is_file():
             try:
                 self.records = [Release(**r) for r in json.loads(path.read_text())]
-                counts = [r.queries for r in self.records]
-                if counts != sorted(set(counts)):
+                counts = [r.queries for r in self.records if r.answers is None]
+                if counts != sorted(set(counts)):  # prefixes of a run's answers, in order
                     raise ValueError("releases out of order")
             except (TypeError, ValueError, AttributeError):
-                raise UserError(f"{path}: not a record of sanitised releases: this run "
-                                "directory is damaged") from None
+                raise UserError(f"{path}: not a record of sanitised releases (damaged: restore "
+                                "it; it decides what later releases pay for)") from None
 
     def release(self, queries: int,
                 analyse: Callable[[list[EarlierRelease]], PrivacyAnalysis | None],
-                conversion: Conversion = "improved") -> float | None:
-        """The published sanitised epsilon of the first ``queries`` answers: the one released
-        before for as many, else a new release of ``analyse(earlier releases)``'s bound (None
-        where there is none: LNMax, the analysis cannot be made, or a figure without noise would
+                conversion: Conversion = "improved", answers: str | None = None
+                ) -> float | None:
+        """The published sanitised epsilon of the first ``queries`` answers (or of the answers
+        whose digest is ``answers``): the one released before for them, else a new release of
+        ``analyse(earlier releases)``'s bound, composed with every earlier one (None where
+        there is none: LNMax, the analysis cannot be made, or a figure without noise would
         follow a noisy release)."""
         for r in self.records:
-            if r.queries == queries:
+            if (r.queries, r.answers) == (queries, answers):
                 return r.epsilon
         earlier = [EarlierRelease(r.beta, r.sigma) for r in self.records
                    if r.beta is not None and r.sigma is not None]
@@ -87,7 +93,7 @@ class Releases:
         z = float(np.random.default_rng().standard_normal())  # seeded from the OS's entropy
         epsilon = sanitised_release(bound, z, analysis.delta, conversion)
         self.records.append(Release(queries, epsilon, bound.beta if noisy else None,
-                                    bound.sigma if noisy else None))
+                                    bound.sigma if noisy else None, answers))
         if self.path is not None:  # kept before the figure leaves
             write_json_atomic(self.path, [asdict(r) for r in self.records], private=True)
         return epsilon

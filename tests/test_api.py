@@ -3,6 +3,7 @@ their contracts (the ledger is charged before labels are returned, the student r
 
 from __future__ import annotations
 
+import json
 import re
 import runpy
 from pathlib import Path
@@ -79,6 +80,35 @@ def test_interactive_labels_charge_only_the_teachers_answers(tmp_path: Path) -> 
     eps = labels.epsilon()
     assert eps.data_independent == pytest.approx(eps.ledger_spent, rel=1e-9)
     labels.close()
+
+
+def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
+        tmp_path: Path) -> None:
+    """The releases are kept beside the ledger (private): another object on the same ledger
+    that asks the same rows (replayed, free) gets the same figure, not a fresh draw whose
+    noise could be averaged away; other rows are a new release, composed with the first."""
+    votes = np.random.default_rng(2).multinomial(250, [0.6, 0.3, 0.1], size=100)
+    ledger = tmp_path / "ledger.db"
+    mechanism = ConfidentGNMax(150.0, 40.0, 20.0)
+
+    def sanitised(rows: np.ndarray) -> float:
+        with PrivateLabels(votes, mechanism, epsilon_budget=1e4, delta=1e-5,
+                           ledger=ledger) as labels:
+            labels.ask(rows)
+            first = labels.epsilon().smooth_sensitivity
+            assert labels.epsilon().smooth_sensitivity == first
+            return first
+
+    first = sanitised(np.arange(40))
+    kept = tmp_path / "ledger.db.releases.json"
+    assert (kept.stat().st_mode & 0o777) == 0o600
+    assert {sanitised(np.arange(40)[::-1]) for _ in range(3)} == {first}  # the same set
+    assert sanitised(np.arange(40, 80)) > 0
+    assert len(json.loads(kept.read_text())) == 2
+    with pytest.raises(UserError, match="a ledger URL needs releases=PATH"):
+        PrivateLabels(votes, mechanism, epsilon_budget=1e4, delta=1e-5,
+                      ledger=f"sqlite:///{tmp_path / 'url.db'}")
+    assert not (tmp_path / "url.db").exists()
 
 
 def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> None:
