@@ -80,7 +80,10 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
 
 def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
                      what: str = "model") -> nn.Module:
-    """``factory(in_shape, num_classes)`` of the import path ``name``, checked to be a module."""
+    """``factory(in_shape, num_classes)`` of the import path ``name``, checked to be a module
+    whose forward maps a batch of two zero inputs (evaluation mode, no gradient) to
+    ``[2, num_classes]``: a student's network is used as it is, and a wrong width would
+    predict classes that do not exist."""
     factory = load_factory(name, what)
     shape = tuple(int(s) for s in in_shape)
     try:
@@ -91,6 +94,20 @@ def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
     if not isinstance(model, nn.Module):
         raise UserError(f"{what} {name!r}: the factory returned {type(model).__name__}, not a "
                         "torch.nn.Module")
+    training = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model(torch.zeros((2, *shape)))
+    except Exception as exc:  # the user's code
+        raise UserError(f"{what} {name!r}: its forward failed on a batch of shape "
+                        f"{[2, *shape]} ({_describe(exc)})") from None
+    finally:
+        model.train(training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"{what} {name!r}: its forward returns shape {got} for a batch of 2; "
+                        f"expected [2, {num_classes}]")
     return model
 
 

@@ -49,6 +49,10 @@ NETS = textwrap.dedent('''
 
     def small(input_shape, num_classes):
         return Small(input_shape, num_classes)
+
+
+    def too_wide(input_shape, num_classes):
+        return Small(input_shape, num_classes + 3)
 ''')
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -85,6 +89,17 @@ def test_gan_and_bad_paths_are_refused_in_one_line() -> None:
     assert StudentConfig(method="vat", arch=ARCH).arch == ARCH
     with pytest.raises(ValueError, match="its own discriminator"):
         StudentConfig(method="gan", arch=ARCH)
+
+
+def test_a_wrong_number_of_outputs_is_refused_before_training() -> None:
+    """Built as it is, a student of 13 logits for 10 classes would predict classes that do
+    not exist: its factory's network is probed once, in evaluation mode."""
+    with pytest.raises(UserError) as exc:
+        build_classifier(ModelSpec(f"{NAME}:too_wide", (1, 8, 8), 10))
+    assert str(exc.value) == (f"arch '{NAME}:too_wide': its forward returns shape [2, 13] for "
+                              "a batch of 2; expected [2, 10]")
+    model = build_classifier(ModelSpec(ARCH, (1, 8, 8), 10))
+    assert model.training  # the probe leaves the network in training mode
 
 
 def test_cli_bad_arch_is_one_error_line(tmp_path, capsys) -> None:
