@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from analysis.costs import check_threshold, realised_rdp_independent, steps
-from analysis.mechanisms import Mechanism, ParameterError, mechanism_to_dict
+from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
@@ -63,7 +65,7 @@ from student.training import (
     save_model,
     seed_everything,
 )
-from teachers.choices import DEFAULT_MODEL
+from teachers.choices import DEFAULT_MODEL, model_data_problem
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
 from teachers.partition import make_partition
@@ -86,6 +88,27 @@ def _features(x: ArrayLike) -> NDArray[np.float32]:
     if not np.all(np.isfinite(a)):
         raise UserError("x holds NaN or infinite values (fill or drop them first)")
     return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a)
+
+
+def _integer(name: str, value: object, least: int, below: int | None = None) -> int:
+    """``value``, an integer of at least ``least`` (and below ``below``); ``UserError``
+    otherwise, a bool, float or string included."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least
+            or (below is not None and value >= below)):
+        bound = f">= {least}" if below is None else f"in [{least}, {below})"
+        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
+def _rate(name: str, value: object) -> float:
+    """``value``, a finite number > 0 (a learning rate); ``UserError`` otherwise."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value > 0)):
+        raise UserError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+SEEDS = 2**63  # a seed is a non-negative int64 (teachers.rng)
 
 
 def _kind(x: NDArray[np.float32]) -> str:
@@ -115,15 +138,14 @@ class Teachers:
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
                  seed: int = 0) -> None:
-        if (min(n_teachers, shard_size, epochs, batch_size) < 1 or n_classes < 2
-                or not (math.isfinite(lr) and lr > 0)):
-            raise UserError("n_teachers, shard_size, epochs and batch_size must be >= 1, "
-                            f"n_classes >= 2 and lr > 0, got {n_teachers}, {shard_size}, "
-                            f"{epochs}, {batch_size}, {n_classes} and {lr}")
-        self.n_teachers, self.n_classes, self.shard_size = n_teachers, n_classes, shard_size
+        self.n_teachers = _integer("n_teachers", n_teachers, 1)
+        self.n_classes = _integer("n_classes", n_classes, 2)
+        self.shard_size = _integer("shard_size", shard_size, 1)
         self.model = model
-        self.config = TrainConfig(model=model or DEFAULT_MODEL["image"], epochs=epochs,
-                                  batch_size=batch_size, lr=lr, seed=seed)
+        self.config = TrainConfig(model=model or DEFAULT_MODEL["image"],
+                                  epochs=_integer("epochs", epochs, 1),
+                                  batch_size=_integer("batch_size", batch_size, 1),
+                                  lr=_rate("lr", lr), seed=_integer("seed", seed, 0, SEEDS))
         self.ensemble_: Ensemble | None = None
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
@@ -134,6 +156,9 @@ class Teachers:
                             f"{len(xs)} rows")
         if self.model is None:
             self.config = replace(self.config, model=DEFAULT_MODEL[_kind(xs)])
+        problem = model_data_problem(self.config.model, _kind(xs))
+        if problem:
+            raise UserError(problem)
         part = make_partition(len(xs), self.n_teachers, self.config.seed)
         min_size = int(part.sizes.min())
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
@@ -187,6 +212,10 @@ class PrivateLabels:
     below 1/n (a ``UserError`` otherwise, unless ``allow_large_delta``; a warning above
     1/(10 n)), as ``pate serve`` and ``pate run`` require.
 
+    A pool row asked again of the same ledger and mechanism gets its first answer again, free
+    (a release is a release), by this object or a later one: keep one ledger to one votes
+    matrix, or ask new votes only about rows not asked before.
+
     The sanitised epsilons released (``epsilon``) are kept in ``releases``, a private JSON file,
     by default ``<ledger file>.releases.json`` beside a file ledger (a ledger URL needs one):
     each is drawn once per set of answers, whichever object of the ledger asks, since fresh
@@ -196,13 +225,17 @@ class PrivateLabels:
                  delta: float, ledger: str | Path, conversion: Conversion = "improved",
                  private_records: int | None = None, allow_large_delta: bool = False,
                  releases: str | Path | None = None) -> None:
+        if not isinstance(mechanism, tuple(MECHANISMS.values())):
+            raise UserError("mechanism must be one of analysis.mechanisms' "
+                            f"{', '.join(c.__name__ for c in MECHANISMS.values())}, got "
+                            f"{mechanism!r}")
         self.pool = VotePool(check_votes(votes))
         try:
             check_threshold(mechanism, self.pool.teachers)  # before the ledger exists
         except ParameterError as exc:
             raise UserError(str(exc)) from None
-        if private_records is not None and private_records < 1:
-            raise UserError(f"private_records must be >= 1, got {private_records}")
+        if private_records is not None:
+            private_records = _integer("private_records", private_records, 1)
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         check_budget(mechanism, epsilon_budget, delta, conversion)  # before the ledger exists
         self.mechanism = mechanism
@@ -227,7 +260,8 @@ class PrivateLabels:
     def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
             request_size: int = 512) -> Received:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
-        the budget allows; Interactive-GNMax also takes the student's probabilities. A budget
+        the budget allows (a warning says when that is fewer than asked, the first ones);
+        Interactive-GNMax also takes the student's probabilities. A budget
         that covers not one of them is a ``UserError``: nothing was asked or spent."""
         index = _pool_indices(indices)
         again = np.intersect1d(index, self.received.pool_index)
@@ -242,6 +276,9 @@ class PrivateLabels:
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])
+        if exhausted:
+            warnings.warn(f"the privacy budget covered {len(got)} of the {index.size} queries: "
+                          "the rest were not asked", stacklevel=2)
         return got
 
     def epsilon(self) -> PublishableEpsilon:
@@ -300,14 +337,11 @@ class Student:
 
     def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
                  batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
-        if epochs < 1 or batch_size < 1:
-            raise UserError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-        if lr is not None and not (math.isfinite(lr) and lr > 0):
-            raise UserError(f"lr must be a finite number > 0, got {lr}")
-        self.arch, self.lr = arch, lr
-        self.method = method_for_data("image", method, arch, lr=lr)
+        epochs, batch_size = _integer("epochs", epochs, 1), _integer("batch_size", batch_size, 1)
+        self.arch, self.lr = arch, None if lr is None else _rate("lr", lr)
+        self.method = method_for_data("image", method, arch, lr=self.lr)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
-                                    seed=seed)
+                                    seed=_integer("seed", seed, 0, SEEDS))
         self.model_: torch.nn.Module | None = None
         self.spec_: ModelSpec | None = None
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
@@ -316,6 +350,7 @@ class Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``)."""
         x = _features(x_public)
+        n_classes = _integer("n_classes", n_classes, 2)
         if not isinstance(labels, Received):
             raise UserError("labels must be what PrivateLabels.ask returned (or .received)")
         answered = labels.answered

@@ -14,7 +14,7 @@ import torch
 
 from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax
 from pate.api import PrivateLabels, Student, load_student
-from pate.errors import UserError
+from pate.errors import LedgerError, UserError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -51,7 +51,8 @@ def test_labels_stop_at_the_budget_and_the_ledger_persists(tmp_path: Path) -> No
     ledger = tmp_path / "ledger.db"
     labels = PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-5,
                            ledger=ledger)
-    got = labels.ask(np.arange(300), request_size=64)
+    with pytest.warns(UserWarning, match=r"the privacy budget covered \d+ of the 300 queries"):
+        got = labels.ask(np.arange(300), request_size=64)
     assert 0 < len(got) < 300 and labels.epsilon().ledger_spent <= 2.0
     labels.close()
     again = PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-5,
@@ -223,9 +224,37 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
             PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=budget, delta=1e-5,
                           ledger=ledger)
         assert not list(tmp_path.iterdir())
+    with pytest.raises(UserError, match=r"mechanism must be one of .*GNMax, got 'gnmax'"):
+        PrivateLabels(votes, "gnmax", epsilon_budget=5.0, delta=1e-5, ledger=ledger)
     with pytest.raises(UserError, match="a folder; the ledger is a file"):
         PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=tmp_path)
+    (tmp_path / "a-file").write_text("")
+    releases = {"releases": tmp_path / "releases.json"}
+    for ledger_url, message in (
+            (tmp_path / "a-file" / "ledger.db", "cannot create the ledger file .*Not a directory"),
+            ("sqlite:///:memory:", "one in memory would not last"),
+            ("foo://bar", r"NoSuchModuleError \(a ledger is an SQLite database file, or a URL")):
+        with pytest.raises(LedgerError, match=message):
+            PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5,
+                          ledger=ledger_url, **releases)
+    (tmp_path / "a-file").unlink()
     with pytest.raises(UserError, match="shard_size"):
         Teachers(2, 10, shard_size=0)
+    # the wrong kind of number is one line too, not a TypeError from deep inside
+    for kwargs, message in (({"n_teachers": 3.5}, "n_teachers must be an integer >= 1, got 3.5"),
+                            ({"n_teachers": True}, "n_teachers must be an integer >= 1"),
+                            ({"n_classes": 10.0}, "n_classes must be an integer >= 2"),
+                            ({"epochs": 1.5}, "epochs must be an integer >= 1"),
+                            ({"lr": "0.1"}, "lr must be a finite number > 0, got '0.1'"),
+                            ({"seed": 2**70}, r"seed must be an integer in \[0, ")):
+        with pytest.raises(UserError, match=message):
+            Teachers(**{"n_teachers": 2, "n_classes": 10, **kwargs})
+    with pytest.raises(UserError, match=r"batch_size must be an integer >= 1, got 2\.5"):
+        Student(batch_size=2.5)
+    with pytest.raises(UserError, match="model cnn needs images"):
+        Teachers(2, 2, model="cnn").fit(np.zeros((20, 4)), np.arange(20) % 2)
+    with pytest.raises(UserError, match=r"private_records must be an integer >= 1, got 600\.5"):
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=ledger,
+                      private_records=600.5)
     with pytest.raises(UserError, match="lr must be a finite number > 0"):
         Student(lr=-1.0)

@@ -216,19 +216,29 @@ def _array(b: bytes, dtype: np.dtype) -> NDArray:
     return np.frombuffer(b, dtype=dtype)
 
 
+# said with a ledger that cannot be opened (only the error's class is named: its text may hold
+# the URL's password)
+_WHAT = (" (a ledger is an SQLite database file, or a URL such as sqlite:///PATH or "
+         "postgresql://USER@HOST/DB that this machine can reach)")
+
+
 def _private_sqlite_file(url: sa.URL) -> None:
     """Create the SQLite file 0600 (its -wal and -shm files inherit the mode) in a directory
     created 0700 if missing (docs/design.md: the ledger is private)."""
     if not url.database or url.database == ":memory:":
-        return
+        raise LedgerError("an SQLite ledger needs a file: one in memory would not last")
     path = Path(url.database)
-    missing = [p for p in path.absolute().parents if not p.exists()]
-    for folder in reversed(missing):  # each new parent private, not only the last
-        folder.mkdir(mode=PRIVATE_DIR_MODE)
-        folder.chmod(PRIVATE_DIR_MODE)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, PRIVATE_FILE_MODE)
-    os.close(fd)
-    path.chmod(PRIVATE_FILE_MODE)
+    try:
+        missing = [p for p in path.absolute().parents if not p.exists()]
+        for folder in reversed(missing):  # each new parent private, not only the last
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+            folder.chmod(PRIVATE_DIR_MODE)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, PRIVATE_FILE_MODE)
+        os.close(fd)
+        path.chmod(PRIVATE_FILE_MODE)
+    except OSError as exc:  # a parent that is a file, a folder without write permission
+        raise LedgerError(f"cannot create the ledger file {path}: "
+                          f"{exc.strerror or exc.__class__.__name__}") from None
 
 
 def _engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
@@ -286,7 +296,7 @@ def stored_settings(url: str) -> dict[str, Any] | None:
             return None
         _, reader = _engines(url)
     except (sa.exc.SQLAlchemyError, ValueError) as exc:  # not a URL, no such driver
-        raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}") from None
+        raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{_WHAT}") from None
     try:
         with reader.connect() as conn:
             if not sa.inspect(conn).has_table(meta_table.name):
@@ -359,8 +369,9 @@ class Ledger:
             with self._reader.connect() as conn:  # the releases so far, for replays
                 self._sync_releases(conn)
                 conn.rollback()
-        except sa.exc.SQLAlchemyError as exc:
-            raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}") from exc
+        except (sa.exc.SQLAlchemyError, ValueError) as exc:
+            raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{_WHAT}"
+                              ) from exc
         self._queue: queue.Queue[tuple[Charge, Future[tuple[Stored, Budget]]] | None] = (
             queue.Queue())
         self._thread = threading.Thread(target=self._write_loop, name="ledger-writer",
