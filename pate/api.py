@@ -403,9 +403,10 @@ class Student:
         """Accuracy on labelled rows (measure it on data you may: a test set, never the
         private data)."""
         predicted, truth = self.predict(x), np.asarray(y)
-        if truth.shape != predicted.shape:
-            raise UserError(f"y must hold one label per row of x: {truth.size} labels, "
-                            f"{predicted.size} rows")
+        if truth.shape != predicted.shape or not np.issubdtype(truth.dtype, np.integer):
+            raise UserError(f"y must be class indices (integers), one per row of x: got "
+                            f"shape {list(truth.shape)} of {truth.dtype} for {len(predicted)} "
+                            "rows")
         return float(np.mean(predicted == truth))
 
     def save(self, directory: str | Path) -> Path:

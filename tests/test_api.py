@@ -165,8 +165,9 @@ def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
     assert torch.equal(torch.get_rng_state(), state)
     again = Student("supervised", arch="mlp", epochs=1).fit(x, got, 3)
     np.testing.assert_array_equal(again.predict_proba(x), student.predict_proba(x))
-    with pytest.raises(UserError, match="one label per row of x: 1 labels, 40 rows"):
-        student.score(x, [1])
+    for y in ([1], np.array(["a"] * 40), np.zeros((40, 1), int)):  # never a silent 0.0
+        with pytest.raises(UserError, match=r"y must be class indices \(integers\), one per"):
+            student.score(x, y)
     labels.close()
 
 
