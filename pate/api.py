@@ -108,7 +108,7 @@ def _rate(name: str, value: object) -> float:
     return float(value)
 
 
-SEEDS = 2**63  # a seed is a non-negative int64 (teachers.rng)
+_SEED_LIMIT = 2**63  # a seed is a non-negative int64 (teachers.rng)
 
 
 def _kind(x: NDArray[np.float32]) -> str:
@@ -145,7 +145,7 @@ class Teachers:
         self.config = TrainConfig(model=model or DEFAULT_MODEL["image"],
                                   epochs=_integer("epochs", epochs, 1),
                                   batch_size=_integer("batch_size", batch_size, 1),
-                                  lr=_rate("lr", lr), seed=_integer("seed", seed, 0, SEEDS))
+                                  lr=_rate("lr", lr), seed=_integer("seed", seed, 0, _SEED_LIMIT))
         self.ensemble_: Ensemble | None = None
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
@@ -261,8 +261,8 @@ class PrivateLabels:
             request_size: int = 512) -> Received:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
         the budget allows (a warning says when that is fewer than asked, the first ones);
-        Interactive-GNMax also takes the student's probabilities. A budget
-        that covers not one of them is a ``UserError``: nothing was asked or spent."""
+        Interactive-GNMax also takes the student's probabilities. A budget that covers not one
+        of them is a ``UserError``: nothing was asked or spent."""
         index = _pool_indices(indices)
         again = np.intersect1d(index, self.received.pool_index)
         if again.size:
@@ -341,7 +341,7 @@ class Student:
         self.arch, self.lr = arch, None if lr is None else _rate("lr", lr)
         self.method = method_for_data("image", method, arch, lr=self.lr)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
-                                    seed=_integer("seed", seed, 0, SEEDS))
+                                    seed=_integer("seed", seed, 0, _SEED_LIMIT))
         self.model_: torch.nn.Module | None = None
         self.spec_: ModelSpec | None = None
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
