@@ -212,9 +212,9 @@ class PrivateLabels:
     below 1/n (a ``UserError`` otherwise, unless ``allow_large_delta``; a warning above
     1/(10 n)), as ``pate serve`` and ``pate run`` require.
 
-    A pool row asked again of the same ledger and mechanism gets its first answer again, free
-    (a release is a release), by this object or a later one: keep one ledger to one votes
-    matrix, or ask new votes only about rows not asked before.
+    A pool row asked again of the same ledger, mechanism and votes gets its first answer again,
+    free (a release is a release), by this object or a later one; other votes (teachers
+    trained again, on the same budget) answer it afresh, charged.
 
     The sanitised epsilons released (``epsilon``) are kept in ``releases``, a private JSON file,
     by default ``<ledger file>.releases.json`` beside a file ledger (a ledger URL needs one):

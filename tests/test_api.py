@@ -112,6 +112,24 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
     assert not (tmp_path / "url.db").exists()
 
 
+def test_new_votes_on_a_ledger_are_answered_afresh_not_replayed(tmp_path: Path) -> None:
+    """One budget for the private data, teachers trained again: their votes answer a row asked
+    before afresh (charged), not with the old teachers' answer; the same votes replay it."""
+    votes = np.tile([40, 5, 5], (20, 1))
+    ledger = tmp_path / "ledger.db"
+    mechanism = GNMax(sigma=1.0)
+    with PrivateLabels(votes, mechanism, epsilon_budget=1e6, delta=1e-5, ledger=ledger) as old:
+        assert old.ask(np.arange(10)).label.tolist() == [0] * 10
+    retrained = np.tile([5, 5, 40], (20, 1))
+    with PrivateLabels(retrained, mechanism, epsilon_budget=1e6, delta=1e-5,
+                       ledger=ledger) as new:
+        assert new.ask(np.arange(5, 15)).label.tolist() == [2] * 10
+        assert new.ledger.budget().queries == 20
+    with PrivateLabels(votes, mechanism, epsilon_budget=1e6, delta=1e-5, ledger=ledger) as same:
+        assert same.ask(np.arange(10)).label.tolist() == [0] * 10
+        assert same.ledger.budget().queries == 20  # replayed, free
+
+
 def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> None:
     """Given the number of private records n, delta >= 1/n is refused before a ledger is made
     (unless allowed) and delta above 1/(10 n) is warned of, as pate serve does."""

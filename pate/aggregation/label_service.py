@@ -176,7 +176,8 @@ class LabelService:
             req.request_id, digest, client, self._mechanism, answers.labels,
             answers.branch, answers.independent, answers.dependent,
             self.aggregator.worst_case_rdp(1), indices,
-            replayable=indices is not None and probs is None and not req.fresh))
+            replayable=indices is not None and probs is None and not req.fresh,
+            pool=None if indices is None or self.pool is None else self.pool.digest))
 
     @staticmethod
     def conclude(req: LabelsRequest, recorded: Future[tuple[Stored, Budget]]

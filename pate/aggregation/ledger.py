@@ -13,9 +13,11 @@ the orders grid, the batch's sum: RDP composes by addition, Mironov 2017, Prop. 
   digest) or a conflict. Request ids are scoped to the client that made them (stored as
   ``client/request_id``): another client's id is neither replayed nor reported as taken.
 - A release is a release (replay, docs/design.md, "The aggregation service"): a pool index
-  already answered under the same mechanism parameters gets its first stored outcome (label or
-  refusal) again, to any client of the budget, without new noise and without a charge: repeating
-  a released answer is post-processing (Dwork & Roth 2014, Prop. 2.1). Only requests marked
+  already answered under the same mechanism parameters from the same votes (``Charge.pool``,
+  their digest) gets its first stored outcome (label or refusal) again, to any client of the
+  budget, without new noise and without a charge: repeating a released answer is
+  post-processing (Dwork & Roth 2014, Prop. 2.1). Other votes on the same budget (teachers
+  trained again) answer the index afresh, charged. Only requests marked
   ``replayable`` (pool indices, not Interactive-GNMax, no ``fresh`` opt-in) store or get
   replays. The decision is taken inside the write transaction, under the lock, against every
   outcome committed so far by any process: two replicas racing on one index store one outcome
@@ -52,8 +54,9 @@ from analysis.rdp import CONVERSIONS, Conversion, epsilon_curve
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict, UserError
 from pate.io import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
-SCHEMA_VERSION = 2  # 1: request_id unique over all clients, no replays
+SCHEMA_VERSION = 3  # 1: request_id unique over all clients, no replays; 2: replays not by votes
 _GROUP_LIMIT = 256  # charges per group commit
+_Scope = tuple[str, str | None]  # replays: (the mechanism's parameters, the votes' digest)
 
 metadata = sa.MetaData()
 
@@ -95,6 +98,9 @@ requests_table = sa.Table(
     sa.Column("indices", sa.LargeBinary, nullable=True),
     sa.Column("fresh", sa.LargeBinary, nullable=True),
     sa.Column("replayable", sa.Boolean, nullable=False, server_default=sa.false()),
+    # schema 3: the digest of the votes answered from (``VotePool.digest``; NULL: inputs, or
+    # a row of schema 2, whose outcomes are replayed to no request of schema 3)
+    sa.Column("pool", sa.String(64), nullable=True),
 )
 
 _SELECT_BUDGET = sa.select(budget_table).where(budget_table.c.id == 1).with_for_update()
@@ -105,7 +111,8 @@ _SELECT_STATE = sa.select(budget_table.c.epsilon_spent, budget_table.c.queries,
 _ANSWER_COLUMNS = (requests_table.c.request_id, requests_table.c.body_digest,
                    requests_table.c.labels, requests_table.c.branch, requests_table.c.fresh)
 _SELECT_RELEASES = sa.select(
-    requests_table.c.seq, requests_table.c.mechanism, requests_table.c.indices,
+    requests_table.c.seq, requests_table.c.mechanism, requests_table.c.pool,
+    requests_table.c.indices,
     requests_table.c.labels, requests_table.c.branch, requests_table.c.fresh,
 ).where(requests_table.c.seq > sa.bindparam("after"), requests_table.c.replayable
         ).order_by(requests_table.c.seq)
@@ -178,6 +185,7 @@ class Charge:
     worst_case_rdp: NDArray[np.float64]    # one query's data-independent worst case [orders]
     indices: NDArray[np.int64] | None = None   # the pool indices asked (None: new inputs)
     replayable: bool = False          # may get and store replays of earlier releases
+    pool: str | None = None           # the digest of the votes answered from (replay scope)
 
     @property
     def key(self) -> str:
@@ -312,10 +320,19 @@ def stored_settings(url: str) -> dict[str, Any] | None:
         reader.dispose()
 
 
+def _migrate(conn: sa.Connection, version: str) -> None:
+    """Bring a ledger of schema ``version`` to ``SCHEMA_VERSION`` inside the open transaction."""
+    if version == "1":
+        _migrate_from_1(conn)
+    conn.exec_driver_sql("ALTER TABLE ledger_requests ADD COLUMN pool VARCHAR(64)")
+    conn.execute(meta_table.update().where(meta_table.c.key == "schema_version")
+                 .values(value=str(SCHEMA_VERSION)))
+
+
 def _migrate_from_1(conn: sa.Connection) -> None:
-    """Schema 1 to 2 inside the open transaction: request ids become ``client/request_id`` (they
-    were global), and the columns of replays are added (NULL for the old rows: they were all
-    charged, and their pool indices were not kept, so they are never replayed)."""
+    """Schema 1 to 2: request ids become ``client/request_id`` (they were global), and the
+    columns of replays are added (NULL for the old rows: they were all charged, and their pool
+    indices were not kept, so they are never replayed)."""
     blob = sa.LargeBinary().compile(dialect=conn.dialect)
     for column in ("indices", "fresh"):
         conn.exec_driver_sql(f"ALTER TABLE ledger_requests ADD COLUMN {column} {blob}")
@@ -326,8 +343,6 @@ def _migrate_from_1(conn: sa.Connection) -> None:
                              "TYPE VARCHAR(200)")
     conn.execute(requests_table.update().values(
         request_id=requests_table.c.client + "/" + requests_table.c.request_id))
-    conn.execute(meta_table.update().where(meta_table.c.key == "schema_version")
-                 .values(value=str(SCHEMA_VERSION)))
 
 
 class Ledger:
@@ -357,7 +372,7 @@ class Ledger:
         # learn each other's from the request rows after ``_synced_seq``. ``_rows_seen``: the
         # request rows (the budget row's ``requests``) once synced, None before the first sync
         # under the lock; while it holds, no other process has committed and the sync is skipped
-        self._releases: dict[str, dict[int, int]] = {}
+        self._releases: dict[_Scope, dict[int, int]] = {}
         self._synced_seq = 0
         self._rows_seen: int | None = None
         try:
@@ -390,8 +405,8 @@ class Ledger:
             if conn.dialect.name == "postgresql":  # replicas opening one ledger: one at a time
                 conn.exec_driver_sql("LOCK TABLE ledger_meta IN SHARE ROW EXCLUSIVE MODE")
             found = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
-            if found.get("schema_version") == "1":
-                _migrate_from_1(conn)
+            if found.get("schema_version") in ("1", "2"):
+                _migrate(conn, found["schema_version"])
                 found["schema_version"] = str(SCHEMA_VERSION)
             if not found:
                 conn.execute(meta_table.insert(), [{"key": k, "value": v}
@@ -419,7 +434,7 @@ class Ledger:
                 continue
             fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
                      else _array(row.fresh, _I8).astype(bool))
-            releases = self._releases.setdefault(row.mechanism, {})
+            releases = self._releases.setdefault((row.mechanism, row.pool), {})
             indices = _array(row.indices, _I64)[fresh].tolist()
             outcomes = _outcomes(_array(row.labels, _I32)[fresh], _array(row.branch, _I8)[fresh])
             for index, outcome in zip(indices, outcomes, strict=True):
@@ -561,7 +576,7 @@ class Ledger:
         """One transaction for the queued charges: lock the budget row, look their request_ids
         up together, decide each in order, insert the new ones, update the totals, commit."""
         results: list[tuple[Future, Any]] = []
-        added: list[tuple[str, list[int]]] = []  # releases of this group, until it commits
+        added: list[tuple[_Scope, list[int]]] = []  # releases of this group, until it commits
         try:
             with self._writer.begin() as conn:
                 total = conn.execute(_SELECT_BUDGET).one()
@@ -592,8 +607,8 @@ class Ledger:
                         "epsilon_spent": spent, "rdp_independent": _blob(ind, _F64),
                         "rdp_dependent": _blob(dep, _F64)})
         except Exception as exc:  # fail closed: nothing of the group is released
-            for mechanism, indices in added:  # nor kept for replay: they were new
-                releases = self._releases[mechanism]
+            for scope, indices in added:  # nor kept for replay: they were new
+                releases = self._releases[scope]
                 for index in indices:
                     releases.pop(index, None)
             err = LedgerError(f"the ledger could not record the request "
@@ -610,7 +625,7 @@ class Ledger:
                 fut.set_result(outcome)
 
     def _apply(self, charge: Charge, known: dict[str, Stored],
-               added: list[tuple[str, list[int]]], ind: NDArray[np.float64],
+               added: list[tuple[_Scope, list[int]]], ind: NDArray[np.float64],
                dep: NDArray[np.float64], counts: list[int], spent: float
                ) -> tuple[tuple[Stored, Budget] | Exception, float, dict[str, Any] | None]:
         """Decide one charge inside the open transaction: a retry, a conflict, a refusal or a new
@@ -628,7 +643,7 @@ class Ledger:
         fresh = np.ones(labels.size, bool)
         replayable = charge.replayable and charge.indices is not None
         if replayable:
-            released = self._releases.setdefault(charge.mechanism, {})
+            released = self._releases.setdefault((charge.mechanism, charge.pool), {})
             asked = charge.indices.tolist()
             if not released.keys().isdisjoint(asked):
                 for q, index in enumerate(asked):
@@ -660,11 +675,11 @@ class Ledger:
                "branch": _blob(branch, _I8), "rdp_independent": _blob(cost_ind, _F64),
                "rdp_dependent": _blob(cost_dep, _F64), "epsilon_after": spent,
                "indices": None if charge.indices is None else _blob(charge.indices, _I64),
-               "fresh": _blob(fresh, _I8), "replayable": replayable}
+               "fresh": _blob(fresh, _I8), "replayable": replayable, "pool": charge.pool}
         if replayable:
             new = asked if n_fresh == labels.size else charge.indices[fresh].tolist()
             released.update(zip(new, _outcomes(labels[fresh], branch[fresh]), strict=True))
-            added.append((charge.mechanism, new))
+            added.append(((charge.mechanism, charge.pool), new))
         stored = Stored(charge.request_id, charge.body_digest, labels, branch, fresh)
         known[charge.key] = Stored(charge.request_id, charge.body_digest, labels, branch, fresh,
                                    retried=True)

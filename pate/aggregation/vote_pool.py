@@ -3,6 +3,8 @@ votes never leave the service, docs/design.md, privacy rule 2)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,15 @@ class VotePool:
         """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index`` and
         ``pool_fingerprint`` (votes.npz)."""
         return cls(*load_votes_with_index(path), load_pool_fingerprint(path))
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 of the votes and their pool indices: which votes an answer came from (the
+        ledger's replay scope; PRIVATE, kept in the ledger only)."""
+        digest = hashlib.sha256(np.ascontiguousarray(self.votes).tobytes())
+        digest.update(np.ascontiguousarray(self._sorted).tobytes())
+        digest.update(np.ascontiguousarray(self._order).tobytes())
+        return digest.hexdigest()
 
     @property
     def pool_indices(self) -> NDArray[np.int64]:

@@ -8,6 +8,7 @@ import json
 import sqlite3
 import stat
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +228,35 @@ def test_two_replicas_racing_on_one_index_charge_it_once(tmp_path: Path,
     assert ledgers[0].budget().queries == 21  # indices 0..20, each charged once
     for ledger in ledgers:
         ledger.close()
+
+
+def test_replays_are_scoped_by_the_votes_and_a_schema_2_ledger_migrates(
+        tmp_path: Path, agg: Aggregator) -> None:
+    """A pool index answered from some votes is replayed to requests answered from the same
+    votes only: other votes on the same budget (teachers trained again) answer it afresh,
+    charged. A schema-2 ledger gets the column; its rows replay to no request after."""
+    db = tmp_path / "ledger.db"
+    ledger = open_ledger(db, budget=100.0)
+    ledger.record(replace(charge(agg, "r1", indices=[0, 1]), pool="votes-a"))
+    replayed, _ = ledger.record(replace(charge(agg, "r2", indices=[1, 2]), pool="votes-a"))
+    assert replayed.fresh.tolist() == [False, True]
+    other, budget = ledger.record(replace(charge(agg, "r3", indices=[0, 1]), pool="votes-b"))
+    assert other.fresh.all() and budget.queries == 5
+    ledger.close()
+    con = sqlite3.connect(db)  # back to the layout of schema 2
+    con.execute("ALTER TABLE ledger_requests DROP COLUMN pool")
+    con.execute("UPDATE ledger_meta SET value = '2' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    ledger = open_ledger(db, budget=100.0)
+    again, budget = ledger.record(replace(charge(agg, "r4", indices=[0]), pool="votes-a"))
+    assert again.fresh.all() and budget.queries == 6
+    assert ledger.lookup("client", "r2").fresh.tolist() == [False, True]
+    ledger.close()
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'"
+                       ).fetchone() == (str(SCHEMA_VERSION),)
+    con.close()
 
 
 def test_a_schema_1_ledger_migrates_on_open(tmp_path: Path, agg: Aggregator) -> None:
