@@ -76,9 +76,11 @@ __all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_s
 
 def _features(x: ArrayLike) -> NDArray[np.float32]:
     """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
-    features ``[n, d]``."""
+    features ``[n, d]``. 8-bit images (uint8) are scaled to [0, 1], as the built-in datasets
+    and image files are."""
     try:
-        a = np.asarray(x, np.float32)
+        raw = np.asarray(x)
+        a = raw.astype(np.float32) / (255.0 if raw.dtype == np.uint8 and raw.ndim > 2 else 1.0)
     except (TypeError, ValueError):
         raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
                         "text columns first)") from None

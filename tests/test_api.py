@@ -277,3 +277,16 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
                       private_records=600.5)
     with pytest.raises(UserError, match="lr must be a finite number > 0"):
         Student(lr=-1.0)
+
+
+def test_8_bit_images_are_scaled_as_image_files_are() -> None:
+    """uint8 images are read as [0, 1], as the built-in datasets and image files are: the same
+    teachers as on the floats (feature rows are taken as they are)."""
+    from pate.api import Teachers
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 1, 8, 8), dtype=np.uint8)
+    labels = rng.integers(0, 3, 40)
+    votes = [Teachers(2, 3, epochs=1).fit(x, labels).vote(x)
+             for x in (images, images.astype(np.float32) / 255)]
+    np.testing.assert_array_equal(*votes)
