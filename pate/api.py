@@ -19,7 +19,7 @@ import json
 import math
 import numbers
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,15 @@ from pate.aggregation.label_service import (
 )
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
+from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
-from pate.errors import UserError
+from pate.errors import LedgerError, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec, build_classifier
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
-from student.sanitised import Releases
+from student.sanitised import Release, Releases
 from student.training import (
     FitConfig,
     build_learner,
@@ -76,20 +77,17 @@ __all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_s
 
 def _features(x: ArrayLike) -> NDArray[np.float32]:
     """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
-    features ``[n, d]``. 8-bit images (uint8) are scaled to [0, 1], as the built-in datasets
-    and image files are."""
+    features ``[n, d]``. Integer images are scaled to [0, 1] (pixels in [0, 255]), as the
+    built-in datasets, image files and ``.npz`` data are (``as_features``)."""
     try:
         raw = np.asarray(x)
-        a = raw.astype(np.float32) / (255.0 if raw.dtype == np.uint8 and raw.ndim > 2 else 1.0)
+        if raw.ndim not in (2, 3, 4) or not len(raw):
+            raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
+                            f"got shape {list(raw.shape)}")
+        return np.ascontiguousarray(as_features(raw, "x"))
     except (TypeError, ValueError):
         raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
                         "text columns first)") from None
-    if a.ndim not in (2, 3, 4) or not len(a):
-        raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, got "
-                        f"shape {list(a.shape)}")
-    if not np.all(np.isfinite(a)):
-        raise UserError("x holds NaN or infinite values (fill or drop them first)")
-    return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a)
 
 
 def _integer(name: str, value: object, least: int, below: int | None = None) -> int:
@@ -218,15 +216,14 @@ class PrivateLabels:
     free (a release is a release), by this object or a later one; other votes (teachers
     trained again, on the same budget) answer it afresh, charged.
 
-    The sanitised epsilons released (``epsilon``) are kept in ``releases``, a private JSON file,
-    by default ``<ledger file>.releases.json`` beside a file ledger (a ledger URL needs one):
-    each is drawn once per set of answers, whichever object of the ledger asks, since fresh
-    draws for the same answers would average their noise away (docs/privacy-math.md §5)."""
+    The sanitised epsilons released (``epsilon``) are kept in the ledger, under its write
+    lock: each is drawn once per set of answers, whichever object or process of the ledger
+    asks, since fresh draws for the same answers would average their noise away
+    (docs/privacy-math.md §5)."""
 
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
                  delta: float, ledger: str | Path, conversion: Conversion = "improved",
-                 private_records: int | None = None, allow_large_delta: bool = False,
-                 releases: str | Path | None = None) -> None:
+                 private_records: int | None = None, allow_large_delta: bool = False) -> None:
         if not isinstance(mechanism, tuple(MECHANISMS.values())):
             raise UserError("mechanism must be one of analysis.mechanisms' "
                             f"{', '.join(c.__name__ for c in MECHANISMS.values())}, got "
@@ -243,15 +240,8 @@ class PrivateLabels:
         self.mechanism = mechanism
         if "://" not in str(ledger) and Path(ledger).expanduser().is_dir():
             raise UserError(f"ledger={ledger}: a folder; the ledger is a file (or a URL)")
-        if releases is None and "://" in str(ledger):
-            raise UserError("a ledger URL needs releases=PATH, the private file that keeps the "
-                            "sanitised epsilons released from it")
-        file = Path(ledger).expanduser().absolute()
-        url = str(ledger) if "://" in str(ledger) else f"sqlite:///{file}"
-        kept = Path(releases).expanduser() if releases else Path(f"{file}.releases.json")
-        if kept.is_dir() or (releases and not kept.parent.is_dir()):
-            raise UserError(f"releases={releases}: not a file in an existing folder")
-        self._releases = Releases(kept)  # every sanitised epsilon released from the ledger
+        url = (str(ledger) if "://" in str(ledger)
+               else f"sqlite:///{Path(ledger).expanduser().absolute()}")
         self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
         self.service = LabelService(Aggregator(mechanism, self.ledger.orders), self.ledger,
                                     self.pool, None)
@@ -302,8 +292,15 @@ class PrivateLabels:
                                     budget.delta, conversion=self.ledger.conversion,
                                     earlier=earlier)
 
-        sanitised = self._releases.release(len(self.received), analyse, self.ledger.conversion,
-                                           self._answers_digest())
+        with self.ledger.sanitised_releases() as (kept, add):
+            try:
+                records = [Release(**r) for r in kept]
+            except (TypeError, ValueError):
+                raise LedgerError("the ledger's record of sanitised releases is damaged: "
+                                  "nothing released") from None
+            releases = Releases(records, lambda all_of_them: add(asdict(all_of_them[-1])))
+            sanitised = releases.release(len(self.received), analyse, self.ledger.conversion,
+                                         self._answers_digest())
         independent = self.ledger.epsilon(realised_rdp_independent(
             self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
             self.ledger.orders))

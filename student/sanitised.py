@@ -5,8 +5,8 @@ its GNSS release (PATE 2018, Theorem 23; ``analysis.votes_analysis.sanitised_rel
 noise drawn from the operating system's entropy. A release is made once per set of answers and
 kept: asking for the epsilon of the same answers again returns the same figure at no new cost. A
 release for more (or other) answers composes with the earlier ones, whose beta and sigma are
-kept in a private record (a run's ``sanitised-releases.json``; ``PrivateLabels``'s beside its
-ledger), and is written before it is returned.
+kept in a private record (a run's ``sanitised-releases.json``; ``PrivateLabels``'s in its
+ledger, under the ledger's write lock), and is written before it is returned.
 """
 
 from __future__ import annotations
@@ -51,21 +51,29 @@ class Release:
 
 
 class Releases:
-    """The releases made from one body of votes, in order, kept in ``path`` (private JSON) or,
-    without one, in memory."""
+    """The releases made from one body of votes, in order: ``records``, and ``keep``, called
+    with every one of them before a new figure leaves (none: in memory)."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path
-        self.records: list[Release] = []
-        if path is not None and path.is_file():
+    def __init__(self, records: list[Release] | None = None,
+                 keep: Callable[[list[Release]], None] | None = None) -> None:
+        self.records = list(records or [])
+        self.keep = keep
+
+    @classmethod
+    def from_file(cls, path: Path) -> Releases:
+        """The releases of a run, kept in ``path`` (private JSON, ``sanitised-releases.json``)."""
+        records: list[Release] = []
+        if path.is_file():
             try:
-                self.records = [Release(**r) for r in json.loads(path.read_text())]
-                counts = [r.queries for r in self.records if r.answers is None]
+                records = [Release(**r) for r in json.loads(path.read_text())]
+                counts = [r.queries for r in records if r.answers is None]
                 if counts != sorted(set(counts)):  # prefixes of a run's answers, in order
                     raise ValueError("releases out of order")
             except (TypeError, ValueError, AttributeError):
                 raise UserError(f"{path}: not a record of sanitised releases (damaged: restore "
                                 "it; it decides what later releases pay for)") from None
+        return cls(records, lambda all_of_them: write_json_atomic(
+            path, [asdict(r) for r in all_of_them], private=True))
 
     def release(self, queries: int,
                 analyse: Callable[[list[EarlierRelease]], PrivacyAnalysis | None],
@@ -94,7 +102,7 @@ class Releases:
         epsilon = sanitised_release(bound, z, analysis.delta, conversion)
         self.records.append(Release(queries, epsilon, bound.beta if noisy else None,
                                     bound.sigma if noisy else None, answers))
-        if self.path is not None:  # kept before the figure leaves
-            write_json_atomic(self.path, [asdict(r) for r in self.records], private=True)
+        if self.keep is not None:  # kept before the figure leaves
+            self.keep(self.records)
         return epsilon
 

@@ -234,7 +234,7 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
         return None
     if not np.isin(received.pool_index, pool.pool_indices).all():
         return None  # rows another aggregator answered (a remote one), of votes not here
-    return Releases(run.releases).release(
+    return Releases.from_file(run.releases).release(
         len(received), lambda earlier: analyze_rounds(
             rounds, received, lambda index: pool.votes[pool.rows(index)], run.probs, delta,
             conversion, earlier), conversion)

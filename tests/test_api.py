@@ -3,9 +3,9 @@ their contracts (the ledger is charged before labels are returned, the student r
 
 from __future__ import annotations
 
-import json
 import re
 import runpy
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -85,9 +85,10 @@ def test_interactive_labels_charge_only_the_teachers_answers(tmp_path: Path) -> 
 
 def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
         tmp_path: Path) -> None:
-    """The releases are kept beside the ledger (private): another object on the same ledger
-    that asks the same rows (replayed, free) gets the same figure, not a fresh draw whose
-    noise could be averaged away; other rows are a new release, composed with the first."""
+    """The releases are kept in the ledger, under its write lock: another object on the same
+    ledger, at once or later, that asks the same rows (replayed, free) gets the same figure,
+    not a fresh draw whose noise could be averaged away; other rows are a new release,
+    composed with the first."""
     votes = np.random.default_rng(2).multinomial(250, [0.6, 0.3, 0.1], size=100)
     ledger = tmp_path / "ledger.db"
     mechanism = ConfidentGNMax(150.0, 40.0, 20.0)
@@ -100,16 +101,20 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
             assert labels.epsilon().smooth_sensitivity == first
             return first
 
-    first = sanitised(np.arange(40))
-    kept = tmp_path / "ledger.db.releases.json"
-    assert (kept.stat().st_mode & 0o777) == 0o600
+    # two objects open at once, each asking before either releases
+    both = [PrivateLabels(votes, mechanism, epsilon_budget=1e4, delta=1e-5, ledger=ledger)
+            for _ in range(2)]
+    for labels in both:
+        labels.ask(np.arange(40))
+    first = both[0].epsilon().smooth_sensitivity
+    assert both[1].epsilon().smooth_sensitivity == first
+    for labels in both:
+        labels.close()
     assert {sanitised(np.arange(40)[::-1]) for _ in range(3)} == {first}  # the same set
     assert sanitised(np.arange(40, 80)) > 0
-    assert len(json.loads(kept.read_text())) == 2
-    with pytest.raises(UserError, match="a ledger URL needs releases=PATH"):
-        PrivateLabels(votes, mechanism, epsilon_budget=1e4, delta=1e-5,
-                      ledger=f"sqlite:///{tmp_path / 'url.db'}")
-    assert not (tmp_path / "url.db").exists()
+    with sqlite3.connect(ledger) as db:
+        assert db.execute("SELECT COUNT(*) FROM ledger_releases").fetchone() == (2,)
+    assert not list(tmp_path.glob("*.json"))  # in the ledger, not beside it
 
 
 def test_new_votes_on_a_ledger_are_answered_afresh_not_replayed(tmp_path: Path) -> None:
@@ -248,14 +253,13 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="a folder; the ledger is a file"):
         PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=tmp_path)
     (tmp_path / "a-file").write_text("")
-    releases = {"releases": tmp_path / "releases.json"}
     for ledger_url, message in (
             (tmp_path / "a-file" / "ledger.db", "cannot create the ledger file .*Not a directory"),
             ("sqlite:///:memory:", "one in memory would not last"),
             ("foo://bar", r"NoSuchModuleError \(a ledger is an SQLite database file, or a URL")):
         with pytest.raises(LedgerError, match=message):
             PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5,
-                          ledger=ledger_url, **releases)
+                          ledger=ledger_url)
     (tmp_path / "a-file").unlink()
     with pytest.raises(UserError, match="shard_size"):
         Teachers(2, 10, shard_size=0)

@@ -92,6 +92,7 @@ class LabelService:
         self.ensemble = ensemble
         self.limits = limits or Limits()
         self._mechanism = json.dumps(mechanism_to_dict(aggregator.mechanism), sort_keys=True)
+        self._votes_digest = None if pool is None else pool.digest  # the replay scope, once
         # the pool's data-dependent answer costs, computed once (vectorised) at start-up
         self._tabulated = pool is not None and aggregator.tabulate(pool.votes)
         self._vote_lock = threading.Lock()
@@ -177,7 +178,7 @@ class LabelService:
             answers.branch, answers.independent, answers.dependent,
             self.aggregator.worst_case_rdp(1), indices,
             replayable=indices is not None and probs is None and not req.fresh,
-            pool=None if indices is None or self.pool is None else self.pool.digest))
+            pool=self._votes_digest))
 
     @staticmethod
     def conclude(req: LabelsRequest, recorded: Future[tuple[Stored, Budget]]

@@ -40,8 +40,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,7 +55,8 @@ from analysis.rdp import CONVERSIONS, Conversion, epsilon_curve
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict, UserError
 from pate.io import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
-SCHEMA_VERSION = 3  # 1: request_id unique over all clients, no replays; 2: replays not by votes
+SCHEMA_VERSION = 3  # 1: request_id unique over all clients, no replays; 2: replays not by
+# votes, no table of sanitised releases (created on open)
 _GROUP_LIMIT = 256  # charges per group commit
 _Scope = tuple[str, str | None]  # replays: (the mechanism's parameters, the votes' digest)
 
@@ -102,6 +104,22 @@ requests_table = sa.Table(
     # a row of schema 2, whose outcomes are replayed to no request of schema 3)
     sa.Column("pool", sa.String(64), nullable=True),
 )
+
+# The sanitised epsilons released from the answers (the Python API's ``PrivateLabels``; a run
+# keeps its own in sanitised-releases.json): each drawn once per set of answers (``answers``,
+# their digest), the beta and sigma of its noise kept for the releases after it (PRIVATE).
+releases_table = sa.Table(
+    "ledger_releases", metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("answers", sa.String(64), nullable=False),
+    sa.Column("queries", sa.Integer, nullable=False),
+    sa.Column("epsilon", sa.Float, nullable=False),
+    sa.Column("beta", sa.Float, nullable=True),
+    sa.Column("sigma", sa.Float, nullable=True),
+    sa.Column("created", sa.Float, nullable=False),
+)
+_RELEASE_FIELDS = ("answers", "queries", "epsilon", "beta", "sigma")
 
 _SELECT_BUDGET = sa.select(budget_table).where(budget_table.c.id == 1).with_for_update()
 _UPDATE_BUDGET = budget_table.update().where(budget_table.c.id == 1)
@@ -185,7 +203,8 @@ class Charge:
     worst_case_rdp: NDArray[np.float64]    # one query's data-independent worst case [orders]
     indices: NDArray[np.int64] | None = None   # the pool indices asked (None: new inputs)
     replayable: bool = False          # may get and store replays of earlier releases
-    pool: str | None = None           # the digest of the votes answered from (replay scope)
+    pool: str | None = None           # the digest of the votes answered from (replay scope;
+    #                                   None: not replayable)
 
     @property
     def key(self) -> str:
@@ -430,7 +449,7 @@ class Ledger:
         process or another); called inside the write transaction, under the lock."""
         for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
             self._synced_seq = row.seq
-            if row.indices is None:
+            if row.indices is None or row.pool is None:  # inputs; a schema-2 row
                 continue
             fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
                      else _array(row.fresh, _I8).astype(bool))
@@ -482,6 +501,29 @@ class Ledger:
         if not np.any(rdp > 0):
             return 0.0
         return float(np.nanmin(epsilon_curve(rdp, self.orders, self.delta, self.conversion)))
+
+    @contextmanager
+    def sanitised_releases(self) -> Iterator[tuple[list[dict[str, Any]],
+                                                   Callable[[dict[str, Any]], None]]]:
+        """The sanitised epsilons released so far (``ledger_releases``: answers, queries,
+        epsilon, beta, sigma; PRIVATE), and a function that adds one, under the ledger's write
+        lock, held until the block ends: two users of the ledger cannot both draw a release of
+        the same answers. What is added is committed when the block ends, before the caller
+        may publish it; nothing is if the block raises."""
+        try:
+            with self._writer.begin() as conn:
+                conn.execute(_SELECT_BUDGET).one()  # the write lock (SQLite: BEGIN IMMEDIATE)
+                found = [dict(row._mapping) for row in conn.execute(
+                    sa.select(*(releases_table.c[k] for k in _RELEASE_FIELDS))
+                    .order_by(releases_table.c.seq))]
+                added: list[dict[str, Any]] = []
+                yield found, added.append
+                if added:
+                    conn.execute(releases_table.insert(),
+                                 [{**r, "created": time.time()} for r in added])
+        except sa.exc.SQLAlchemyError as exc:
+            raise LedgerError(f"the ledger could not record the release "
+                              f"({exc.__class__.__name__}); nothing released") from None
 
     def budget(self) -> Budget:
         """The public budget state: data-independent epsilon spent, queries, answers."""
@@ -641,7 +683,8 @@ class Ledger:
         labels = np.array(charge.labels, np.int64)
         branch = np.array(charge.branch, np.int8)
         fresh = np.ones(labels.size, bool)
-        replayable = charge.replayable and charge.indices is not None
+        replayable = (charge.replayable and charge.indices is not None
+                      and charge.pool is not None)
         if replayable:
             released = self._releases.setdefault((charge.mechanism, charge.pool), {})
             asked = charge.indices.tolist()

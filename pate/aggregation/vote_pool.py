@@ -43,11 +43,11 @@ class VotePool:
 
     @functools.cached_property
     def digest(self) -> str:
-        """sha256 of the votes and their pool indices: which votes an answer came from (the
-        ledger's replay scope; PRIVATE, kept in the ledger only)."""
-        digest = hashlib.sha256(np.ascontiguousarray(self.votes).tobytes())
-        digest.update(np.ascontiguousarray(self._sorted).tobytes())
-        digest.update(np.ascontiguousarray(self._order).tobytes())
+        """sha256 of each pool index and its votes, in index order (however the rows are
+        stored): which votes an answer came from (the ledger's replay scope; PRIVATE, kept in
+        the ledger only)."""
+        digest = hashlib.sha256(memoryview(np.ascontiguousarray(self._sorted)))
+        digest.update(memoryview(np.ascontiguousarray(self.votes[self._order])))
         return digest.hexdigest()
 
     @property

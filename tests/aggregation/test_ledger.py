@@ -28,13 +28,14 @@ VOTES = np.tile([200, 40, 10], (4, 1))
 
 def charge(agg: Aggregator, request_id: str, digest: str = "d", rows: int = 4,
            client: str = "client", indices: list[int] | None = None) -> Charge:
-    """A charge of ``rows`` queries; with ``indices`` (pool indices), a replayable one."""
+    """A charge of ``rows`` queries; with ``indices`` (pool indices), a replayable one, from
+    the votes whose digest is "votes"."""
     votes = VOTES[:rows] if indices is None else np.tile([200, 40, 10], (len(indices), 1))
     out = agg.answer(votes)
     return Charge(request_id, digest, client, '{"mechanism": "gnmax"}', out.labels,
                   out.branch, out.independent, out.dependent, agg.worst_case_rdp(1),
                   None if indices is None else np.asarray(indices, np.int64),
-                  replayable=indices is not None)
+                  replayable=indices is not None, pool=None if indices is None else "votes")
 
 
 @pytest.fixture
@@ -251,6 +252,8 @@ def test_replays_are_scoped_by_the_votes_and_a_schema_2_ledger_migrates(
     ledger = open_ledger(db, budget=100.0)
     again, budget = ledger.record(replace(charge(agg, "r4", indices=[0]), pool="votes-a"))
     assert again.fresh.all() and budget.queries == 6
+    unscoped, budget = ledger.record(replace(charge(agg, "r5", indices=[0]), pool=None))
+    assert unscoped.fresh.all() and budget.queries == 7  # no votes digest: never replayed
     assert ledger.lookup("client", "r2").fresh.tolist() == [False, True]
     ledger.close()
     con = sqlite3.connect(db)

@@ -47,16 +47,17 @@ def test_the_release_is_the_bound_plus_noise_and_two_deviations() -> None:
 
 def test_a_release_is_drawn_once_per_set_of_answers_and_kept(tmp_path: Path) -> None:
     path = tmp_path / "sanitised-releases.json"
-    first = Releases(path).release(200, lambda earlier: analyse(200, earlier))
+    first = Releases.from_file(path).release(200, lambda earlier: analyse(200, earlier))
     assert first is not None
-    assert Releases(path).release(200, lambda earlier: pytest.fail("analysed again")) == first
+    again = Releases.from_file(path)
+    assert again.release(200, lambda earlier: pytest.fail("analysed again")) == first
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     # the noise is drawn afresh for another body of answers (OS entropy: no two draws alike)
     draws = {Releases().release(200, lambda earlier: analyse(200, earlier)) for _ in range(4)}
     assert len(draws) == 4
     # a release for more answers pays for the first: its analysis composes the first's cost
     seen: list[list[EarlierRelease]] = []
-    second = Releases(path).release(300, lambda earlier: seen.append(earlier) or analyse(
+    second = Releases.from_file(path).release(300, lambda earlier: seen.append(earlier) or analyse(
         300, earlier))
     assert second is not None
     kept = json.loads(path.read_text())
@@ -89,7 +90,7 @@ def test_a_damaged_record_of_releases_is_one_error(tmp_path: Path, record: dict)
     path = tmp_path / "sanitised-releases.json"
     path.write_text(json.dumps([record]))
     with pytest.raises(UserError, match="not a record of sanitised releases"):
-        Releases(path)
+        Releases.from_file(path)
 
 
 def test_no_figure_without_noise_follows_a_noisy_release() -> None:
