@@ -138,6 +138,8 @@ class Teachers:
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
                  seed: int = 0) -> None:
+        if model is not None and not isinstance(model, str):
+            raise UserError(f"model must be a name or package.module:factory, got {model!r}")
         self.n_teachers = _integer("n_teachers", n_teachers, 1)
         self.n_classes = _integer("n_classes", n_classes, 2)
         self.shard_size = _integer("shard_size", shard_size, 1)
@@ -193,7 +195,10 @@ class PublishableEpsilon:
 def _pool_indices(indices: ArrayLike) -> NDArray[np.int64]:
     """Pool row numbers: a 1-d sequence of distinct integers (``UserError`` otherwise, before
     anything is asked)."""
-    a = np.asarray(indices)
+    try:
+        a = np.asarray(indices)
+    except (TypeError, ValueError):  # ragged
+        a = np.zeros((0, 0))
     if a.ndim != 1 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
         raise UserError("indices must be a 1-d sequence of integer pool row numbers")
     if np.unique(a).size != a.size:
@@ -228,7 +233,13 @@ class PrivateLabels:
             raise UserError("mechanism must be one of analysis.mechanisms' "
                             f"{', '.join(c.__name__ for c in MECHANISMS.values())}, got "
                             f"{mechanism!r}")
-        self.pool = VotePool(check_votes(votes))
+        try:
+            self.pool = VotePool(check_votes(np.asarray(votes)))
+        except (TypeError, ValueError):  # ragged rows, not numbers
+            raise UserError("votes must be a 2-d array of counts [queries, classes]") from None
+        epsilon_budget, delta = _rate("epsilon_budget", epsilon_budget), _rate("delta", delta)
+        if not isinstance(ledger, str | Path):
+            raise UserError(f"ledger must be a file path or a URL, got {ledger!r}")
         try:
             check_threshold(mechanism, self.pool.teachers)  # before the ledger exists
         except ParameterError as exc:
@@ -260,7 +271,11 @@ class PrivateLabels:
         if again.size:
             raise UserError(f"{again.size} of these pool rows were asked already (their "
                             "answers are in .received): nothing was asked or spent")
-        probs = None if student_probs is None else np.asarray(student_probs, np.float64)
+        try:
+            probs = None if student_probs is None else np.asarray(student_probs, np.float64)
+        except (TypeError, ValueError):
+            raise UserError("student_probs must be numbers [queries, classes]") from None
+        request_size = _integer("request_size", request_size, 1)
         got, exhausted = ask(self._source, index, probs, request_size)
         if exhausted and not len(got):
             raise UserError("the privacy budget does not cover even one more query: nothing "

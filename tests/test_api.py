@@ -248,6 +248,15 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
             PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=budget, delta=1e-5,
                           ledger=ledger)
         assert not list(tmp_path.iterdir())
+    for kwargs, message in ((dict(votes=[[1, 2], [3]]), "votes must be a 2-d array of counts"),
+                            (dict(epsilon_budget="1"), "epsilon_budget must be a finite number"),
+                            (dict(delta=None), "delta must be a finite number > 0, got None"),
+                            (dict(ledger=5), "ledger must be a file path or a URL, got 5")):
+        settings = {"votes": votes, "epsilon_budget": 5.0, "delta": 1e-5, "ledger": ledger,
+                    **kwargs}
+        with pytest.raises(UserError, match=message):
+            PrivateLabels(settings.pop("votes"), GNMax(sigma=10.0), **settings)
+        assert not list(tmp_path.iterdir())
     with pytest.raises(UserError, match=r"mechanism must be one of .*GNMax, got 'gnmax'"):
         PrivateLabels(votes, "gnmax", epsilon_budget=5.0, delta=1e-5, ledger=ledger)
     with pytest.raises(UserError, match="a folder; the ledger is a file"):

@@ -322,7 +322,7 @@ def stored_settings(url: str) -> dict[str, Any] | None:
         if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
             return None
         _, reader = _engines(url)
-    except (sa.exc.SQLAlchemyError, ValueError) as exc:  # not a URL, no such driver
+    except (sa.exc.SQLAlchemyError, ValueError, ImportError) as exc:  # not a URL, no driver
         raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{_WHAT}") from None
     try:
         with reader.connect() as conn:
@@ -403,7 +403,7 @@ class Ledger:
             with self._reader.connect() as conn:  # the releases so far, for replays
                 self._sync_releases(conn)
                 conn.rollback()
-        except (sa.exc.SQLAlchemyError, ValueError) as exc:
+        except (sa.exc.SQLAlchemyError, ValueError, ImportError) as exc:  # no such driver
             raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{_WHAT}"
                               ) from exc
         self._queue: queue.Queue[tuple[Charge, Future[tuple[Stored, Budget]]] | None] = (
