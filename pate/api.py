@@ -322,14 +322,13 @@ class PrivateLabels:
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
 
     def _answers_digest(self) -> str:
-        """Which answers a release covers: the mechanism, the rows asked (as a set), their
-        votes and the probabilities sent with them (sha256; kept in the private releases
-        file only)."""
+        """Which answers a release covers: the mechanism, the votes (``VotePool.digest``), the
+        rows asked (as a set) and the probabilities sent with them (sha256; kept in the
+        ledger only)."""
         order = np.argsort(self.received.pool_index)
-        rows = self.received.pool_index[order]
         digest = hashlib.sha256(json.dumps(mechanism_to_dict(self.mechanism)).encode())
-        digest.update(rows.tobytes())
-        digest.update(np.ascontiguousarray(self.pool.votes[self.pool.rows(rows)]).tobytes())
+        digest.update(self.pool.digest.encode())
+        digest.update(self.received.pool_index[order].tobytes())
         if self._probs:
             digest.update(np.concatenate(self._probs)[order].tobytes())
         return digest.hexdigest()

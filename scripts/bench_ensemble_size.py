@@ -46,19 +46,24 @@ def sanitised_before_noise(votes: np.ndarray, mechanism: ConfidentGNMax, delta: 
 
 
 def most_queries(votes: np.ndarray, mechanism: ConfidentGNMax, delta: float, target: float,
-                 step: int) -> int:
+                 step: int) -> tuple[int, float]:
     """The most leading rows whose epsilon is at most ``target``, to within ``step`` rows (a
-    bisection: the epsilon grows with the rows asked); 0 where not even ``step`` rows fit."""
-    if sanitised_before_noise(votes, mechanism, delta) <= target:
-        return len(votes)
-    low, high = 0, len(votes)
+    bisection: the epsilon grows with the rows asked), and their epsilon; 0 where not even
+    ``step`` rows fit, with what the first ``step`` would cost."""
+    whole = sanitised_before_noise(votes, mechanism, delta)
+    if whole <= target:
+        return len(votes), whole
+    low, high, at_low = 0, len(votes), None
     while high - low > step:
         middle = (low + high) // 2
-        if sanitised_before_noise(votes[:middle], mechanism, delta) <= target:
-            low = middle
+        epsilon = sanitised_before_noise(votes[:middle], mechanism, delta)
+        if epsilon <= target:
+            low, at_low = middle, epsilon
         else:
             high = middle
-    return low
+    if at_low is None:
+        at_low = sanitised_before_noise(votes[:step], mechanism, delta)
+    return low, at_low
 
 
 def main() -> int:
@@ -91,7 +96,7 @@ def main() -> int:
         scale = teachers / args.reference_teachers
         mechanism = ConfidentGNMax(threshold=args.threshold * scale, sigma1=args.sigma1 * scale,
                                    sigma2=args.sigma2 * scale)
-        queries = most_queries(votes, mechanism, args.delta, args.target, args.step)
+        queries, epsilon = most_queries(votes, mechanism, args.delta, args.target, args.step)
         asked, right = votes[:queries], truth[:queries]
         answered = norm.sf((mechanism.threshold - asked.max(axis=1)) / mechanism.sigma1)
         noisy = asked[None] + rng.normal(0.0, mechanism.sigma2, (args.draws, *asked.shape))
@@ -101,8 +106,7 @@ def main() -> int:
               "threshold": mechanism.threshold, "sigma1": mechanism.sigma1,
               "sigma2": mechanism.sigma2, "target": args.target, "queries": queries,
               # where not even the first --step rows fit: what those would cost
-              "sanitised_before_noise": round(sanitised_before_noise(
-                  asked if queries else votes[:args.step], mechanism, args.delta), 3),
+              "sanitised_before_noise": round(epsilon, 3),
               "expected_answers": round(float(answered.sum()), 1),
               "expected_right": round(float(np.sum(answered * correct)), 1)}, args.out)
     return 0
