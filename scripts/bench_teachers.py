@@ -7,8 +7,11 @@ Cases (one JSON object per case on stdout, also written to results/bench_teacher
                    Ray with 1 and 2 workers (shards of --group)
   votes            ensemble inference: votes per second for an ensemble of all --teachers
                    (the trained group's parameters repeated, or the teachers of --run)
-Each training case reports teachers per second and the mean accuracy of its teachers on the
-evaluation half. Run: .venv/bin/python scripts/bench_teachers.py [--cases ...].
+Each training case reports teachers per second, the mean accuracy of its teachers on the
+evaluation half, and the accuracy of their noiseless plurality there and on the pool. A model that
+reads a pool encoder (``cnn-pool-hog-simclr``) gets one learnt first by SimCLR from the pool, on
+``--device``, for ``--encoder-epochs`` (its seconds reported with the first training case).
+Run: .venv/bin/python scripts/bench_teachers.py [--cases ...].
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import torch
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_json_atomic
 from teachers.ensemble import TrainConfig, train_group, train_one
+from teachers.models import POOL_ENCODER_MODELS
 from teachers.partition import make_partition
+from teachers.pool_encoder import EPOCHS, train_pool_encoder
 from teachers.votes import Ensemble, load_ensemble
 
 if TYPE_CHECKING:
@@ -54,6 +59,9 @@ def main() -> None:
     ap.add_argument("--ray-teachers", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=TrainConfig.epochs)
     ap.add_argument("--model", default=TrainConfig.model)
+    ap.add_argument("--mixup", type=float, default=TrainConfig.mixup)
+    ap.add_argument("--encoder-epochs", type=int, default=EPOCHS,
+                    help="SimCLR epochs of the pool encoder (cnn-pool-hog-simclr)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--run", type=Path, help="a trained run whose ensemble votes (votes case)")
     ap.add_argument("--vote-rows", type=int, default=1000, help="pool rows voted on")
@@ -61,40 +69,55 @@ def main() -> None:
                     default=["one_at_a_time", "vectorised", "ray_1", "ray_2", "votes"])
     args = ap.parse_args()
 
-    cfg = TrainConfig(model=args.model, epochs=args.epochs)
+    cfg = TrainConfig(model=args.model, epochs=args.epochs, mixup=args.mixup)
     ds = load_dataset("fashion-mnist")
-    (pool_x, _), (eval_x, eval_y) = public_split(ds)
+    (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
     part = make_partition(len(ds.train_y), args.teachers, cfg.seed)
     min_size = int(part.sizes.min())
     x = torch.as_tensor(ds.train_x, device=args.device)
     y = torch.as_tensor(ds.train_y, device=args.device)
     common = {"dataset": "fashion-mnist", "partition_teachers": args.teachers,
-              "model": cfg.model, "epochs": cfg.epochs, "device": args.device}
+              "model": cfg.model, "epochs": cfg.epochs, "mixup": cfg.mixup,
+              "device": args.device}
+    encoder = None
+    if cfg.model in POOL_ENCODER_MODELS:
+        t0 = time.perf_counter()
+        encoder = {k: torch.as_tensor(v, device=args.device) for k, v in
+                   train_pool_encoder(pool_x, args.encoder_epochs, cfg.seed, args.device).items()}
+        common.update(encoder_epochs=args.encoder_epochs,
+                      encoder_seconds=round(time.perf_counter() - t0, 2))
+
+    def ensemble(shards: list[dict[str, torch.Tensor]]) -> Ensemble:
+        return Ensemble(cfg.model, ds.train_x.shape[1:], 10, shards, args.device, encoder)
+
+    def scores(ens: Ensemble) -> dict[str, float]:
+        """Mean teacher accuracy and plurality accuracy on the evaluation half, and on the pool."""
+        acc, plurality = ens.scores(eval_x, eval_y)
+        pool_plurality = ens.scores(pool_x, pool_y)[1]
+        return {"mean_accuracy": float(acc.mean()), "plurality": plurality,
+                "pool_plurality": pool_plurality}
+
     group_params = None
 
     if "one_at_a_time" in args.cases:
         t0 = time.perf_counter()
-        models = [train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size)
+        models = [train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size, encoder)
                   for t in range(args.one)]
         dt = time.perf_counter() - t0
         stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                    for n, _ in models[0].named_parameters()}
-        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [stacked], args.device).accuracy(
-            eval_x, eval_y)
         emit("one_at_a_time", teachers=args.one, seconds=round(dt, 2),
-             teachers_per_second=args.one / dt, mean_accuracy=float(acc.mean()), **common)
+             teachers_per_second=args.one / dt, **scores(ensemble([stacked])), **common)
 
     if "vectorised" in args.cases:
         ids = range(args.group)
         t0 = time.perf_counter()
         group_params = train_group(cfg, x, y, 10, np.arange(args.group), part.parts(ids),
-                                   min_size)
+                                   min_size, encoder)
         dt = time.perf_counter() - t0
         group_params = {k: v.to(args.device) for k, v in group_params.items()}
-        acc = Ensemble(cfg.model, ds.train_x.shape[1:], 10, [group_params], args.device).accuracy(
-            eval_x, eval_y)
         emit("vectorised", teachers=args.group, seconds=round(dt, 2),
-             teachers_per_second=args.group / dt, mean_accuracy=float(acc.mean()), **common)
+             teachers_per_second=args.group / dt, **scores(ensemble([group_params])), **common)
 
     for workers in (1, 2):
         if f"ray_{workers}" not in args.cases:
@@ -109,11 +132,10 @@ def main() -> None:
             train_teachers(tmp, job, Cluster(workers=workers, device=args.device), only=shards)
             dt = time.perf_counter() - t0
             ens = load_ensemble_partial(Path(tmp), job, ds.train_x.shape[1:], args.device)
-            acc = ens.accuracy(eval_x, eval_y)
+            found = scores(ens)
         emit(f"ray_{workers}", teachers=ens.num_teachers, workers=workers,
-             seconds=round(dt, 2), teachers_per_second=ens.num_teachers / dt,
-             mean_accuracy=float(acc.mean()), note="wall time includes starting Ray",
-             **common)
+             seconds=round(dt, 2), teachers_per_second=ens.num_teachers / dt, **found,
+             note="wall time includes starting Ray", **common)
 
     if "votes" in args.cases:
         if args.run is not None:
@@ -122,11 +144,9 @@ def main() -> None:
             if group_params is None:
                 group_params = train_group(replace(cfg, epochs=1), x, y, 10,
                                            np.arange(args.group), part.parts(range(args.group)),
-                                           min_size)
+                                           min_size, encoder)
             reps = -(-args.teachers // args.group)
-            ens = Ensemble(cfg.model, ds.train_x.shape[1:], 10,
-                           [{k: v.to(args.device) for k, v in group_params.items()}] * reps,
-                           args.device)
+            ens = ensemble([{k: v.to(args.device) for k, v in group_params.items()}] * reps)
         ens.vote(pool_x[:64])  # warm-up
         t0 = time.perf_counter()
         votes = ens.vote(pool_x[:args.vote_rows])
@@ -144,7 +164,10 @@ def load_ensemble_partial(run: Path, job: TrainJob, in_shape: tuple, device: str
     manifest = checkpoints.read_manifest(run)
     shards = [checkpoints.load_shard(run, int(i), s["sha256"], device)
               for i, s in sorted(manifest["shards"].items(), key=lambda kv: int(kv[0]))]
-    return Ensemble(job.train.model, tuple(in_shape), 10, shards, device)
+    recorded = manifest.get("pool_encoder")
+    encoder = None if recorded is None else {
+        k: v.to(device) for k, v in checkpoints.load_encoder(run, recorded["sha256"]).items()}
+    return Ensemble(job.train.model, tuple(in_shape), 10, shards, device, encoder)
 
 
 if __name__ == "__main__":

@@ -273,7 +273,7 @@ def _pool_features(options: StudentOptions, given: Any, previous: Any,
     if encoder is None:
         epochs = EPOCHS if options.encoder_epochs is None else options.encoder_epochs
         say(f"learning a pool encoder ({epochs} SimCLR epochs on the {len(pool_x)} pool rows)")
-        encoder = train_pool_encoder(pool_x, epochs, options.seed)
+        encoder = train_pool_encoder(pool_x, epochs, options.seed, options.device)
     return PoolFeatures.on_pool(encoder, pool_x)
 
 
