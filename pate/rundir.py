@@ -128,6 +128,12 @@ class RunDir:
         """The folder of DP-SGD trained to the student's epsilon ``name``."""
         return self.comparison / f"dpsgd-{name}"
 
+    def baseline_is_private(self, folder: Path) -> bool:
+        """Whether a DP-SGD baseline's model and metrics in ``folder`` are private: those of
+        the compare stage are (owner-only: publishing one would spend its epsilon of the data's
+        budget beside the student's), those of ``dpsgd/`` are not."""
+        return self.comparison in Path(folder).parents
+
     # --- private artifacts --------------------------------------------------------------------
     @property
     def teachers(self) -> Path:

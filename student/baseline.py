@@ -28,7 +28,7 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                          allow_large_delta: bool | None = None) -> dict[str, Any]:
     """Train and evaluate the DP-SGD baseline; returns the metrics written to
     ``metrics.json`` of ``out`` (default the run's ``dpsgd/``; the comparison's runs go to
-    ``RunDir.comparison_dpsgd``). The input standardisation comes from the public pool (no
+    ``RunDir.comparison_dpsgd``, private: ``RunDir.baseline_is_private``). The input standardisation comes from the public pool (no
     privacy cost). ``progress(step, total)`` after every step. A non-plain ``encoding`` trains
     ``student.encoded_dpsgd`` instead (no Bayesian accountant: its distances file is empty).
     ``allow_large_delta``: None where the caller has checked delta against the number of
@@ -56,9 +56,10 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
     metrics = {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
                **result.metrics}
     folder = run.private_dir(out or run.dpsgd)
+    private = run.baseline_is_private(folder)
     write_with_atomic(folder / run.dpsgd_distances.name,
                       lambda fh: np.save(fh, result.distances), private=True)
     write_with_atomic(folder / run.dpsgd_model.name,
-                      lambda fh: torch.save(result.model.state_dict(), fh))
-    run.write_json(folder / run.dpsgd_metrics.name, metrics)
+                      lambda fh: torch.save(result.model.state_dict(), fh), private)
+    run.write_json(folder / run.dpsgd_metrics.name, metrics, private)
     return metrics

@@ -98,8 +98,11 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     with the student's ratio, DP-SGD trained to the student's two epsilons, and the curve's
     points in the report with epsilon growing with the queries used."""
     assert stat.S_IMODE((run / "comparison").stat().st_mode) == 0o700
-    for private in ("comparison/metrics.json", "report/owner-evaluation.json",
-                    "report/owner-evaluation.html"):
+    # all of it private, the DP-SGD models and their metrics too
+    for path in (run / "comparison").rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
+    assert len(list((run / "comparison").glob("dpsgd-*/model.pt"))) == 2
+    for private in ("report/owner-evaluation.json", "report/owner-evaluation.html"):
         assert stat.S_IMODE((run / private).stat().st_mode) == 0o600, private
     html = (run / "report" / "owner-evaluation.html").read_text()
     assert "Owner only: not for publication" in html

@@ -124,6 +124,8 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
         assert key in metrics
     distances = run / "dpsgd" / "distances.npy"
     assert stat.S_IMODE(distances.stat().st_mode) == 0o600
+    for public in ("metrics.json", "model.pt"):  # the compare stage's are private
+        assert stat.S_IMODE((run / "dpsgd" / public).stat().st_mode) == 0o644
     # the saved distances reproduce the run's Bayesian epsilon through the CLI
     code = main(["epsilon", "bayesian", "--distances", str(distances),
                  "--noise-std", str(1.2 * metrics["max_grad_norm"]),
