@@ -217,9 +217,10 @@ class PrivateLabels:
     below 1/n (a ``UserError`` otherwise, unless ``allow_large_delta``; a warning above
     1/(10 n)), as ``pate serve`` and ``pate run`` require.
 
-    A pool row asked again of the same ledger, mechanism and votes gets its first answer again,
-    free (a release is a release), by this object or a later one; other votes (teachers
-    trained again, on the same budget) answer it afresh, charged.
+    A pool row asked again of the same ledger, mechanism and votes, by a later object or
+    another process, gets its first answer again, free (a release is a release); other votes
+    (teachers trained again, on the same budget) answer it afresh, charged. This object refuses
+    a row it has asked already (its answer is in ``received``).
 
     The sanitised epsilons released (``epsilon``) are kept in the ledger, under its write
     lock: each is drawn once per set of answers, whichever object or process of the ledger

@@ -6,11 +6,11 @@ A config names the dataset and the settings of every stage. Presets ship in ``pa
 
 from __future__ import annotations
 
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import tomllib
 from pydantic import (
     BaseModel,
     ConfigDict,

@@ -28,9 +28,10 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                          allow_large_delta: bool | None = None) -> dict[str, Any]:
     """Train and evaluate the DP-SGD baseline; returns the metrics written to
     ``metrics.json`` of ``out`` (default the run's ``dpsgd/``; the comparison's runs go to
-    ``RunDir.comparison_dpsgd``, private: ``RunDir.baseline_is_private``). The input standardisation comes from the public pool (no
-    privacy cost). ``progress(step, total)`` after every step. A non-plain ``encoding`` trains
-    ``student.encoded_dpsgd`` instead (no Bayesian accountant: its distances file is empty).
+    ``RunDir.comparison_dpsgd``, private: ``RunDir.baseline_is_private``). The input
+    standardisation comes from the public pool (no privacy cost). ``progress(step, total)``
+    after every step. A non-plain ``encoding`` trains ``student.encoded_dpsgd`` instead (no
+    Bayesian accountant: its distances file is empty).
     ``allow_large_delta``: None where the caller has checked delta against the number of
     private records (``pate run``); else a delta of 1/n or more is refused unless True
     (``check_delta``)."""
