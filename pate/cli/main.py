@@ -84,9 +84,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "quiet", False):
         set_quiet(True)
     try:
-        return _dispatch(args)
+        status = _dispatch(args)
+        sys.stdout.flush()  # a reader that left (`| head`) is found here, not at exit
+        return status
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 141  # as a program ended by SIGPIPE: 128 + 13
     finally:  # `--quiet` holds for this command only, also when main is called in-process
         set_quiet(was_quiet)
+
+
+def _stdout_to_devnull() -> None:
+    """Point standard output at /dev/null once its reader has gone, so that the interpreter's
+    last flush at exit finds no broken pipe to report (the recipe of Python's documentation,
+    "Note on SIGPIPE" in the signal module)."""
+    with contextlib.suppress(OSError, ValueError):  # stdout replaced (tests) or closed
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
