@@ -95,6 +95,8 @@ class TeachersConfig(_Section):
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
+    gpus_per_shard: float = Field(default=1.0, gt=0)
+    ray_address: str | None = None
 
     @field_validator("model")
     @classmethod
@@ -337,12 +339,14 @@ def load_config(preset_or_path: str) -> RunConfig:
 
 
 def dump_config(config: RunConfig) -> str:
-    """TOML for ``config.toml``: the resolved configuration, every default written out."""
+    """TOML for ``config.toml``: the resolved configuration, every key written out; one left
+    unset (None: TOML has no null) as a comment."""
     lines = [f"name = {_toml(config.name)}"]
     for section, model in config:
         if isinstance(model, BaseModel):
             lines.append(f"\n[{section}]")
-            lines += [f"{key} = {_toml(value)}" for key, value in model if value is not None]
+            lines += [f"# {key} = (not set)" if value is None else f"{key} = {_toml(value)}"
+                      for key, value in model]
     return "\n".join(lines) + "\n"
 
 

@@ -86,7 +86,8 @@ def _teachers(config: RunConfig, run: RunDir) -> None:
     job = (TrainJob(source.name, t.count, t.shard_size, train, source.pool_size,
                     source.data_dir) if isinstance(source, Benchmark)
            else TrainJob(source, t.count, t.shard_size, train))
-    result = train_teachers(run.root, job, Cluster(t.workers, None, t.device))
+    cluster = Cluster(t.workers, t.ray_address, t.device, t.gpus_per_shard)
+    result = train_teachers(run.root, job, cluster)
     run.append_log(f"teachers: {len(result['trained'])} shard(s) trained, "
                    f"{len(result['skipped'])} already done")
 

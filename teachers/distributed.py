@@ -207,6 +207,9 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 
     if cluster.workers < 1 or job.shard_size < 1:
         raise UserError("--workers and --shard-size must be at least 1")
+    if not cluster.gpus_per_shard > 0:
+        raise UserError(f"--gpus-per-shard must be > 0 (a GPU's share), got "
+                        f"{cluster.gpus_per_shard}")
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
     shards = shard_ranges(job.num_teachers, job.shard_size)

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from pate.cli.main import main
 from pate.config import dump_config, load_config, parse_config, preset_names
@@ -17,12 +18,27 @@ def test_presets_load_and_round_trip() -> None:
         assert parse_config(dump_config(config), "again") == config
 
 
+def test_dumped_config_names_every_key() -> None:
+    """Keys left unset are written too, as comments (TOML has no null)."""
+    config = load_config("digits-tiny")
+    text = dump_config(config)
+    for section, model in config:
+        if not isinstance(model, BaseModel):
+            continue
+        for key, value in model:
+            line = f"# {key} = (not set)" if value is None else f"{key} = "
+            assert any(row.startswith(line) for row in text.splitlines()), (section, key)
+    assert "# pool_size = (not set)" in text and "gpus_per_shard = 1.0" in text
+
+
 @pytest.mark.parametrize("text,message", [
     ("name = 'x'\n", "aggregator: Field required"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 0\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be greater than 0"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 2\n", "aggregator.delta"),
+    ("name = 'x'\n[teachers]\ngpus_per_shard = 0\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.gpus_per_shard: Input should be"),
     ("name = 'x'\n[teachers]\ncount = 5\nbogus = 1\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
      "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
     # a required key misspelt: the unknown key is named, not only the missing one

@@ -35,6 +35,16 @@ def test_shard_ranges_cover_all_teachers():
     assert [(r.start, r.stop) for r in shards] == [(0, 4), (4, 8), (8, 10)]
 
 
+@pytest.mark.parametrize("cluster,message", [
+    (Cluster(workers=0), "--workers and --shard-size must be at least 1"),
+    (Cluster(gpus_per_shard=0), "--gpus-per-shard must be > 0"),
+    (Cluster(gpus_per_shard=float("nan")), "--gpus-per-shard must be > 0")])
+def test_a_cluster_that_cannot_run_is_refused_before_anything(tmp_path, cluster, message):
+    with pytest.raises(UserError, match=message):
+        train_teachers(tmp_path / "run", JOB, cluster)
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_checkpoint_and_resume(tmp_path, ray_running):
     run = tmp_path / "run"
     result = train_teachers(run, JOB, Cluster(workers=2))
