@@ -36,10 +36,12 @@ from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
+from student.models import check_network
 from student.workflow import AggregatorSession, StudentOptions, train_student
 from teachers.choices import DEFAULT_MODEL, model_data_problem
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, augment_for
+from teachers.models import check_user_model
 from teachers.votes import collect_votes
 
 _ALLOW_LARGE_DELTA = "aggregator.allow_large_delta = true"
@@ -182,8 +184,9 @@ def _check_data(config: RunConfig) -> None:
     after hours of training: the data loads (a wrong column, a missing file); delta suits its
     number of private records (``check_delta``; its warning is left to the student's stage,
     which gives it once); there are rows for every teacher; the teachers' model and the
-    student's method and network suit the kind of data; and the budget covers one query (with a
-    warning when it covers, at worst, fewer answered queries than there are classes)."""
+    student's method and network suit the kind of data (a user's network is built once); and
+    the budget covers one query (with a warning when it covers, at worst, fewer answered
+    queries than there are classes)."""
     task = load_task(config.data.source(), need_private=True)
     assert task.private_y is not None
     with warnings.catch_warnings():
@@ -193,11 +196,17 @@ def _check_data(config: RunConfig) -> None:
     if config.teachers.count > len(task.private_y):
         raise UserError(f"teachers.count {config.teachers.count} is more than the "
                         f"{len(task.private_y)} private records: each teacher needs one")
-    problem = model_data_problem(config.teachers.model or DEFAULT_MODEL[task.kind], task.kind)
-    if problem:
-        raise UserError(f"teachers.{problem}")
+    model = config.teachers.model or DEFAULT_MODEL[task.kind]
     try:
-        _student_options(config, config.student.queries).method_config(task.kind)
+        problem = model_data_problem(model, task.kind)
+        if problem:
+            raise UserError(problem)
+        check_user_model(model, task.input_shape, task.num_classes)
+    except UserError as exc:
+        raise UserError(f"teachers.{exc}") from None
+    try:
+        method = _student_options(config, config.student.queries).method_config(task.kind)
+        check_network(method.spec(task.input_shape, task.num_classes))
     except UserError as exc:
         raise UserError(f"student.{exc}") from None
     a = config.aggregator

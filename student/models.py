@@ -182,6 +182,14 @@ def build_classifier(spec: ModelSpec, features: PoolFeatures | None = None) -> n
     raise ValueError(f"unknown architecture {spec.arch!r}; choose one of {ARCHITECTURES}")
 
 
+def check_network(spec: ModelSpec) -> None:
+    """Build ``spec``'s network once: a user's factory that fails, or a network of the wrong
+    output, fails here, before anything is asked or spent. The architectures on pool features
+    are built-ins, built once the encoder is at hand."""
+    if spec.arch not in POOL_FEATURE_ARCHS:
+        build_classifier(spec, None)
+
+
 class GaussianNoise(nn.Module):
     """Additive N(0, std^2) noise in training mode, identity in evaluation mode."""
 

@@ -46,6 +46,7 @@ from student.models import (
     ModelSpec,
     PoolFeatures,
     build_classifier,
+    check_network,
     same_tensors,
 )
 from student.predict import student_schema
@@ -532,6 +533,7 @@ def train_student(run: RunDir,
         raise UserError("--pool-encoder and --encoder-epochs are for --arch "
                         f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
     given = _given_encoder(run, options, pool_x.shape[1]) if pool_features else None
+    check_network(spec)
     run.create()
     out = run.student
     before = Received.load(run.labels) if run.labels.is_file() else Received.empty()

@@ -27,6 +27,7 @@ from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
+from teachers.models import check_user_model
 from teachers.partition import (
     Partition,
     check_disjoint,
@@ -139,6 +140,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     problem = model_data_problem(job.train.model, data.kind)
     if problem:  # before the partition is recorded
         raise UserError(problem)
+    check_user_model(job.train.model, data.input_shape, data.num_classes)  # so is this
     n = len(data.private_y)
     part = make_partition(n, job.num_teachers, job.train.seed)
     recorded = read_partition(run_dir)

@@ -157,6 +157,15 @@ def build_model(name: str, in_shape: Shape, num_classes: int,
     return ARCHITECTURES[name](tuple(in_shape), num_classes, *extra)
 
 
+def check_user_model(name: str, in_shape: Shape, num_classes: int) -> None:
+    """Build a user's network (``name`` an import path) once and probe it
+    (:func:`teachers.user_models.build_user_model`): a factory that fails, or a network of the
+    wrong output, fails here, before any file of the run is written. A built-in needs no
+    check."""
+    if is_import_path(name):
+        build_user_model(name, in_shape, num_classes)
+
+
 def initial_state(name: str, model: nn.Module, in_shape: Shape, num_classes: int,
                   teacher_ids: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
     """The initial state of the teachers ``teacher_ids`` of architecture ``name`` (``model``

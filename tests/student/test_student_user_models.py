@@ -10,11 +10,11 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from student_support import one_thread
+from student_support import one_thread, votes_for
 
 from pate.cli.main import main
 from pate.config import StudentConfig
-from pate.data.datasets import Dataset
+from pate.data.datasets import Dataset, public_split
 from pate.errors import UserError
 from student.models import ModelSpec, build_classifier
 from student.training import (
@@ -109,6 +109,48 @@ def test_cli_bad_arch_is_one_error_line(tmp_path, capsys) -> None:
     assert capsys.readouterr().err.strip().splitlines() == [
         "pate: error: arch 'nosuch_student_nets:f': cannot import nosuch_student_nets "
         "(ModuleNotFoundError: No module named 'nosuch_student_nets')"]
+
+
+def test_a_network_that_cannot_be_built_fails_before_a_query(tmp_path, digits, capsys) -> None:
+    """The student's network is built before the aggregator is opened: nothing is asked,
+    charged or written."""
+    (_, pool_y), _ = public_split(digits)
+    np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
+             pool_index=np.arange(len(pool_y), dtype=np.int64))
+    argv = ["student", "train", "--run", str(tmp_path / "run"), "--votes",
+            str(tmp_path / "votes.npz"), "--dataset", "digits", "--method", "supervised",
+            "--mechanism", "confident", "--threshold", "150", "--sigma1", "40", "--sigma2", "20",
+            "--budget-epsilon", "50", "--delta", "1e-5", "--queries", "50",
+            "--arch", f"{NAME}:too_wide"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"pate: error: arch '{NAME}:too_wide': its forward returns shape [2, 13] for a batch of "
+        "2; expected [2, 10]"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["votes.npz"]  # no ledger, no labels
+
+
+def test_pate_run_builds_the_network_before_the_run_directory(tmp_path, capsys) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(f"""name = "bad"
+[data]
+dataset = "digits"
+[teachers]
+count = 5
+[aggregator]
+threshold = 3
+sigma1 = 1
+sigma2 = 1
+budget_epsilon = 50
+delta = 1e-5
+[student]
+method = "supervised"
+arch = "{NAME}:too_wide"
+""")
+    assert main(["run", str(config), "--run", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"pate: error: student.arch '{NAME}:too_wide': its forward returns shape [2, 13] for a "
+        "batch of 2; expected [2, 10]")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("method", ["supervised", "vat"])

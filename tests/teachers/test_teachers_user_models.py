@@ -154,6 +154,18 @@ def test_cli_bad_import_path_is_one_error_line(tmp_path, capsys):
                    "(ModuleNotFoundError: No module named 'nosuch_pkg')"]
 
 
+@pytest.mark.parametrize("factory", ["broken", "not_a_module", "seven_logits"])
+def test_a_network_that_cannot_be_built_writes_nothing(tmp_path, capsys, factory):
+    """Probed before the partition is recorded: no run directory is left to refuse the
+    mended command."""
+    argv = ["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
+            "--teachers", "4", "--model", f"{NAME}:{factory}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"pate: error: model '{NAME}:{factory}': ")
+    assert not (tmp_path / "run").exists()
+
+
 def test_user_init_depends_only_on_seed_and_teacher():
     name = MODEL
     base = build_model(name, (1, 8, 8), 10)
