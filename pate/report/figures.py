@@ -37,6 +37,7 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from analysis.votes_analysis import PrivacyAnalysis, QuerySegment, analyze_segments
 from pate.report.freshness import REPORT_FORMAT
+from pate.report.meaning import epsilon_meaning, meaning_html
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
         "student": data.student, "dpsgd": data.dpsgd, **data.extra,
     }
     report["table"] = summary_table(report)
+    report["epsilon_meaning"] = (epsilon_meaning(report["table"][0])  # the PATE row's
+                                 if report["privacy"] is not None else [])
     figures = {
         "epsilon_vs_answered.png": figure_epsilon_vs_answered(data),
         "plurality_histogram.png": figure_plurality_histogram(data, rows, answered),
@@ -454,6 +457,7 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
             "Table 2 analysis, expectations over which queries the threshold lets through, and "
             "depend on the votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
+            ("What these epsilons mean", meaning_html(report["epsilon_meaning"])),
             ("Details", f"<table>{detail_rows}</table>")]
 
 

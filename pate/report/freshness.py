@@ -12,7 +12,8 @@ from pate.rundir import RunDir
 # report.json's layout; a report of another (an older version's) is rebuilt, not reused. 2: the
 # table's data-independent epsilon is the realised one, the ledger's charge. 3: its sanitised
 # epsilon is the student's release, with noise; the analysis' figure before noise is private.
-REPORT_FORMAT = 3
+# 4: what the publishable epsilons mean (epsilon_meaning).
+REPORT_FORMAT = 4
 
 
 def report_inputs(run: RunDir) -> list[Path]:

@@ -2,6 +2,7 @@
 private and self-contained; the HTML opens in a real browser."""
 
 import json
+import math
 import os
 import shutil
 import stat
@@ -110,6 +111,18 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     page = (run / "report" / "report.html").read_text()
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert page.count("data:image/png;base64,") == 4
+    # what the two publishable epsilons allow an attacker, at the run's delta
+    meaning = {m["epsilon"]: m for m in report["epsilon_meaning"]}
+    assert set(meaning) == {"smooth-sensitivity, released", "data-independent"}
+    released = meaning["smooth-sensitivity, released"]
+    assert released["value"] == 6.5 and released["delta"] == a.delta
+    assert released["likelihood_factor"] == pytest.approx(math.exp(6.5))
+    assert released["membership_accuracy"] == pytest.approx(
+        (math.exp(6.5) + a.delta) / (1 + math.exp(6.5)))
+    assert released["true_positive_rate"] == pytest.approx(min(
+        1, math.exp(6.5) * 0.01 + a.delta, 1 - math.exp(-6.5) * (1 - a.delta - 0.01)))
+    assert meaning["data-independent"]["value"] == row["epsilon_data_independent"]
+    assert "What these epsilons mean" in page and "99.8 %" in page  # (e^6.5 + d) / (1 + e^6.5)
 
 
 def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:

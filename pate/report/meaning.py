@@ -1,0 +1,71 @@
+"""The report's reading of the epsilons it lets you publish: what each one allows an attacker
+(``analysis.interpretation``; docs/privacy-math.md §11). Only public figures go in: the released
+smooth-sensitivity epsilon, the data-independent one and delta."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from analysis.interpretation import (
+    likelihood_factor,
+    max_membership_accuracy,
+    max_true_positive_rate,
+)
+
+# The false-positive rate at which the report states the best true-positive rate (Carlini et
+# al., "Membership Inference Attacks From First Principles", IEEE S&P 2022, argue for low rates).
+FALSE_POSITIVE_RATE = 0.01
+_PUBLISHABLE = (("epsilon_smooth_sensitivity", "smooth-sensitivity, released"),
+                ("epsilon_data_independent", "data-independent"))
+
+
+def epsilon_meaning(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """For each publishable epsilon of a summary-table row: the likelihood factor, the best
+    accuracy of a membership guess at even odds and the best true-positive rate at
+    ``FALSE_POSITIVE_RATE``, at the row's delta."""
+    delta = row.get("delta")
+    if not isinstance(delta, int | float) or not 0 <= delta < 1:
+        return []
+    found = []
+    for key, name in _PUBLISHABLE:
+        epsilon = row.get(key)
+        if not isinstance(epsilon, int | float) or not math.isfinite(epsilon) or epsilon < 0:
+            continue
+        found.append({
+            "epsilon": name, "value": epsilon, "delta": delta,
+            "likelihood_factor": likelihood_factor(epsilon),
+            "membership_accuracy": max_membership_accuracy(epsilon, delta),
+            "false_positive_rate": FALSE_POSITIVE_RATE,
+            "true_positive_rate": max_true_positive_rate(epsilon, delta, FALSE_POSITIVE_RATE)})
+    return found
+
+
+def meaning_html(meaning: list[dict[str, Any]]) -> str:
+    """The report's section: the definition in words, one row per epsilon, which is the
+    guarantee."""
+    if not meaning:
+        return "<p>No publishable epsilon yet: the student has asked nothing.</p>"
+    delta = meaning[0]["delta"]
+    fpr = f"{100 * FALSE_POSITIVE_RATE:g} %"
+    rows = "".join(
+        f"<tr><td>{html.escape(m['epsilon'])}</td><td>{m['value']:.3g}</td>"
+        f"<td>{m['likelihood_factor']:.3g}</td><td>{100 * m['membership_accuracy']:.1f} %</td>"
+        f"<td>{100 * m['true_positive_rate']:.1f} %</td></tr>" for m in meaning)
+    return (
+        "<p>Each ε is a guarantee about everything published from this run together (the "
+        "student, the labels it received and that ε): for any one person, having their record "
+        "in the private data or not changes the probability of anything those outputs show by "
+        f"at most a factor e<sup>ε</sup>, except with probability δ = {delta:g}. Smaller is "
+        "stronger. Against an attacker who knows every other record and how the run was made, "
+        "that means:</p>"
+        "<table><thead><tr><th>ε</th><th>value</th><th>e<sup>ε</sup>: the most one record "
+        "multiplies the chance of any outcome</th><th>best accuracy of a guess whether one "
+        "record was in the data (even odds; 50 % is chance)</th><th>best share of members "
+        f"caught at {fpr} false alarms</th></tr></thead><tbody>{rows}</tbody></table>"
+        "<p>Publish the released smooth-sensitivity ε and it is your guarantee (it includes the "
+        "cost of its own release); publish only the data-independent ε and that one is. Real "
+        "attacks usually reach far less than these bounds (<code>pate audit models</code> "
+        "measures some). The bounds are the hypothesis-testing reading of differential privacy "
+        "(Kairouz, Oh and Viswanath, ICML 2015, Theorem 2.1).</p>")
