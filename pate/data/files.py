@@ -222,6 +222,31 @@ def _hash_file(path: Path, digest: Any, chunk: int = 1 << 20) -> None:
             digest.update(block)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says a process can still take without swapping (Linux's
+    ``MemAvailable`` in /proc/meminfo), or None where it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_memory(folder: Path, count: int, channels: int, size: tuple[int, int]) -> None:
+    """Refuse images whose float32 arrays (the stack and its scaled copy) would not fit in the
+    memory available now: decoding them would end with the kernel killing the process, not
+    with a message."""
+    need = 2 * 4 * count * channels * size[0] * size[1]
+    free = available_memory()
+    if free is not None and need > free:
+        raise UserError(f"{folder}: {count} images of {size[0]}x{size[1]} pixels need "
+                        f"{need / 2**30:.1f} GiB as float32, more than the {free / 2**30:.1f} "
+                        "GiB of memory available: give a smaller [data] image_size")
+
+
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
                       size: tuple[int, int] | None = None
                       ) -> tuple[NDArray[np.float32], NDArray | None, str, tuple[int, int]]:
@@ -252,6 +277,7 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
         mode = "L" if all(im.mode in ("1", "L", "I;16", "I") for im in images) else "RGB"
     if size is None:
         size = images[0].size
+    _check_memory(p, len(images), 1 if mode == "L" else 3, size)
     arrays = [np.asarray(im.convert(mode).resize(size, Image.BILINEAR), np.float32)
               for im in images]
     x = np.stack(arrays) / np.float32(255.0)

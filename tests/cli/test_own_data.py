@@ -222,6 +222,12 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
         DataFiles("p", "q", classes=("a", "b", "a"))
     with pytest.raises(UserError, match="must be positive"):
         DataFiles("p", "q", image_size=(0, 16))
+    # a size no memory holds is one line, before any image is resized (not the kernel's kill)
+    (tmp_path / "private" / "loose.png").unlink()
+    with pytest.raises(UserError, match=r"public: 40 images of 100000x100000 pixels need "
+                                        r"2980\.2 GiB as float32, more than the [0-9.]+ GiB"):
+        load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
+                            image_size=(100000, 100000)), need_private=True)
 
 
 def test_the_students_data_is_the_teachers_pool_wherever_its_files_lie(

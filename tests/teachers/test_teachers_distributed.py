@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+import torch
 
 from pate.errors import UserError
 from teachers import checkpoints
@@ -43,6 +44,20 @@ def test_a_cluster_that_cannot_run_is_refused_before_anything(tmp_path, cluster,
     with pytest.raises(UserError, match=message):
         train_teachers(tmp_path / "run", JOB, cluster)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_on_a_machine_without_a_gpu_is_refused_before_anything(tmp_path):
+    """A local Ray has this machine's GPUs only: said before the partition is written (in a
+    process of its own: this one may hold the test session's Ray)."""
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "pate", "teachers", "train", "--run", str(run),
+                           "--dataset", "digits", "--teachers", "4", "--device", "cuda"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "pate: error: device 'cuda': this machine has no CUDA GPU that torch can use"]
+    assert not run.exists()
 
 
 def test_train_checkpoint_and_resume(tmp_path, ray_running):
