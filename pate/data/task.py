@@ -70,6 +70,7 @@ class DataFiles:
 
 
 DataSource = Benchmark | DataFiles
+_KIND_NAMES = {"csv": "CSV files", "npz": ".npz files", "folder": "folders of images"}
 
 
 def source_record(source: DataSource) -> dict[str, Any]:
@@ -207,6 +208,12 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         raise UserError(f"data.private, public and test must be of one format, got "
                         f"{', '.join(sorted(kinds))}")
     kind = kinds.pop()
+    if source.label is not None and kind != "csv":
+        raise UserError("a label column (--label, data.label) is for CSV files; "
+                        f"{_KIND_NAMES[kind]} carry their labels themselves")
+    if source.image_size is not None and kind != "folder":
+        raise UserError("an image size (data.image_size) is for folders of images, not for "
+                        f"{_KIND_NAMES[kind]}")
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}

@@ -145,6 +145,8 @@ def test_preprocessing_is_fitted_on_public_data_only(tmp_path: Path) -> None:
     ({"label": "salary"}, "no label column 'salary'"),
     ({"classes": ("<=50K", "unknown")}, "labels outside the label set (<=50K, unknown)"),
     ({"classes": None}, "the label set is unknown"),
+    ({"image_size": (16, 16)}, "an image size (data.image_size) is for folders of images, not "
+                               "for CSV files"),
 ])
 def test_bad_files_are_one_line(tmp_path: Path, change: dict, message: str) -> None:
     rng = np.random.default_rng(4)
@@ -222,6 +224,9 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
         DataFiles("p", "q", classes=("a", "b", "a"))
     with pytest.raises(UserError, match="must be positive"):
         DataFiles("p", "q", image_size=(0, 16))
+    with pytest.raises(UserError, match=r"a label column .* is for CSV files; folders of images "
+                                        r"carry their labels themselves"):
+        load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"), label="y"))
     # a size no memory holds is one line, before any image is resized (not the kernel's kill)
     (tmp_path / "private" / "loose.png").unlink()
     with pytest.raises(UserError, match=r"public: 40 images of 100000x100000 pixels need "
