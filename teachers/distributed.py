@@ -212,9 +212,10 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     if not cluster.gpus_per_shard > 0:
         raise UserError(f"--gpus-per-shard must be > 0 (a GPU's share), got "
                         f"{cluster.gpus_per_shard}")
-    if cluster.device == "cuda" and cluster.address is None and not ray.is_initialized():
-        problem = device_problem(cluster.device)  # a local Ray has this machine's GPUs only
-        if problem:  # said before the run directory is written
+    if cluster.device == "cuda":  # said before the run directory is written: the GPUs of
+        if ray.is_initialized():  # the Ray running here, or of this machine for a local one
+            _check_gpus(cluster)
+        elif cluster.address is None and (problem := device_problem(cluster.device)):
             raise UserError(problem)
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
