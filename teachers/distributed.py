@@ -13,9 +13,12 @@ of a GPU, so fractions pack several shards on one device.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,6 +122,7 @@ def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
                             "ray.shutdown() first, or start Ray with the runtime_env that "
                             "teachers.user_models.ray_runtime_env(MODEL) returns")
         return False
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if cluster.address:
             ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False,
@@ -130,7 +134,16 @@ def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
     except Exception as exc:  # a bad address or a failed local start
         raise UserError(f"could not start or join Ray ({cluster.address or 'local'}): "
                         f"{exc}") from exc
+    finally:
+        _restore_sigterm(on_sigterm)
     return True
+
+
+def _restore_sigterm(handler: Any) -> None:
+    """Put the caller's SIGTERM handler back: ``ray.init`` and ``ray.shutdown`` replace it
+    (with one that exits at once, without the caller's clean-up)."""
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
@@ -230,6 +243,7 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         # Here, not in the workers (whose output is not shown): the warning line of a user's
         # network that trains one teacher at a time.
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         owned = _start_ray(cluster, ray_runtime_env(job.train.model))
         try:
             _check_gpus(cluster)  # before a pool encoder's minutes
@@ -240,6 +254,7 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         finally:
             if owned:
                 ray.shutdown()
+                _restore_sigterm(on_sigterm)
     manifest["done"] = len(manifest["shards"]) == len(shards)
     checkpoints.write_manifest(run_dir, manifest)
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}

@@ -7,7 +7,9 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,6 +78,18 @@ def _warning_printer() -> Callable[..., None]:
     return show
 
 
+_SIGTERM_RECEIVED: list[bool] = [False]  # set by the handler: Ray re-raises it as a plain
+# KeyboardInterrupt when it arrives while Ray waits for a shard
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM: raised in the main thread as Ctrl-C's KeyboardInterrupt is, so that the same
+    clean-up runs (a local Ray shut down, the stage marked stopped) and no ``except
+    Exception`` of the way takes it for an error."""
+    _SIGTERM_RECEIVED[0] = True
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
@@ -83,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     was_quiet = quiet()
     if getattr(args, "quiet", False):
         set_quiet(True)
+    on_sigterm, _SIGTERM_RECEIVED[0] = None, False
+    if threading.current_thread() is threading.main_thread():
+        on_sigterm = signal.signal(signal.SIGTERM, _terminate)
     try:
         status = _dispatch(args)
         sys.stdout.flush()  # a reader that left (`| head`) is found here, not at exit
@@ -90,8 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return 141  # as a program ended by SIGPIPE: 128 + 13
-    finally:  # `--quiet` holds for this command only, also when main is called in-process
+    finally:  # `--quiet` and the handler hold for this command only, also when called in-process
         set_quiet(was_quiet)
+        if on_sigterm is not None or threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
 
 
 def _stdout_to_devnull() -> None:
@@ -118,8 +137,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"pate: error: {exc.named('--')}", file=sys.stderr)
         status = 2
     except KeyboardInterrupt:
-        print("pate: interrupted", file=sys.stderr)
-        status = 130
+        if _SIGTERM_RECEIVED[0]:
+            print("pate: terminated", file=sys.stderr)
+            status = 143  # 128 + SIGTERM
+        else:
+            print("pate: interrupted", file=sys.stderr)
+            status = 130
     if new_run:
         _remove_empty_folders(Path(run))
     return status

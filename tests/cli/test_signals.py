@@ -1,0 +1,48 @@
+"""Signals a command meets in a shell: a reader of standard output that leaves early (`pate ...
+| head -1`) ends it quietly with exit status 141, and SIGTERM ends it as Ctrl-C does, cleanly
+(`pate: terminated`, 143, the stage marked stopped and resumable), Ray's own handler kept out."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pate.config import dump_config, load_config
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    cmd = [sys.executable, "-m", "pate", "epsilon", "dpsgd", "--noise-multiplier", "1.1",
+           "--sampling-rate", "0.01", "--steps", "1000", "--delta", "1e-5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # gone long before the command (seconds of imports) prints
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception" not in err
+
+
+def test_sigterm_while_teachers_train_on_ray_stops_cleanly(tmp_path: Path) -> None:
+    config = tmp_path / "slow.toml"
+    text = dump_config(load_config("digits-tiny"))
+    config.write_text(re.sub(r"(\[teachers\][^\[]*?)epochs = \d+", r"\1epochs = 2000", text,
+                             flags=re.S))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "pate", "run", str(config), "--run", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    manifest = run / "teachers" / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not manifest.is_file() and time.monotonic() < deadline:  # written once Ray is up
+        time.sleep(0.2)
+    assert manifest.is_file()
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "pate: terminated"
+    assert "SIGTERM received" not in err and "Traceback" not in err
+    status = subprocess.run([sys.executable, "-m", "pate", "status", "--run", str(run)],
+                            capture_output=True, text=True, timeout=60)
+    assert re.search(r"teachers\s+stopped", status.stdout), status.stdout
