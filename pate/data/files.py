@@ -142,10 +142,11 @@ def _is_image(entry: Path) -> bool:
     return entry.is_file() and entry.suffix.lower() in IMAGE_SUFFIXES
 
 
-def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
+def _image_files(folder: Path, private: bool = False) -> tuple[list[Path], list[str] | None]:
     """Image files of ``folder`` and their class (its subfolder's name), or ``None`` classes
     when the images lie directly in the folder; a folder with both is refused (which would
-    be meant?)."""
+    be meant?). The warning of skipped entries names one of them, unless the folder is
+    ``private`` (file names are private data)."""
     entries = _visible(folder)  # each folder is listed once
     subfolders = [d for d in entries if d.is_dir()]
     loose = [e for e in entries if _is_image(e)]
@@ -164,9 +165,11 @@ def _image_files(folder: Path) -> tuple[list[Path], list[str] | None]:
     else:
         files, names, skipped = loose, None, [e for e in entries if not _is_image(e)]
     if skipped:
+        example = ("their names are private data, not shown" if private else
+                   f"{skipped[0].relative_to(folder).as_posix()}, ...")
         warnings.warn(f"{folder}: {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
                       f"skipped, not {'/'.join(IMAGE_SUFFIXES)} images one level down "
-                      f"({skipped[0].relative_to(folder).as_posix()}, ...)", stacklevel=2)
+                      f"({example})", stacklevel=2)
     return files, names
 
 
@@ -247,20 +250,31 @@ def _check_memory(folder: Path, count: int, channels: int, size: tuple[int, int]
                         "GiB of memory available: give a smaller [data] image_size")
 
 
+def _private_position(folder: Path, file: Path) -> str:
+    """A private image named by its place, not its name: ``FOLDER/CLASS/: image k of n (in
+    name order)``."""
+    inside = [e for e in _visible(file.parent) if _is_image(e)]
+    where = file.parent.relative_to(folder).as_posix()
+    return (f"{folder}/{'' if where == '.' else where + '/'}: image {inside.index(file) + 1} of "
+            f"{len(inside)} in name order (names of private files are not shown)")
+
+
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
-                      size: tuple[int, int] | None = None
+                      size: tuple[int, int] | None = None, private: bool = False
                       ) -> tuple[NDArray[np.float32], NDArray | None, str, tuple[int, int]]:
     """Images ``float32 [n, C, H, W]`` in [0, 1], their class names (if ``need_labels``), and
     the colour mode and size (W, H) used. ``mode`` (``L`` or ``RGB``) and ``size`` default to
     those of the folder: grey if every image is, and the first image's size; every image is
-    converted and resized to them (bilinear)."""
+    converted and resized to them (bilinear). Errors about a ``private`` folder's image say
+    where it is in its class folder's name order, not its name (private data, design.md's
+    privacy rule 2)."""
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
     _exists(p)
     if not p.is_dir():
         raise UserError(f"{p}: not a folder of images")
-    files, names = _image_files(p)
+    files, names = _image_files(p, private)
     if not files:
         raise UserError(f"{p}: no .png or .jpg images")
     if need_labels and names is None:
@@ -272,7 +286,8 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
                 im.load()
                 images.append(_eight_bit(im))
         except (OSError, UnidentifiedImageError) as exc:
-            raise UserError(f"{f}: unreadable image ({exc.__class__.__name__})") from None
+            where = _private_position(p, f) if private else str(f)
+            raise UserError(f"{where}: unreadable image ({exc.__class__.__name__})") from None
     if mode is None:
         mode = "L" if all(im.mode in ("1", "L", "I;16", "I") for im in images) else "RGB"
     if size is None:

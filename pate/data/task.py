@@ -243,7 +243,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         reads["public"] = (x, None)
         for role in ("test", "private"):
             if role in wanted and wanted[role][0]:
-                x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size)
+                x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size,
+                                                     private=role == "private")
                 reads[role] = (x, y)
         preprocessing.update({"mode": mode, "height": size[1], "width": size[0],
                               "fitted_on": "public"})

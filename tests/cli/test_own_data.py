@@ -220,6 +220,24 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
                             classes=("bright", "dark")), need_private=True)
     with pytest.raises(UserError, match="no such file or folder"):
         load_task(DataFiles(str(tmp_path / "nosuchdir"), str(tmp_path / "public")))
+    # a private file's name is private data: errors and warnings say where it is, not its name
+    (tmp_path / "private" / "loose.png").unlink()
+    (tmp_path / "private" / "dark" / "patient-jones.png").write_bytes(b"not a png")
+    (tmp_path / "private" / "dark" / "notes-on-jones.txt").write_text("x")
+    dark = sorted(p.name for p in (tmp_path / "private" / "dark").glob("*.png"))
+    with pytest.warns(UserWarning) as warned, pytest.raises(UserError) as info:
+        load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
+                            classes=("bright", "dark")), need_private=True)
+    assert str(info.value) == (
+        f"{tmp_path / 'private'}/dark/: image {dark.index('patient-jones.png') + 1} of "
+        f"{len(dark)} in name order (names of private files are not shown): unreadable image "
+        "(UnidentifiedImageError)")
+    assert [str(w.message) for w in warned] == [
+        f"{tmp_path / 'private'}: 1 entry skipped, not .png/.jpg/.jpeg images one level down "
+        "(their names are private data, not shown)"]
+    assert "jones" not in str(info.value) + str(warned[0].message)
+    (tmp_path / "private" / "dark" / "patient-jones.png").unlink()
+    (tmp_path / "private" / "dark" / "notes-on-jones.txt").unlink()
     with pytest.raises(UserError, match="repeat a name"):
         DataFiles("p", "q", classes=("a", "b", "a"))
     with pytest.raises(UserError, match="must be positive"):
@@ -228,7 +246,6 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
                                         r"carry their labels themselves"):
         load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"), label="y"))
     # a size no memory holds is one line, before any image is resized (not the kernel's kill)
-    (tmp_path / "private" / "loose.png").unlink()
     with pytest.raises(UserError, match=r"public: 40 images of 100000x100000 pixels need "
                                         r"2980\.2 GiB as float32, more than the [0-9.]+ GiB"):
         load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
