@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -90,8 +89,7 @@ def _train(args: argparse.Namespace) -> int:
     with RunDir(args.run).create().exclusive():
         result = train_teachers(args.run, job, cluster)
     print(f"teachers: trained {len(result['trained'])} shard(s), {len(result['skipped'])} "
-          f"already done, in {time.time() - t0:.1f} s -> {RunDir(args.run).teachers}",
-          file=sys.stderr)
+          f"already done, in {time.time() - t0:.1f} s -> {RunDir(args.run).teachers}")
     return 0
 
 
@@ -101,6 +99,5 @@ def _votes(args: argparse.Namespace) -> int:
     t0 = time.time()
     with RunDir(args.run).exclusive():
         queries = collect_votes(args.run, args.device, args.data_dir, args.batch_size)
-    print(f"votes: {queries} queries in {time.time() - t0:.1f} s -> {RunDir(args.run).votes}",
-          file=sys.stderr)
+    print(f"votes: {queries} queries in {time.time() - t0:.1f} s -> {RunDir(args.run).votes}")
     return 0
