@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from pate.cli.main import main
-from pate.config import RunConfig, dump_config, load_config
-from pate.pipeline import _check_data
+from pate.config import RunConfig, dump_config, load_config, parse_config
+from pate.errors import UserError
+from pate.pipeline import _check_data, prepare_run_dir
 from pate.progress import quiet
+from pate.rundir import RunDir
 
 
 def test_pipeline_end_to_end_then_resume(tmp_path: Path,
@@ -184,19 +186,27 @@ def test_rerun_with_another_config_is_refused(tmp_path: Path,
 
 def test_a_config_mended_after_a_failed_start_replaces_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A first attempt that stopped before any stage made anything leaves config.toml and
-    log.txt only; the mended config takes its place instead of being refused. Data that does
-    not load, or a delta too large for it, stops before the run directory is made."""
+    """A first attempt that stopped before any stage made anything (killed at the teachers'
+    start, say) leaves config.toml and log.txt only; the mended config takes its place instead
+    of being refused. A model that does not import, data that does not load, or a delta too
+    large for it, stops before the run directory is made."""
     tiny = dump_config(load_config("digits-tiny"))
     run = tmp_path / "run"
-    for package in ("nosuchpkg_a", "nosuchpkg_b"):  # each stops at the teachers' start
-        config = tmp_path / f"{package}.toml"
-        config.write_text(tiny.replace("[teachers]\n",
-                                       f'[teachers]\nmodel = "{package}.mod:factory"\n'))
-        assert main(["run", str(config), "--run", str(run), "--quiet"]) == 2
-        assert f"cannot import {package}.mod" in capsys.readouterr().err
-        assert package in (run / "config.toml").read_text()
+    config = tmp_path / "nosuchpkg.toml"
+    config.write_text(tiny.replace("[teachers]\n", '[teachers]\nmodel = "nosuchpkg.mod:f"\n'))
+    assert main(["run", str(config), "--run", str(run), "--quiet"]) == 2
+    assert "teachers.model 'nosuchpkg.mod:f': cannot import" in capsys.readouterr().err
+    assert not run.exists()
+    first, mended = (parse_config(tiny.replace("count = 10", f"count = {n}"), "t")
+                     for n in (9, 10))
+    prepare_run_dir(first, RunDir(run))
+    RunDir(run).append_log("teachers: started")  # and killed there
+    prepare_run_dir(mended, RunDir(run))
+    assert parse_config((run / "config.toml").read_text(), "again") == mended
     assert "config.toml replaced" in (run / "log.txt").read_text()
+    (run / "partition.json").write_text("{}")  # once a stage has made something: refused
+    with pytest.raises(UserError, match="started with a different configuration"):
+        prepare_run_dir(first, RunDir(run))
     for change, message in (('dataset = "digits"\npool_size = 100000', "--pool-size must be"),
                             ("delta = 0.01", "is at least 1/n")):
         config = tmp_path / "early.toml"
