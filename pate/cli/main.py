@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # as a program ended by SIGPIPE: 128 + 13
     finally:  # `--quiet` and the handler hold for this command only, also when called in-process
         set_quiet(was_quiet)
-        if on_sigterm is not None or threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
 
 
