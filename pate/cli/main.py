@@ -51,6 +51,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for command in _leaf_parsers(parser):  # `pate --quiet run` and `pate run --quiet` alike
         command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                              help="no progress bars or progress lines")
+        command.set_defaults(command_parser=command)  # whose usage a mistake shows
     return parser
 
 
@@ -92,7 +93,10 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said with the sub-command's usage, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     warnings.showwarning = _warning_printer()
     was_quiet = quiet()
     if getattr(args, "quiet", False):

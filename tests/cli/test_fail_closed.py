@@ -315,6 +315,16 @@ def test_teacher_flags_out_of_range_are_one_line(
     _one_error_line(capsys, message)
 
 
+def test_an_unknown_flag_is_said_with_its_sub_commands_usage(
+        capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["status", "--run", "r", "--bogus", "1"])
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 2
+    assert err[0].startswith("usage: pate status ")
+    assert err[-1] == "pate status: error: unrecognized arguments: --bogus 1"
+
+
 def test_a_port_out_of_range_and_a_file_for_the_report_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
