@@ -338,6 +338,22 @@ def load_config(preset_or_path: str) -> RunConfig:
     return parse_config(text, f"preset {preset_or_path}")
 
 
+# Keys that say where a stage runs, not what it computes: a stopped run may resume elsewhere
+# (another Ray cluster, a GPU, another share of one).
+PLACEMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "teachers": ("workers", "device", "gpus_per_shard", "ray_address"), "student": ("device",)}
+
+
+def same_run(first: RunConfig, other: RunConfig) -> bool:
+    """Whether ``other`` describes the run ``first`` does, whatever their
+    :data:`PLACEMENT_KEYS`."""
+    moved = first.model_copy(update={
+        section: getattr(first, section).model_copy(
+            update={k: getattr(getattr(other, section), k) for k in keys})
+        for section, keys in PLACEMENT_KEYS.items()})
+    return moved == other
+
+
 def dump_config(config: RunConfig) -> str:
     """TOML for ``config.toml``: the resolved configuration, every key written out; one left
     unset (None: TOML has no null) as a comment."""

@@ -25,8 +25,8 @@ from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.vote_pool import VotePool
 from pate.comparison import dpsgd_settings, run_comparison
-from pate.config import RunConfig, dump_config, parse_config
-from pate.data.task import Benchmark, data_kind, load_task
+from pate.config import RunConfig, dump_config, parse_config, same_run
+from pate.data.task import Benchmark, DataFiles, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
@@ -48,13 +48,20 @@ _ALLOW_LARGE_DELTA = "aggregator.allow_large_delta = true"
 
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
-    """Create the run directory (0700) and its config.toml; a rerun must use the same config,
-    unless the first attempt stopped before it made anything (config.toml and log.txt are all
-    there is): then the new config replaces the old, and the log says so."""
+    """Create the run directory (0700) and its config.toml; a rerun must use the same config
+    (where its stages run may change: ``pate.config.PLACEMENT_KEYS``), unless the first attempt
+    stopped before it made anything (config.toml and log.txt are all there is): then the new
+    config replaces the old, and the log says so."""
     run.create()
     made = {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name}
     if run.config.is_file():
-        if parse_config(run.config.read_text(), str(run.config)) == config:
+        recorded = parse_config(run.config.read_text(), str(run.config))
+        if recorded == config:
+            return
+        if same_run(recorded, config):  # the same run, placed elsewhere: it resumes there
+            run.write_text(run.config, dump_config(config))
+            run.append_log("config.toml: where the stages run changed (workers, device, GPU "
+                           "share or Ray cluster)")
             return
         if made:
             raise UserError(f"{run} was started with a different configuration; use a new "
@@ -187,7 +194,10 @@ def _check_data(config: RunConfig) -> None:
     student's method and network suit the kind of data (a user's network is built once); and
     the budget covers one query (with a warning when it covers, at worst, fewer answered
     queries than there are classes)."""
-    task = load_task(config.data.source(), need_private=True)
+    source = config.data.source()
+    if isinstance(source, DataFiles) and (problem := unused_setting_problem(source)):
+        raise UserError(f"[data]: {problem}")
+    task = load_task(source, need_private=True)
     assert task.private_y is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -80,8 +80,9 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     run = RunDir(run_dir)
     if not run.root.is_dir():
         raise UserError(f"{run}: no such run directory")
-    if not any(p.exists() for p in (run.config, run.log, run.partition, run.teachers, run.votes,
-                                    run.labels, run.student, run.dpsgd, run.report)):
+    if not any(p.exists() for p in (run.config, run.log, run.stages, run.partition, run.teachers,
+                                    run.votes, run.ledger, run.labels, run.student, run.dpsgd,
+                                    run.comparison, run.report, run.audit)):
         raise UserError(f"{run}: holds nothing of a run (no config.toml, teachers, votes, "
                         "labels or student): not a run directory, or one not started")
     config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()

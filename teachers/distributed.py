@@ -140,9 +140,10 @@ def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
 
 
 def _restore_sigterm(handler: Any) -> None:
-    """Put the caller's SIGTERM handler back: ``ray.init`` and ``ray.shutdown`` replace it
-    (with one that exits at once, without the caller's clean-up)."""
-    if handler is not None and threading.current_thread() is threading.main_thread():
+    """Put the caller's own SIGTERM handler back (the CLI's, say): ``ray.init`` and
+    ``ray.shutdown`` replace it with one that exits at once, without the caller's clean-up.
+    A caller with none (the default action) keeps Ray's, which shuts Ray down on the way out."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
 
 

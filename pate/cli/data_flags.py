@@ -8,7 +8,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from pate.data.task import Benchmark, DataFiles, DataSource
+from pate.data.task import Benchmark, DataFiles, DataSource, unused_setting_problem
 from pate.errors import UserError
 
 DEFAULT_DATASET = "fashion-mnist"
@@ -53,8 +53,12 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
         # absolute, as a config's: a run's manifest keeps them for commands run elsewhere
         private, public, test = (None if p is None else str(Path(p).resolve())
                                  for p in (args.private, args.public, args.test))
-        return DataFiles(private, public, test, args.label,
-                         None if args.classes is None else tuple(args.classes))
+        source = DataFiles(private, public, test, args.label,
+                           None if args.classes is None else tuple(args.classes))
+        problem = unused_setting_problem(source)
+        if problem:
+            raise UserError(problem)
+        return source
     if args.dataset is None and default is not None:
         if not isinstance(default, Benchmark):
             if args.pool_size is not None or args.data_dir is not None:

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -109,12 +110,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that left (`| head`) is found here, not at exit
         return status
     except BrokenPipeError:
+        if not _stdout_gone():  # another pipe (a socket, a child process): a real error
+            raise
         _stdout_to_devnull()
         return 141  # as a program ended by SIGPIPE: 128 + 13
     finally:  # `--quiet` and the handler hold for this command only, also when called in-process
         set_quiet(was_quiet)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has left (poll says POLLERR); False for
+    a stdout that is no file (replaced in-process) or one that still has its reader."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fd, or no poll on this system
+        return False
 
 
 def _stdout_to_devnull() -> None:

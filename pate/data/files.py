@@ -226,23 +226,30 @@ def _hash_file(path: Path, digest: Any, chunk: int = 1 << 20) -> None:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the kernel says a process can still take without swapping (Linux's
-    ``MemAvailable`` in /proc/meminfo), or None where it does not say."""
+    """Bytes of memory this process can still take: Linux's ``MemAvailable`` (/proc/meminfo),
+    or less where a cgroup (a container) limits it (``memory.max`` less ``memory.current``);
+    None where the system says neither."""
+    found = []
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            found += [int(line.split()[1]) * 1024 for line in fh
+                      if line.startswith("MemAvailable:")]
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:
+        group = Path("/sys/fs/cgroup")
+        limit = (group / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int((group / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
 
 
 def _check_memory(folder: Path, count: int, channels: int, size: tuple[int, int]) -> None:
-    """Refuse images whose float32 arrays (the stack and its scaled copy) would not fit in the
-    memory available now: decoding them would end with the kernel killing the process, not
-    with a message."""
-    need = 2 * 4 * count * channels * size[0] * size[1]
+    """Refuse images whose float32 array would not fit in the memory available now: decoding
+    them would end with the kernel killing the process, not with a message."""
+    need = 4 * count * channels * size[0] * size[1]
     free = available_memory()
     if free is not None and need > free:
         raise UserError(f"{folder}: {count} images of {size[0]}x{size[1]} pixels need "
@@ -292,10 +299,11 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
         mode = "L" if all(im.mode in ("1", "L", "I;16", "I") for im in images) else "RGB"
     if size is None:
         size = images[0].size
-    _check_memory(p, len(images), 1 if mode == "L" else 3, size)
-    arrays = [np.asarray(im.convert(mode).resize(size, Image.BILINEAR), np.float32)
-              for im in images]
-    x = np.stack(arrays) / np.float32(255.0)
-    x = x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
+    channels = 1 if mode == "L" else 3
+    _check_memory(p, len(images), channels, size)
+    x = np.empty((len(images), channels, size[1], size[0]), np.float32)  # filled in place:
+    for i, im in enumerate(images):  # the array once, not a list, a stack and a copy
+        pixels = np.asarray(im.convert(mode).resize(size, Image.BILINEAR), np.float32)
+        x[i] = (pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)) / 255.0
     labels = np.asarray(names, dtype=object) if need_labels and names is not None else None
-    return np.ascontiguousarray(x, np.float32), labels, mode, size
+    return x, labels, mode, size

@@ -73,6 +73,20 @@ DataSource = Benchmark | DataFiles
 _KIND_NAMES = {"csv": "CSV files", "npz": ".npz files", "folder": "folders of images"}
 
 
+def unused_setting_problem(source: DataFiles) -> str | None:
+    """Why a setting of new input has no use for its files' format (a label column for data
+    that carries its labels, an image size for data that is not images), or None. Checked
+    where input comes in (flags, a new run's config), not when a run's recorded source is read
+    back: an older version ignored such a setting, and its runs still load."""
+    kind = files.kind_of(source.public)
+    if source.label is not None and kind != "csv":
+        return (f"a label column (--label, data.label) is for CSV files; {_KIND_NAMES[kind]} "
+                "carry their labels themselves")
+    if source.image_size is not None and kind != "folder":
+        return f"an image size (data.image_size) is for folders of images, not {_KIND_NAMES[kind]}"
+    return None
+
+
 def source_record(source: DataSource) -> dict[str, Any]:
     """The JSON record of a source (the teachers' manifest keeps it, so later stages reload the
     same data)."""
@@ -208,12 +222,6 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         raise UserError(f"data.private, public and test must be of one format, got "
                         f"{', '.join(sorted(kinds))}")
     kind = kinds.pop()
-    if source.label is not None and kind != "csv":
-        raise UserError("a label column (--label, data.label) is for CSV files; "
-                        f"{_KIND_NAMES[kind]} carry their labels themselves")
-    if source.image_size is not None and kind != "folder":
-        raise UserError("an image size (data.image_size) is for folders of images, not for "
-                        f"{_KIND_NAMES[kind]}")
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}

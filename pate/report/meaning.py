@@ -56,10 +56,9 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
     return (
         "<p>Each ε is a guarantee about everything published from this run together (the "
         "student, the labels it received and that ε): for any one person, having their record "
-        "in the private data or not changes the probability of anything those outputs show by "
-        f"at most a factor e<sup>ε</sup>, except with probability δ = {delta:g}. Smaller is "
-        "stronger. Against an attacker who knows every other record and how the run was made, "
-        "that means:</p>"
+        "in the private data or not makes anything those outputs show at most e<sup>ε</sup> "
+        f"times as likely, plus at most δ = {delta:g}. Smaller is stronger. Against an "
+        "attacker who knows every other record and how the run was made, that means:</p>"
         "<table><thead><tr><th>ε</th><th>value</th><th>e<sup>ε</sup>: the most one record "
         "multiplies the chance of any outcome</th><th>best accuracy of a guess whether one "
         "record was in the data (even odds; 50 % is chance)</th><th>best share of members "

@@ -207,6 +207,12 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     (run / "partition.json").write_text("{}")  # once a stage has made something: refused
     with pytest.raises(UserError, match="started with a different configuration"):
         prepare_run_dir(first, RunDir(run))
+    # but it may resume elsewhere: another Ray cluster, a GPU share, more workers
+    moved = mended.model_copy(update={"teachers": mended.teachers.model_copy(update={
+        "ray_address": "10.0.0.1:6379", "gpus_per_shard": 0.25, "workers": 4})})
+    prepare_run_dir(moved, RunDir(run))
+    assert parse_config((run / "config.toml").read_text(), "again") == moved
+    assert "where the stages run changed" in (run / "log.txt").read_text()
     for change, message in (('dataset = "digits"\npool_size = 100000', "--pool-size must be"),
                             ("delta = 0.01", "is at least 1/n")):
         config = tmp_path / "early.toml"

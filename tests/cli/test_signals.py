@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from pate.cli.main import main
 from pate.config import dump_config, load_config
 
 
@@ -22,6 +25,17 @@ def test_a_closed_pipe_ends_the_command_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception" not in err
+
+
+def test_a_broken_pipe_that_is_not_stdout_stays_an_error(monkeypatch, tmp_path: Path) -> None:
+    """A socket or a child process whose reader left is a real failure: not turned into a
+    quiet 141 (and stdout is left alone)."""
+    def broken(run: object) -> None:
+        raise BrokenPipeError("the other end of a socket")
+
+    monkeypatch.setattr("pate.cli.status.run_status", broken)
+    with pytest.raises(BrokenPipeError, match="socket"):
+        main(["status", "--run", str(tmp_path)])
 
 
 def test_sigterm_while_teachers_train_on_ray_stops_cleanly(tmp_path: Path) -> None:
