@@ -193,7 +193,7 @@ def _check_data(config: RunConfig) -> None:
     which gives it once); there are rows for every teacher; the teachers' model and the
     student's method and network suit the kind of data (a user's network is built once); and
     the budget covers one query (with a warning when it covers, at worst, fewer answered
-    queries than there are classes)."""
+    queries than there are classes, and one when the rounds ask more rows than the pool has)."""
     source = config.data.source()
     if isinstance(source, DataFiles) and (problem := unused_setting_problem(source)):
         raise UserError(f"[data]: {problem}")
@@ -228,6 +228,12 @@ def _check_data(config: RunConfig) -> None:
         raise UserError(f"aggregator.budget_epsilon {a.budget_epsilon:g} does not cover even one "
                         f"query: its worst case is epsilon {one:.3g} at delta {a.delta:g} (a "
                         "larger budget, or larger sigma1 and sigma2)")
+    st = config.student
+    asked = st.queries + st.active_queries + st.interactive_queries
+    if asked > len(task.pool_x):
+        warnings.warn(f"student: {asked} queries in all (queries, active_queries, "
+                      f"interactive_queries) for a pool of {len(task.pool_x)} rows: no row is "
+                      "asked twice, so the rounds ask fewer", UserWarning, stacklevel=2)
     if covered < task.num_classes:
         warnings.warn(f"aggregator.budget_epsilon {a.budget_epsilon:g} buys at most {covered} "
                       f"teachers' {'answer' if covered == 1 else 'answers'}, fewer than the "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import warnings
 import zipfile
 from pathlib import Path
@@ -30,7 +31,9 @@ from pate.errors import UserError
 if TYPE_CHECKING:
     from PIL import Image
 
-MISSING_VALUES = ("?", "", "NA", "N/A", "NaN", "nan", "null", "None")
+# A CSV field that says "missing" (after its surrounding spaces are removed): these and no
+# other word (pandas' own longer list is not used), so a category's value is never lost to it.
+MISSING_VALUES = ("", "?", "NA", "N/A", "n/a", "#N/A", "NaN", "nan", "null", "NULL", "None")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
@@ -77,6 +80,37 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
     return x, y
 
 
+def _check_field_counts(path: Path) -> None:
+    """Refuse a CSV line with fewer or more comma-separated fields than its header, by line
+    number (a position, never a value: the file may be private). pandas fills a short row
+    with missing values unsaid. Counted on the bytes at once; a file with quotes (where a
+    comma or a line break may sit inside a value) is left to pandas, which refuses a long
+    row itself."""
+    data = np.frombuffer(path.read_bytes(), np.uint8)
+    if not len(data) or (data == ord('"')).any():
+        return
+    ends = np.flatnonzero(data == ord("\n"))
+    if not len(ends) or ends[-1] != len(data) - 1:
+        ends = np.append(ends, len(data))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    commas = np.concatenate([[0], np.cumsum(data == ord(","))])
+    fields = commas[ends] - commas[starts] + 1
+    carriage = (ends > starts) & (data[np.maximum(ends - 1, 0)] == ord("\r"))
+    length = ends - starts - carriage
+    lines = np.flatnonzero(length > 0)  # blank lines are skipped, as pandas does
+    if len(lines) < 2:
+        return
+    # one comma too many at the end of a row is no field (pandas reads it so, index_col=False)
+    trailing = data[np.maximum(starts + length - 1, 0)] == ord(",")
+    header, rows = fields[lines[0]], lines[1:]
+    wrong = rows[(fields[rows] != header) & ~(trailing[rows] & (fields[rows] == header + 1))]
+    if len(wrong):
+        if fields[wrong[0]] > header:
+            raise UserError(f"{path}: line {wrong[0] + 1} has more fields than the header (a "
+                            "comma inside a value needs quotes)")
+        raise UserError(f"{path}: line {wrong[0] + 1} has fewer fields than the header")
+
+
 def read_csv(path: str | Path, label: str | None, need_labels: bool
              ) -> tuple[pd.DataFrame, NDArray | None]:
     """The feature columns, as text with surrounding spaces removed (``NaN`` where missing), and
@@ -90,14 +124,16 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     if label is None:
         raise UserError(f"{p}: a .csv needs data.label (--label), the name of its label column")
     try:
+        _check_field_counts(p)
         with warnings.catch_warnings():  # a row with more fields than the header: refused
             warnings.simplefilter("error", pd.errors.ParserWarning)
             header = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
             frame = pd.read_csv(p, dtype=str, na_values=list(MISSING_VALUES),
-                                keep_default_na=True, skipinitialspace=True, index_col=False)
-    except pd.errors.ParserWarning:
-        raise UserError(f"{p}: a row has more fields than the header (a comma inside a value "
-                        "needs quotes)") from None
+                                keep_default_na=False, skipinitialspace=True, index_col=False)
+    except (pd.errors.ParserWarning, pd.errors.ParserError) as exc:
+        line = re.search(r"line (\d+)", str(exc))
+        raise UserError(f"{p}: {'a row' if line is None else 'line ' + line[1]} has more fields "
+                        "than the header (a comma inside a value needs quotes)") from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not a readable .csv file ({exc.__class__.__name__})") from None
     if frame.empty:

@@ -78,7 +78,10 @@ def unused_setting_problem(source: DataFiles) -> str | None:
     that carries its labels, an image size for data that is not images), or None. Checked
     where input comes in (flags, a new run's config), not when a run's recorded source is read
     back: an older version ignored such a setting, and its runs still load."""
-    kind = files.kind_of(source.public)
+    if source.label is None and source.image_size is None:
+        return None
+    suffix = Path(source.public).suffix.lower()  # the format follows the path (files.kind_of)
+    kind = suffix[1:] if suffix in (".csv", ".npz") else "folder"
     if source.label is not None and kind != "csv":
         return (f"a label column (--label, data.label) is for CSV files; {_KIND_NAMES[kind]} "
                 "carry their labels themselves")

@@ -273,6 +273,14 @@ def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training() -
         _check_data(budget(100.0))
 
 
+def test_more_queries_than_pool_rows_is_warned_of_before_training() -> None:
+    tiny = load_config("digits-tiny")  # a pool of 250 rows
+    many = tiny.model_copy(update={"student": tiny.student.model_copy(
+        update={"queries": 200, "active_queries": 100})})
+    with pytest.warns(UserWarning, match="300 queries in all .* for a pool of 250 rows"):
+        _check_data(many)
+
+
 def test_a_run_directory_in_use_is_refused(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Two `pate run`s on one directory would train the same stage at once."""
