@@ -393,13 +393,15 @@ def table_html(rows: list[dict[str, Any]], first_column: str | None = None) -> s
         "<tr>" + (f"<td>{html.escape(str(r.get('run', '')))}</td>" if first_column else "")
         + "".join(f"<td>{format_value(r.get(key))}</td>" for key, _ in TABLE_COLUMNS) + "</tr>"
         for r in rows)
-    return f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:4px 8px;
 text-align:right}th{background:#eef}td:first-child,th:first-child{text-align:left}
 .note{background:#fff6e0;border-left:4px solid #e0a000;padding:.5em 1em}
+.scroll{overflow-x:auto}
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}code{background:#f4f4f4}"""
 
 
