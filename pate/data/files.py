@@ -15,6 +15,7 @@ Every mistake is one ``UserError`` line naming the file, never a value of a priv
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import warnings
@@ -80,13 +81,13 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
     return x, y
 
 
-def _check_field_counts(path: Path) -> None:
+def _check_field_counts(path: Path, raw: bytes) -> None:
     """Refuse a CSV line with fewer or more comma-separated fields than its header, by line
     number (a position, never a value: the file may be private). pandas fills a short row
     with missing values unsaid. Counted on the bytes at once; a file with quotes (where a
     comma or a line break may sit inside a value) is left to pandas, which refuses a long
     row itself."""
-    data = np.frombuffer(path.read_bytes(), np.uint8)
+    data = np.frombuffer(raw, np.uint8)
     if not len(data) or (data == ord('"')).any():
         return
     ends = np.flatnonzero(data == ord("\n"))
@@ -124,11 +125,13 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     if label is None:
         raise UserError(f"{p}: a .csv needs data.label (--label), the name of its label column")
     try:
-        _check_field_counts(p)
+        raw = p.read_bytes()  # read once: counted, then parsed
+        _check_field_counts(p, raw)
         with warnings.catch_warnings():  # a row with more fields than the header: refused
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            header = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
-            frame = pd.read_csv(p, dtype=str, na_values=list(MISSING_VALUES),
+            header = pd.read_csv(io.BytesIO(raw), header=None, nrows=1, dtype=str,
+                                 keep_default_na=False)
+            frame = pd.read_csv(io.BytesIO(raw), dtype=str, na_values=list(MISSING_VALUES),
                                 keep_default_na=False, skipinitialspace=True, index_col=False)
     except (pd.errors.ParserWarning, pd.errors.ParserError) as exc:
         line = re.search(r"line (\d+)", str(exc))
