@@ -16,6 +16,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,11 +110,14 @@ class Cluster:
     max_retries: int = 3
 
 
-def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
-    """Start or join Ray and return True, or return False where this process has already
-    started Ray itself (``ray.init`` in a notebook, a test session): that Ray is used as it is,
-    and left running. ``runtime_env`` (the job's: Ray ships local ``py_modules`` only at this
-    level) carries a user's model package to the workers."""
+@contextmanager
+def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[None]:
+    """Start or join Ray for the ``with`` block and shut it down after; where this process has
+    already started Ray itself (``ray.init`` in a notebook, a test session), that Ray is used
+    as it is, and left running. ``runtime_env`` (the job's: Ray ships local ``py_modules`` only
+    at this level) carries a user's model package to the workers. ``ray.init`` and
+    ``ray.shutdown`` replace the caller's SIGTERM handler (the CLI's, say) with one that exits
+    at once, without the caller's clean-up: it is put back after each."""
     import ray
 
     if ray.is_initialized():
@@ -121,7 +126,8 @@ def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
                             f"model's package {runtime_env['py_modules']} to its workers: call "
                             "ray.shutdown() first, or start Ray with the runtime_env that "
                             "teachers.user_models.ray_runtime_env(MODEL) returns")
-        return False
+        yield
+        return
     on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if cluster.address:
@@ -136,13 +142,16 @@ def _start_ray(cluster: Cluster, runtime_env: dict | None = None) -> bool:
                         f"{exc}") from exc
     finally:
         _restore_sigterm(on_sigterm)
-    return True
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        _restore_sigterm(on_sigterm)
 
 
 def _restore_sigterm(handler: Any) -> None:
-    """Put the caller's own SIGTERM handler back (the CLI's, say): ``ray.init`` and
-    ``ray.shutdown`` replace it with one that exits at once, without the caller's clean-up.
-    A caller with none (the default action) keeps Ray's, which shuts Ray down on the way out."""
+    """Put the caller's own SIGTERM handler back. A caller with none (the default action)
+    keeps Ray's, which shuts Ray down on the way out."""
     if callable(handler) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
 
@@ -244,18 +253,12 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         # Here, not in the workers (whose output is not shown): the warning line of a user's
         # network that trains one teacher at a time.
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
-        on_sigterm = signal.getsignal(signal.SIGTERM)
-        owned = _start_ray(cluster, ray_runtime_env(job.train.model))
-        try:
+        with _ray_session(cluster, ray_runtime_env(job.train.model)):
             _check_gpus(cluster)  # before a pool encoder's minutes
             checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
             encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
             _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], data, part, cluster,
                  encoder)
-        finally:
-            if owned:
-                ray.shutdown()
-                _restore_sigterm(on_sigterm)
     manifest["done"] = len(manifest["shards"]) == len(shards)
     checkpoints.write_manifest(run_dir, manifest)
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import faulthandler
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
 
 from pate.data.datasets import Dataset, load_dataset
-from teachers.distributed import Cluster, _start_ray
+from teachers.distributed import Cluster, _ray_session
 
 
 @pytest.hookimpl(trylast=True)
@@ -25,20 +26,21 @@ def digits() -> Dataset:
 
 
 @pytest.fixture(scope="session")
-def _ray_stopped_at_the_end() -> Iterator[None]:
-    yield
-    import ray
-
-    ray.shutdown()
+def _ray_sessions() -> Iterator[ExitStack]:
+    with ExitStack() as sessions:  # each Ray started below is stopped at the end
+        yield sessions
 
 
 @pytest.fixture
-def ray_running(_ray_stopped_at_the_end: None) -> None:
+def ray_running(_ray_sessions: ExitStack) -> None:
     """One local Ray for the whole test session, started by the first test that asks and
     stopped at the end: ``train_teachers`` runs its shards on a Ray this process has started.
     Each start costs seconds, and starting and stopping Ray again and again in one process is
     fragile (ray-project/ray#31145)."""
-    _start_ray(Cluster())  # started as train_teachers starts it; a no-op once running
+    import ray
+
+    if not ray.is_initialized():  # started as train_teachers starts it
+        _ray_sessions.enter_context(_ray_session(Cluster()))
 
 
 @pytest.fixture

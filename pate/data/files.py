@@ -38,16 +38,23 @@ MISSING_VALUES = ("", "?", "NA", "N/A", "n/a", "#N/A", "NaN", "nan", "null", "NU
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
+def kind_named(path: str | Path) -> str:
+    """The format a path names, without looking at it: ``npz`` or ``csv`` by its suffix, else
+    ``folder``."""
+    suffix = Path(path).suffix.lower()
+    return suffix[1:] if suffix in (".npz", ".csv") else "folder"
+
+
 def kind_of(path: str | Path) -> str:
-    """``npz``, ``csv`` or ``folder``, from the path (the format is chosen by it)."""
+    """``npz``, ``csv`` or ``folder``: the format of an existing path (``kind_named``)."""
     p = Path(path)
     _exists(p)
     if p.is_dir():
         return "folder"
-    suffix = p.suffix.lower()
-    if suffix in (".npz", ".csv"):
-        return suffix[1:]
-    raise UserError(f"{p}: a data file is a .npz, a .csv or a folder of images")
+    kind = kind_named(p)
+    if kind == "folder":
+        raise UserError(f"{p}: a data file is a .npz, a .csv or a folder of images")
+    return kind
 
 
 def _exists(path: Path) -> None:

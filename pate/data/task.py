@@ -80,8 +80,7 @@ def unused_setting_problem(source: DataFiles) -> str | None:
     back: an older version ignored such a setting, and its runs still load."""
     if source.label is None and source.image_size is None:
         return None
-    suffix = Path(source.public).suffix.lower()  # the format follows the path (files.kind_of)
-    kind = suffix[1:] if suffix in (".csv", ".npz") else "folder"
+    kind = files.kind_named(source.public)  # the files may not exist yet
     if source.label is not None and kind != "csv":
         return (f"a label column (--label, data.label) is for CSV files; {_KIND_NAMES[kind]} "
                 "carry their labels themselves")
@@ -156,7 +155,7 @@ def data_kind(source: DataSource) -> str:
     """``image`` or ``tabular``, read from the public data's shape (the public file only)."""
     if isinstance(source, Benchmark):
         return "image"
-    kind = files.kind_of(source.public)
+    kind = files.kind_named(source.public)  # the files may not exist yet
     if kind == "npz":
         return "tabular" if files.read_npz(source.public, False)[0].ndim == 2 else "image"
     return "tabular" if kind == "csv" else "image"
