@@ -12,7 +12,6 @@ Table-2 analysis (expected costs) and the report all call it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -190,9 +189,7 @@ def worst_case_queries(mechanism: Mechanism, epsilon: float, delta: float,
     The converted epsilon grows with k, so k is found by bisection."""
     def fits(k: int) -> bool:
         rdp = realised_rdp_independent(mechanism, k, k, orders)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
-            return epsilon_from_rdp(rdp, orders, delta, conversion)[0] <= epsilon
+        return epsilon_from_rdp(rdp, orders, delta, conversion, warn_at_edge=False)[0] <= epsilon
 
     low, high = 0, 1
     while high <= limit and fits(high):

@@ -48,14 +48,18 @@ def epsilon_curve(rdp: ArrayLike, orders: ArrayLike, delta: float,
 
 
 def epsilon_from_rdp(rdp: ArrayLike, orders: ArrayLike, delta: float,
-                     conversion: Conversion = "improved") -> tuple[float, float]:
-    """(epsilon, optimal order): the conversion minimised over the orders, after composition."""
+                     conversion: Conversion = "improved", *, warn_at_edge: bool = True
+                     ) -> tuple[float, float]:
+    """(epsilon, optimal order): the conversion minimised over the orders, after composition.
+    ``warn_at_edge``: warn when the optimum is at an end of the grid; off for a curve computed
+    from private votes, where whether it warns would tell something of them."""
     a = np.atleast_1d(np.asarray(orders, np.float64))
     eps = np.atleast_1d(epsilon_curve(rdp, a, delta, conversion))
     if np.all(np.isnan(eps)):
         return float("inf"), float(a[0])
     idx = int(np.nanargmin(eps))
-    warn_if_at_edge(a, float(a[idx]))
+    if warn_at_edge:
+        warn_if_at_edge(a, float(a[idx]))
     return float(eps[idx]), float(a[idx])
 
 

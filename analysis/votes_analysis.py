@@ -194,8 +194,12 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
              for v, s in zip(votes, segments, strict=True)]
     total_ind = sum(c.expected(dependent=False).sum(axis=0) for c in costs)
     total_dep = sum(c.expected(dependent=True).sum(axis=0) for c in costs)
-    eps_ind, order_ind = epsilon_from_rdp(total_ind, orders, delta, conversion)
-    eps_dep, order_dep = epsilon_from_rdp(total_dep, orders, delta, conversion)
+    # every figure below is a function of the votes (even the expected data-independent one,
+    # through each query's chance of an answer): no warning may depend on where its optimum is
+    eps_ind, order_ind = epsilon_from_rdp(total_ind, orders, delta, conversion,
+                                          warn_at_edge=False)
+    eps_dep, order_dep = epsilon_from_rdp(total_dep, orders, delta, conversion,
+                                          warn_at_edge=False)
     idx = int(np.flatnonzero(orders == order_dep)[0])
 
     def result(smooth: SmoothSensitivityBound | None) -> PrivacyAnalysis:
@@ -211,8 +215,8 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
     if not all(steps(s.mechanism).answer.smooth_sensitivity for s in segments):
         return result(None)
     prior = earlier_releases_rdp(earlier or [], orders)
-    order_rel = order_dep if not earlier else epsilon_from_rdp(total_dep + prior, orders, delta,
-                                                               conversion)[1]
+    order_rel = order_dep if not earlier else epsilon_from_rdp(
+        total_dep + prior, orders, delta, conversion, warn_at_edge=False)[1]
     at = int(np.flatnonzero(orders == order_rel)[0])
     if beta is not None and not 0.0 <= beta < 1.0 / (2.0 * order_rel):
         raise ParameterError("beta", f"must be in [0, 1/(2*order)) = [0, {1 / (2 * order_rel):g})")
@@ -223,7 +227,8 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
     if not (c5 and c6):  # the proof does not apply: a bound that reads no vote, all answered
         worst = sum(realised_rdp_independent(s.mechanism, len(v), len(v), orders)
                     for v, s in zip(votes, segments, strict=True))
-        epsilon, worst_order = epsilon_from_rdp(worst + prior, orders, delta, conversion)
+        epsilon, worst_order = epsilon_from_rdp(worst + prior, orders, delta, conversion,
+                                                warn_at_edge=False)
         return result(SmoothSensitivityBound(
             order=worst_order, beta=None, value=None, sigma=None, rdp_cost=None, c5=c5, c6=c6,
             epsilon=epsilon, fallback=True))

@@ -3,6 +3,7 @@
 import functools
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from analysis.costs import realised_rdp_independent
 from analysis.gaussian import gnmax_logq
-from analysis.mechanisms import ConfidentGNMax
+from analysis.mechanisms import ConfidentGNMax, LNMax
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from analysis.smooth_sensitivity import (
@@ -156,3 +157,18 @@ def test_the_fallback_where_the_proof_fails_reads_no_vote() -> None:
     # nothing of the release that did not happen (order, beta, SS, sigma) is said either
     assert released[0] == released[1] == released[2]
     assert released[0]["epsilon"] == worst and released[0]["beta"] is None
+
+
+def test_no_warning_depends_on_the_votes() -> None:
+    """Whether the optimum order of a vote-dependent curve is at the grid's end is a fact about
+    the votes: the analysis says nothing of it, whatever the votes (it said it for split votes
+    and not for unanimous ones)."""
+    unanimous = np.tile([250] + [0] * 9, (5, 1))
+    split = np.tile([126, 124] + [0] * 8, (5, 1))
+    for mechanism in (LNMax(scale=20), ConfidentGNMax(200, 150, 40)):
+        for votes in (unanimous, split):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                analyze_votes(votes, mechanism, 1e-5)
+    with pytest.warns(RuntimeWarning, match="at the end of the grid"):  # a public curve still does
+        epsilon_from_rdp(np.linspace(1, 0, 5), np.arange(2.0, 7.0), 1e-5)
