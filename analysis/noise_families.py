@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 NOISE_FAMILIES = ("gaussian", "student-t", "laplace")
 DENOISERS = ("none", "ks")
@@ -49,6 +48,8 @@ def noise_family(name: str, dof: float = DEFAULT_DOF) -> NoiseFamily:
     """The family ``name`` (one of ``NOISE_FAMILIES``) at unit standard deviation: Student-t of
     ``dof`` degrees of freedom has scale sqrt((dof - 2) / dof), Laplace scale 1 / sqrt(2)
     (the variances dof s^2 / (dof - 2) and 2 b^2 set to 1)."""
+    from scipy import stats  # here: the names above are read by the config, which needs no scipy
+
     if name == "gaussian":
         return NoiseFamily(name, stats.norm.logpdf, stats.norm.cdf, stats.norm.ppf, 1.0)
     if name == "student-t":
@@ -78,4 +79,6 @@ def ks_distance(noisy: NDArray[np.float64], family: NoiseFamily, std: float) -> 
     distance sup_x |F_n(x) - F(x / std)| between the empirical distribution of the noisy
     vector's coordinates and the noise distribution (public), in [0, 1]. It reads only the noisy
     vector, so scaling by it is post-processing."""
+    from scipy import stats
+
     return float(stats.kstest(np.asarray(noisy, np.float64) / std, family.cdf).statistic)

@@ -8,6 +8,11 @@ publish. ``load_student`` reads back the student of a ``pate run`` directory (or
 ``Student.save``); such a student also scores raw files (``Student.predict_file``). The
 README's example is run by the test suite (``tests/test_api.py``).
 
+Feature rows are used as given, unscaled (``pate run`` on a CSV file scales them for you):
+standardise them first, with statistics of public rows (the pool), never of the private ones,
+whose mean and spread would be a statistic of the private data. Integer images are scaled to
+[0, 1].
+
 Privacy: the votes, the ledger and the private arrays stay private; publish the student and
 the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
 """
@@ -49,7 +54,7 @@ from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
-from pate.errors import LedgerError, UserError
+from pate.errors import BudgetExhausted, LedgerError, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec, build_classifier
@@ -69,6 +74,7 @@ from student.training import (
 from teachers.choices import DEFAULT_MODEL, model_data_problem
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
+from teachers.models import check_user_model
 from teachers.partition import make_partition
 from teachers.votes import Ensemble
 
@@ -133,7 +139,8 @@ class Teachers:
     ``model`` is a built-in architecture (``cnn``, ``cnn-pool``, ``resnet``, ``mlp``, ...) or a
     ``"package.module:factory"``, by default ``cnn`` on images and ``mlp`` on feature rows;
     ``n_classes`` is the label set's size (public schema: it is never read from the private
-    labels)."""
+    labels). Feature rows are used unscaled: standardise them with the pool's statistics
+    first (see the module's docstring)."""
 
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
@@ -161,6 +168,7 @@ class Teachers:
         problem = model_data_problem(self.config.model, _kind(xs))
         if problem:
             raise UserError(problem)
+        check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)
         part = make_partition(len(xs), self.n_teachers, self.config.seed)
         min_size = int(part.sizes.min())
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
@@ -183,8 +191,9 @@ class PublishableEpsilon:
     """What may be published about the answers given so far, at ``delta``: the
     data-independent epsilon of the queries asked and of the teachers' answers (their counts,
     which the answers show anyway; not PATE 2018's Table 2 expectation, a function of the
-    votes), the smooth-sensitivity-sanitised data-dependent one (None for LNMax), and what the
-    ledger charged (data-independent, realised, every client of the budget)."""
+    votes), the smooth-sensitivity-sanitised data-dependent one (None for LNMax, or where none
+    was drawn), and what the ledger charged (data-independent, realised, every client of the
+    budget). On few answers the sanitised figure may exceed the data-independent one."""
 
     data_independent: float
     smooth_sensitivity: float | None
@@ -266,7 +275,7 @@ class PrivateLabels:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
         the budget allows (a warning says when that is fewer than asked, the first ones);
         Interactive-GNMax also takes the student's probabilities. A budget that covers not one
-        of them is a ``UserError``: nothing was asked or spent."""
+        of them is ``BudgetExhausted``: nothing was asked or spent."""
         index = _pool_indices(indices)
         again = np.intersect1d(index, self.received.pool_index)
         if again.size:
@@ -279,8 +288,9 @@ class PrivateLabels:
         request_size = _integer("request_size", request_size, 1)
         got, exhausted = ask(self._source, index, probs, request_size)
         if exhausted and not len(got):
-            raise UserError("the privacy budget does not cover even one more query: nothing "
-                            "was asked or spent (a larger epsilon_budget, or a new ledger)")
+            raise BudgetExhausted("the privacy budget does not cover even one more query: "
+                                  "nothing was asked or spent (a larger epsilon_budget, or a new "
+                                  "ledger)")
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])
@@ -289,16 +299,28 @@ class PrivateLabels:
                           "the rest were not asked", stacklevel=2)
         return got
 
-    def epsilon(self) -> PublishableEpsilon:
-        """The epsilons you may publish for every query this object asked so far. The sanitised
-        one is released with noise (docs/privacy-math.md §5) once per set of answers (the same
+    def epsilon(self, sanitise: bool = True) -> PublishableEpsilon:
+        """The epsilons you may publish for every query this object asked so far.
+
+        The data-independent one reads no vote: it is free. The sanitised one is a release of
+        its own, with noise (docs/privacy-math.md §5), drawn once per set of answers (the same
         rows, votes and mechanism): asked again, by this object or another on the same ledger,
-        it is the same figure; a release for other answers composes with every earlier one
-        kept in ``releases``."""
+        it is the same figure, but a release for other answers (after more ``ask``) composes
+        with every earlier one, so each call between asks makes the next sanitised figure
+        larger. Ask for it once, at the end; with ``sanitise=False`` nothing is released and
+        ``smooth_sensitivity`` is None. Publish the data-independent epsilon alone, or both
+        (their guarantee is then the smaller of the sanitised one and the data-independent one
+        with the release's cost added, §5); decide which before drawing the sanitised one."""
         budget = self.ledger.budget()
         if not len(self.received):
-            sanitised = 0.0 if steps(self.mechanism).answer.smooth_sensitivity else None
+            sanitised = (0.0 if sanitise and steps(self.mechanism).answer.smooth_sensitivity
+                         else None)
             return PublishableEpsilon(0.0, sanitised, budget.epsilon_spent, budget.delta)
+        independent = self.ledger.epsilon(realised_rdp_independent(
+            self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
+            self.ledger.orders))
+        if not sanitise:
+            return PublishableEpsilon(independent, None, budget.epsilon_spent, budget.delta)
 
         def analyse(earlier: list[EarlierRelease]) -> PrivacyAnalysis:  # only for a new release
             votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
@@ -317,9 +339,6 @@ class PrivateLabels:
             releases = Releases(records, lambda all_of_them: add(asdict(all_of_them[-1])))
             sanitised = releases.release(len(self.received), analyse, self.ledger.conversion,
                                          self._answers_digest())
-        independent = self.ledger.epsilon(realised_rdp_independent(
-            self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
-            self.ledger.orders))
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
 
     def _answers_digest(self) -> str:
@@ -351,6 +370,8 @@ class Student:
 
     def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
                  batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
+        if arch is not None and not isinstance(arch, str):
+            raise UserError(f"arch must be a name or package.module:factory, got {arch!r}")
         epochs, batch_size = _integer("epochs", epochs, 1), _integer("batch_size", batch_size, 1)
         self.arch, self.lr = arch, None if lr is None else _rate("lr", lr)
         self.method = method_for_data("image", method, arch, lr=self.lr)
@@ -417,8 +438,11 @@ class Student:
         """Accuracy on labelled rows (measure it on data you may: a test set, never the
         private data)."""
         predicted, truth = self.predict(x), np.asarray(y)
-        if truth.shape != predicted.shape or not np.issubdtype(truth.dtype, np.integer):
-            raise UserError(f"y must be class indices (integers), one per row of x: got "
+        assert self.spec_ is not None
+        classes = self.spec_.num_classes
+        if truth.shape != predicted.shape or not np.issubdtype(truth.dtype, np.integer) or \
+                truth.min() < 0 or truth.max() >= classes:
+            raise UserError(f"y must be class indices in [0, {classes}), one per row of x: got "
                             f"shape {list(truth.shape)} of {truth.dtype} for {len(predicted)} "
                             "rows")
         return float(np.mean(predicted == truth))

@@ -22,7 +22,9 @@ from pydantic import (
 )
 
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
+from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
+from pate.data.datasets import LOADERS
 from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
 from student.choices import ARCHITECTURES, DPSGD_MODELS
@@ -39,8 +41,7 @@ class DataConfig(_Section):
     set, ``image_size`` [height, width] for image folders). Relative paths are relative to the
     config file."""
 
-    dataset: Literal["fashion-mnist", "mnist", "svhn", "cifar10", "digits", "glyphs"] | None = \
-        None
+    dataset: Literal[tuple(LOADERS)] | None = None  # type: ignore[valid-type]
     data_dir: str | None = None
     pool_size: int | None = Field(default=None, gt=0)
     private: str | None = None
@@ -207,11 +208,11 @@ class DPSGDConfig(_Section):
     lr: float = Field(default=4.0, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     max_grad_norm: float = Field(default=0.1, gt=0)
-    noise: Literal["gaussian", "student-t", "laplace"] = "gaussian"
-    dof: float = Field(default=9.0, gt=2)
+    noise: Literal[NOISE_FAMILIES] = "gaussian"  # type: ignore[valid-type]
+    dof: float = Field(default=DEFAULT_DOF, gt=2)
     encode: int | None = Field(default=None, ge=1)
     encode_seed: int = 0
-    denoise: Literal["none", "ks"] = "none"
+    denoise: Literal[DENOISERS] = "none"  # type: ignore[valid-type]
 
     @field_validator("model")
     @classmethod

@@ -84,14 +84,18 @@ def _token(run: RunDir) -> Path:
     return run.token
 
 
-def _teachers(config: RunConfig, run: RunDir) -> None:
+def _train_config(config: RunConfig) -> TrainConfig:
+    """The teachers' training settings of ``config`` (the library's defaults where unset)."""
     t, source = config.teachers, config.data.source()
     given = {"batch_size": t.batch_size, "lr": t.lr}
     name = source.name if isinstance(source, Benchmark) else ""
-    model = t.model or DEFAULT_MODEL[data_kind(source)]
-    train = TrainConfig(model=model, epochs=t.epochs, mixup=t.mixup,
-                        augment=augment_for(name, t.augment), seed=t.seed,
-                        **{k: v for k, v in given.items() if v is not None})
+    return TrainConfig(model=t.model or DEFAULT_MODEL[data_kind(source)], epochs=t.epochs,
+                       mixup=t.mixup, augment=augment_for(name, t.augment), seed=t.seed,
+                       **{k: v for k, v in given.items() if v is not None})
+
+
+def _teachers(config: RunConfig, run: RunDir) -> None:
+    t, source, train = config.teachers, config.data.source(), _train_config(config)
     job = (TrainJob(source.name, t.count, t.shard_size, train, source.pool_size,
                     source.data_dir) if isinstance(source, Benchmark)
            else TrainJob(source, t.count, t.shard_size, train))
@@ -206,12 +210,12 @@ def _check_data(config: RunConfig) -> None:
     if config.teachers.count > len(task.private_y):
         raise UserError(f"teachers.count {config.teachers.count} is more than the "
                         f"{len(task.private_y)} private records: each teacher needs one")
-    model = config.teachers.model or DEFAULT_MODEL[task.kind]
     try:
-        problem = model_data_problem(model, task.kind)
+        train = _train_config(config)
+        problem = model_data_problem(train.model, task.kind)
         if problem:
             raise UserError(problem)
-        check_user_model(model, task.input_shape, task.num_classes)
+        check_user_model(train.model, task.input_shape, task.num_classes, train.batch_size)
     except UserError as exc:
         raise UserError(f"teachers.{exc}") from None
     try:

@@ -155,11 +155,6 @@ class RunDir:
         return self.root / "ledger.db"
 
     @property
-    def ledger_url(self) -> str:
-        """The SQLAlchemy URL of the run's own ledger."""
-        return f"sqlite:///{self.ledger}"
-
-    @property
     def releases(self) -> Path:
         """``sanitised-releases.json``: each smooth-sensitivity release made from the run's
         votes, its beta and sigma (private: they depend on the votes)."""

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from analysis.orders import default_orders
+from pate.aggregation.label_service import recorded_ledger
 from pate.aggregation.ledger import Ledger, stored_settings
 from pate.config import RunConfig, parse_config
-from pate.errors import UserError
+from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report
 from pate.rundir import RunDir
 
@@ -58,19 +59,25 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
 
 
 def _budget(run: RunDir) -> dict[str, Any] | None:
-    """The run's ledger's budget, opened with the settings it was created with."""
-    if not run.ledger.is_file():
+    """The budget of the ledger that charges the run's votes (its own ``ledger.db``, or the one
+    recorded beside them, a PostgreSQL URL say), opened with the settings it was created with;
+    where it cannot be read here, where it is and why."""
+    url = recorded_ledger(run.root)
+    if url is None:
         return None
-    settings = stored_settings(run.ledger_url)
-    if settings is None:
-        return None
-    ledger = Ledger(run.ledger_url, default_orders(), settings["delta"],
-                    settings["epsilon_budget"], settings["conversion"])
     try:
-        b = ledger.budget()
-    finally:
-        ledger.close()
-    return {"epsilon_budget": b.epsilon_budget, "epsilon_spent": b.epsilon_spent,
+        settings = stored_settings(url)
+        if settings is None:
+            return None
+        ledger = Ledger(url, default_orders(), settings["delta"], settings["epsilon_budget"],
+                        settings["conversion"])
+        try:
+            b = ledger.budget()
+        finally:
+            ledger.close()
+    except LedgerError as exc:  # a server down, a password only the service is given
+        return {"ledger": url, "unreadable": str(exc)}
+    return {"ledger": url, "epsilon_budget": b.epsilon_budget, "epsilon_spent": b.epsilon_spent,
             "epsilon_left": max(0.0, b.epsilon_budget - b.epsilon_spent), "delta": b.delta,
             "basis": b.basis, "queries": b.queries, "answered": b.answered}
 

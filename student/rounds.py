@@ -21,7 +21,6 @@ atomically after every request so that nothing paid for is lost.
 from __future__ import annotations
 
 import io
-import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from analysis.votes_analysis import (
     QuerySegment,
     analyze_segments,
 )
+from pate.aggregation.aggregators import Branch
 from pate.aggregation.label_requests import LabelSource
 from pate.data.votes_file import load_pool_fingerprint
 from pate.errors import BudgetExhausted, UserError
@@ -46,7 +46,7 @@ from pate.io import write_bytes_atomic
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
 
-BRANCHES: tuple[str, ...] = ("none", "teachers", "student")  # index = stored branch code
+BRANCHES: tuple[str, ...] = tuple(b.name.lower() for b in sorted(Branch))  # index = code
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Received:
     def by_teachers(self) -> NDArray[np.bool_]:
         """The answers the teachers gave: the queries whose answering step ran and was charged
         (an Interactive-GNMax answer of the student's own label was not)."""
-        return self.branch == BRANCHES.index("teachers")
+        return self.branch == Branch.TEACHERS
 
     def counts(self) -> dict[str, int]:
         """Queries asked, answered, and answered by each branch."""
@@ -169,7 +169,8 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
                 return got, True
             size = (part.size + 1) // 2
             continue
-        branch = np.array([BRANCHES.index(b) for b in result.branch], np.int8)
+        names, which = np.unique(np.asarray(result.branch, str), return_inverse=True)
+        branch = np.array([BRANCHES.index(n) for n in names], np.int8)[which]  # by name, once
         got = got + Received(part, np.asarray(result.labels, np.int64), branch)
         start += part.size
         if on_request is not None:
@@ -250,6 +251,4 @@ def analyze_rounds(rounds: list[dict], received: Received,
     segments = round_segments(rounds, received, votes_of, probs_path)
     if segments is None:
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an optimum at the edge of the orders grid
-        return analyze_segments(segments, delta, conversion=conversion, earlier=earlier)
+    return analyze_segments(segments, delta, conversion=conversion, earlier=earlier)

@@ -37,7 +37,7 @@ from student.models import (
     build_classifier,
 )
 from teachers.choices import is_import_path, model_name_problem
-from teachers.user_models import load_factory
+from teachers.user_models import check_trains_on, load_factory
 
 DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
 DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
@@ -206,6 +206,9 @@ def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarra
     xu = torch.as_tensor(x_unl, dtype=torch.float32, device=device)
     ub = min(config.unlabelled_batch_size, len(xu))
     lb = min(config.batch_size, len(lab_pool))
+    if min(lb, ub) < 2:  # a batch of one row (one answer, or batch_size 1): batch norm fails
+        check_trains_on(learner.model, 1, tuple(xl.shape[1:]), "the student's network", device,
+                        "a batch size of at least 2, and at least 2 answered labels")
     steps = len(xu) // ub
     total = steps * config.epochs
     lab_order = torch.empty(0, dtype=torch.int64)

@@ -163,7 +163,8 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     problem = model_data_problem(job.train.model, data.kind)
     if problem:  # before the partition is recorded
         raise UserError(problem)
-    check_user_model(job.train.model, data.input_shape, data.num_classes)  # so is this
+    check_user_model(job.train.model, data.input_shape, data.num_classes,  # so is this
+                     job.train.batch_size)
     n = len(data.private_y)
     part = make_partition(n, job.num_teachers, job.train.seed)
     recorded = read_partition(run_dir)

@@ -45,7 +45,7 @@ from teachers import rng
 from teachers.choices import is_import_path, model_name_problem
 from teachers.hog import HOG, hog_size
 from teachers.pool_encoder import FEATURES, FrozenEncoder
-from teachers.user_models import build_user_model, teacher_states
+from teachers.user_models import build_user_model, check_trains_on, teacher_states
 
 Shape = tuple[int, int, int]
 
@@ -157,13 +157,15 @@ def build_model(name: str, in_shape: Shape, num_classes: int,
     return ARCHITECTURES[name](tuple(in_shape), num_classes, *extra)
 
 
-def check_user_model(name: str, in_shape: Shape, num_classes: int) -> None:
+def check_user_model(name: str, in_shape: Shape, num_classes: int, batch_size: int) -> None:
     """Build a user's network (``name`` an import path) once and probe it
-    (:func:`teachers.user_models.build_user_model`): a factory that fails, or a network of the
-    wrong output, fails here, before any file of the run is written. A built-in needs no
-    check."""
+    (:func:`teachers.user_models.build_user_model`, and ``check_trains_on`` at batches of
+    ``batch_size``): a factory that fails, a network of the wrong output, or one that cannot
+    train on batches that small, fails here, before any file of the run is written. A
+    built-in needs no check."""
     if is_import_path(name):
-        build_user_model(name, in_shape, num_classes)
+        model = build_user_model(name, in_shape, num_classes)
+        check_trains_on(model, batch_size, in_shape, f"model {name!r}")
 
 
 def initial_state(name: str, model: nn.Module, in_shape: Shape, num_classes: int,

@@ -23,6 +23,7 @@ its teachers are trained one at a time instead.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import sys
@@ -109,6 +110,21 @@ def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
         raise UserError(f"{what} {name!r}: its forward returns shape {got} for a batch of 2; "
                         f"expected [2, {num_classes}]")
     return model
+
+
+def check_trains_on(model: nn.Module, rows: int, in_shape: tuple[int, ...], what: str,
+                    device: torch.device | str = "cpu",
+                    remedy: str = "a larger batch size") -> None:
+    """Forward a copy of ``model`` in training mode on ``rows`` zero inputs: a network that
+    cannot train on batches that small (batch normalisation on one row: "expected more than 1
+    value per channel") fails here in one line, not in the middle of training."""
+    probe = copy.deepcopy(model).train()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            probe(torch.zeros((rows, *in_shape), device=device))
+    except Exception as exc:  # the user's code, or a built-in's batch norm
+        raise UserError(f"{what} cannot train on batches of {rows} row(s) ({_describe(exc)}): "
+                        f"{remedy}") from None
 
 
 def module_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -14,7 +14,8 @@ import torch
 
 from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax
 from pate.api import PrivateLabels, Student, load_student
-from pate.errors import LedgerError, UserError
+from pate.errors import BudgetExhausted, LedgerError, UserError
+from student.rounds import Received
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -59,7 +60,7 @@ def test_labels_stop_at_the_budget_and_the_ledger_persists(tmp_path: Path) -> No
                           ledger=ledger)
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     assert len(again.ask(np.arange(300, 300))) == 0
-    with pytest.raises(UserError, match="does not cover even one more query"):
+    with pytest.raises(BudgetExhausted, match="does not cover even one more query"):
         again.ask(np.arange(len(got), 300))  # rows not yet asked: the budget is spent
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     again.close()
@@ -112,6 +113,11 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
         labels.close()
     assert {sanitised(np.arange(40)[::-1]) for _ in range(3)} == {first}  # the same set
     assert sanitised(np.arange(40, 80)) > 0
+    with PrivateLabels(votes, mechanism, epsilon_budget=1e4, delta=1e-5,
+                       ledger=ledger) as labels:  # the free figure only: no release
+        labels.ask(np.arange(80, 90))
+        free = labels.epsilon(sanitise=False)
+        assert free.smooth_sensitivity is None and free.data_independent > 0
     with sqlite3.connect(ledger) as db:
         assert db.execute("SELECT COUNT(*) FROM ledger_releases").fetchone() == (2,)
     assert not list(tmp_path.glob("*.json"))  # in the ledger, not beside it
@@ -189,7 +195,7 @@ def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
     again = Student("supervised", arch="mlp", epochs=1).fit(x, got, 3)
     np.testing.assert_array_equal(again.predict_proba(x), student.predict_proba(x))
     for y in ([1], np.array(["a"] * 40), np.zeros((40, 1), int)):  # never a silent 0.0
-        with pytest.raises(UserError, match=r"y must be class indices \(integers\), one per"):
+        with pytest.raises(UserError, match=r"y must be class indices in \[0, 3\), one per"):
             student.score(x, y)
     labels.close()
 
@@ -229,6 +235,14 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
     assert student.predict(x[:5]).shape == (5,)
     with pytest.raises(UserError, match="trained on \\[6\\]"):
         student.predict(x[:5, :4])
+    with pytest.raises(UserError, match=r"class indices in \[0, 2\)"):
+        student.score(x[:5], np.full(5, 7))  # not a silent 0.0
+    with pytest.raises(UserError, match="cannot train on batches of 1 row"):  # batch norm
+        k = int(np.flatnonzero(got.answered)[0])  # one answer: labelled batches of one row
+        one = Received(got.pool_index[k:k + 1], got.label[k:k + 1], got.branch[k:k + 1])
+        Student("supervised", epochs=1).fit(x[:100], one, 2)
+    with pytest.raises(UserError, match=r"arch must be a name or package\.module:factory"):
+        Student(arch=torch.nn.Linear(6, 2))
     with pytest.raises(UserError, match="integer class indices"):
         Teachers(3, 2).fit(x, np.where(y == 1, "yes", "no"))
     with pytest.raises(UserError, match="x must be numbers"):

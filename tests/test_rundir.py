@@ -14,7 +14,7 @@ def test_create_is_private_and_idempotent(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "a" / "run").create()
     assert stat.S_IMODE(run.root.stat().st_mode) == 0o700
     assert RunDir(run.root).create() == run
-    assert run.votes == run.root / "votes.npz" and run.ledger_url.endswith("/run/ledger.db")
+    assert run.votes == run.root / "votes.npz" and run.ledger == run.root / "ledger.db"
     assert run.rounds.parent == run.student and run.manifest.parent == run.teachers
 
 

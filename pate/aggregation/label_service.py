@@ -320,6 +320,19 @@ def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
                         "budget, or more noise)")
 
 
+def recorded_ledger(home: Path) -> str | None:
+    """The URL of the ledger that charges the votes in ``home`` (a run directory, or a votes
+    file's folder), as ``home/ledger-url.txt`` records it (a URL's password is not kept); where
+    nothing is recorded (votes charged before ledgers were), their own ``ledger.db`` if it is
+    there; else None."""
+    own = canonical_url(f"sqlite:///{home / OWN_LEDGER}")
+    record = home / LEDGER_RECORD
+    if record.is_file():
+        text = record.read_text(encoding="utf-8").strip()
+        return own if text == OWN_LEDGER else text
+    return own if (home / OWN_LEDGER).is_file() else None
+
+
 def _ledger_of_votes(home: Path, ledger_url: str | None, charged_before: bool
                      ) -> tuple[str, str | None]:
     """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
@@ -333,11 +346,7 @@ def _ledger_of_votes(home: Path, ledger_url: str | None, charged_before: bool
     url = ledger_url or own
     named = canonical_url(url)
     record = home / LEDGER_RECORD
-    if record.is_file():
-        text = record.read_text(encoding="utf-8").strip()
-        bound: str | None = own if text == OWN_LEDGER else text
-    else:  # votes charged before ledgers were recorded: their own ledger.db, if any
-        bound = own if (home / OWN_LEDGER).is_file() else None
+    bound = recorded_ledger(home)
     if bound is not None and bound != named:
         raise UserError(f"{bound} already charges these votes: another ledger ({named}) would "
                         "give the same private data a second budget; use that one (or move it "

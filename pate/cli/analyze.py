@@ -7,6 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from analysis.rdp import CONVERSIONS
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 from pate.errors import UserError
 
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--order", type=float, help="fix the Rényi order (default: best of the grid)")
     p.add_argument("--beta", type=float,
                    help="fix the smooth-sensitivity beta (default: optimised)")
-    p.add_argument("--conversion", choices=("classic", "improved"), default="improved",
+    p.add_argument("--conversion", choices=CONVERSIONS, default="improved",
                    help="RDP to (epsilon, delta): classic (Mironov 2017, as PATE 2018 reports) or "
                         "improved (Canonne et al. 2020; default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

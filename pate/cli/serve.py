@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from analysis.rdp import CONVERSIONS
 from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="epsilon budget of the private data, all clients together")
     p.add_argument("--delta", type=float, required=True,
                    help="delta of the (epsilon, delta) budget")
-    p.add_argument("--conversion", choices=("classic", "improved"), default="improved",
+    p.add_argument("--conversion", choices=CONVERSIONS, default="improved",
                    help="RDP to (epsilon, delta) for the budget (default: improved)")
     p.add_argument("--allow-large-delta", action="store_true",
                    help="accept a delta of 1/n or more (n the run's private records)")

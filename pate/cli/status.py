@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
               "--ledger or beside the votes, or it is missing)")
     elif b is None:
         print("  budget: no ledger yet")
+    elif "unreadable" in b:
+        print(f"  budget: its ledger, {b['ledger']}, cannot be read here ({b['unreadable']})")
     else:
         print(f"  budget: epsilon {b['epsilon_spent']:.4g} spent of {b['epsilon_budget']:g}, "
               f"{b['epsilon_left']:.4g} left, at delta {b['delta']:g} (data-independent); "

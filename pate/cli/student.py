@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.rdp import CONVERSIONS
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
@@ -62,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local = p.add_argument_group("local aggregator (with --votes)")
     local.add_argument("--budget-epsilon", type=float, help="epsilon budget of the private data")
     local.add_argument("--delta", type=float, default=1e-5)
-    local.add_argument("--conversion", choices=("classic", "improved"), default="improved")
+    local.add_argument("--conversion", choices=CONVERSIONS, default="improved")
     local.add_argument("--allow-large-delta", action="store_true",
                        help="accept a delta of 1/n or more (n the run's private records)")
     local.add_argument("--ledger", metavar="URL",

@@ -99,6 +99,24 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
         states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
         assert states["report"] == expected
         os.utime(metrics, ns=(report.stat().st_mtime_ns + 10**9,) * 2)
+    # votes in the run directory charged to a ledger elsewhere (recorded beside them)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "votes.npz").write_bytes(votes.read_bytes())
+    assert main(["--quiet", "student", "train", "--run", str(other), "--votes",
+                 str(other / "votes.npz"), "--ledger", f"sqlite:///{tmp_path / 'kept.db'}",
+                 "--dataset", "digits", "--method", "supervised", "--mechanism", "gnmax",
+                 "--sigma", "40", "--budget-epsilon", "55", "--delta", "1e-6", "--queries",
+                 "10", "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert main(["status", "--run", str(other), "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["budget"]
+    assert budget["ledger"].endswith("/kept.db") and not (other / "ledger.db").exists()
+    assert (budget["epsilon_budget"], budget["queries"]) == (55.0, 10)
+    (other / "ledger-url.txt").write_text("postgresql://nobody@127.0.0.1:9/none\n")
+    assert main(["status", "--run", str(other)]) == 0
+    assert ("budget: its ledger, postgresql://nobody@127.0.0.1:9/none, cannot be read here"
+            in capsys.readouterr().out)
     for name in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):  # the ledger moved away
         (run / name).unlink(missing_ok=True)
     assert main(["status", "--run", str(run)]) == 0

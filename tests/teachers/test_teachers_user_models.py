@@ -166,6 +166,25 @@ def test_a_network_that_cannot_be_built_writes_nothing(tmp_path, capsys, factory
     assert not (tmp_path / "run").exists()
 
 
+def test_batch_norm_on_batches_of_one_row_is_refused_before_training(tmp_path, capsys, digits):
+    """Batch normalisation cannot train on one row ("expected more than 1 value per channel"):
+    said in one line before anything is written, from the CLI and from Python."""
+    from pate.api import Teachers
+
+    argv = ["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
+            "--teachers", "4", "--model", MODEL, "--batch-size", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"pate: error: model '{MODEL}' cannot train on batches of 1 row(s) (ValueError: "), err
+    assert err[0].endswith("a larger batch size")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match="cannot train on batches of 1 row"):
+        Teachers(4, 10, model=MODEL, batch_size=1, epochs=1).fit(digits.train_x, digits.train_y)
+    Teachers(4, 10, model=MODEL, batch_size=2, epochs=1).fit(digits.train_x[:80],
+                                                             digits.train_y[:80])
+
+
 def test_user_init_depends_only_on_seed_and_teacher():
     name = MODEL
     base = build_model(name, (1, 8, 8), 10)
