@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import AnswerStep, GaussianArgmax, LaplaceArgmax, ThresholdStep, steps
+from analysis.costs import (
+    AnswerStep,
+    GaussianArgmax,
+    LaplaceArgmax,
+    ThresholdStep,
+    realised_rdp_independent,
+    steps,
+)
 from analysis.mechanisms import Mechanism
 from analysis.orders import as_orders
 
@@ -162,7 +169,7 @@ class Aggregator:
         """Data-independent RDP of ``queries`` queries if every one is answered by the teachers:
         an upper bound on the batch's realised cost that depends on no private data, so it is
         safe to act on in public (docs/design.md, privacy rule 6)."""
-        return queries * (self._step_cost + self._answer_cost)
+        return realised_rdp_independent(self.mechanism, queries, queries, self.orders)
 
     def tabulate(self, pool_votes: ArrayLike) -> bool:
         """Compute once the data-dependent RDP of the teachers' answer (the answering step)

@@ -230,9 +230,45 @@ class Stored:
         return int(np.count_nonzero(self.labels >= 0))
 
 
-def _outcomes(labels: NDArray[np.integer], branch: NDArray[np.integer]) -> list[int]:
-    """Outcomes packed for the replay map: ``label << 8 | branch`` (label -1 = none)."""
-    return ((labels.astype(np.int64) << 8) | branch.astype(np.int64)).tolist()
+class _Replays:
+    """The outcomes released so far in one scope (a mechanism's parameters and the votes), by
+    pool index, packed as ``label << 8 | branch`` (label -1 = none), ``UNSET`` where none was.
+    Pool indices are row numbers of the votes, so a dense array holds them: a request's
+    replays are one gather, its new releases one scatter, whatever its size."""
+
+    UNSET = np.iinfo(np.int64).min
+
+    def __init__(self) -> None:
+        self._outcome = np.full(0, self.UNSET, np.int64)
+
+    def lookup(self, indices: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The outcome released for each index, ``UNSET`` where none was."""
+        out = np.full(indices.size, self.UNSET, np.int64)
+        inside = (indices >= 0) & (indices < self._outcome.size)
+        out[inside] = self._outcome[indices[inside]]
+        return out
+
+    def add(self, indices: NDArray[np.int64], labels: NDArray[np.integer],
+            branch: NDArray[np.integer]) -> None:
+        """Keep the outcomes of indices released for the first time (the first release of an
+        index stands: a later one, by another process, is not replayed)."""
+        if not indices.size:
+            return
+        if indices.min() < 0:
+            raise ValueError("a pool index is negative")
+        if indices.max() >= self._outcome.size:
+            grown = np.full(max(int(indices.max()) + 1, 2 * self._outcome.size), self.UNSET,
+                            np.int64)
+            grown[:self._outcome.size] = self._outcome
+            self._outcome = grown
+        index, first = np.unique(indices, return_index=True)
+        new = self._outcome[index] == self.UNSET
+        self._outcome[index[new]] = ((labels[first][new].astype(np.int64) << 8)
+                                     | branch[first][new].astype(np.int64))
+
+    def forget(self, indices: NDArray[np.int64]) -> None:
+        """Undo ``add`` of ``indices`` (released by a group that could not be recorded)."""
+        self._outcome[indices] = self.UNSET
 
 
 def _blob(a: NDArray, dtype: np.dtype) -> bytes:
@@ -391,7 +427,7 @@ class Ledger:
         # learn each other's from the request rows after ``_synced_seq``. ``_rows_seen``: the
         # request rows (the budget row's ``requests``) once synced, None before the first sync
         # under the lock; while it holds, no other process has committed and the sync is skipped
-        self._releases: dict[_Scope, dict[int, int]] = {}
+        self._releases: dict[_Scope, _Replays] = {}
         self._synced_seq = 0
         self._rows_seen: int | None = None
         try:
@@ -453,11 +489,9 @@ class Ledger:
                 continue
             fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
                      else _array(row.fresh, _I8).astype(bool))
-            releases = self._releases.setdefault((row.mechanism, row.pool), {})
-            indices = _array(row.indices, _I64)[fresh].tolist()
-            outcomes = _outcomes(_array(row.labels, _I32)[fresh], _array(row.branch, _I8)[fresh])
-            for index, outcome in zip(indices, outcomes, strict=True):
-                releases.setdefault(index, outcome)
+            self._releases.setdefault((row.mechanism, row.pool), _Replays()).add(
+                _array(row.indices, _I64)[fresh], _array(row.labels, _I32)[fresh],
+                _array(row.branch, _I8)[fresh])
 
     def verify(self) -> None:
         """Check that the budget row equals the sum of the request rows (in commit order, as
@@ -618,7 +652,7 @@ class Ledger:
         """One transaction for the queued charges: lock the budget row, look their request_ids
         up together, decide each in order, insert the new ones, update the totals, commit."""
         results: list[tuple[Future, Any]] = []
-        added: list[tuple[_Scope, list[int]]] = []  # releases of this group, until it commits
+        added: list[tuple[_Scope, NDArray[np.int64]]] = []  # this group's, until it commits
         try:
             with self._writer.begin() as conn:
                 total = conn.execute(_SELECT_BUDGET).one()
@@ -650,9 +684,7 @@ class Ledger:
                         "rdp_dependent": _blob(dep, _F64)})
         except Exception as exc:  # fail closed: nothing of the group is released
             for scope, indices in added:  # nor kept for replay: they were new
-                releases = self._releases[scope]
-                for index in indices:
-                    releases.pop(index, None)
+                self._releases[scope].forget(indices)
             err = LedgerError(f"the ledger could not record the request "
                               f"({exc.__class__.__name__}); no label released")
             for _charge, fut in group:
@@ -667,7 +699,7 @@ class Ledger:
                 fut.set_result(outcome)
 
     def _apply(self, charge: Charge, known: dict[str, Stored],
-               added: list[tuple[_Scope, list[int]]], ind: NDArray[np.float64],
+               added: list[tuple[_Scope, NDArray[np.int64]]], ind: NDArray[np.float64],
                dep: NDArray[np.float64], counts: list[int], spent: float
                ) -> tuple[tuple[Stored, Budget] | Exception, float, dict[str, Any] | None]:
         """Decide one charge inside the open transaction: a retry, a conflict, a refusal or a new
@@ -686,13 +718,11 @@ class Ledger:
         replayable = (charge.replayable and charge.indices is not None
                       and charge.pool is not None)
         if replayable:
-            released = self._releases.setdefault((charge.mechanism, charge.pool), {})
-            asked = charge.indices.tolist()
-            if not released.keys().isdisjoint(asked):
-                for q, index in enumerate(asked):
-                    if (outcome := released.get(index)) is not None:
-                        labels[q], branch[q] = outcome >> 8, outcome & 0xFF
-                        fresh[q] = False
+            asked = np.asarray(charge.indices, np.int64)
+            released = self._releases.setdefault((charge.mechanism, charge.pool), _Replays())
+            outcome = released.lookup(asked)
+            fresh = outcome == _Replays.UNSET
+            labels[~fresh], branch[~fresh] = outcome[~fresh] >> 8, outcome[~fresh] & 0xFF
         n_fresh = int(fresh.sum())
         if n_fresh and self.epsilon(ind + n_fresh * charge.worst_case_rdp) > self.epsilon_budget:
             return BudgetExhausted(), spent, None
@@ -720,9 +750,8 @@ class Ledger:
                "indices": None if charge.indices is None else _blob(charge.indices, _I64),
                "fresh": _blob(fresh, _I8), "replayable": replayable, "pool": charge.pool}
         if replayable:
-            new = asked if n_fresh == labels.size else charge.indices[fresh].tolist()
-            released.update(zip(new, _outcomes(labels[fresh], branch[fresh]), strict=True))
-            added.append(((charge.mechanism, charge.pool), new))
+            released.add(asked[fresh], labels[fresh], branch[fresh])
+            added.append(((charge.mechanism, charge.pool), asked[fresh]))
         stored = Stored(charge.request_id, charge.body_digest, labels, branch, fresh)
         known[charge.key] = Stored(charge.request_id, charge.body_digest, labels, branch, fresh,
                                    retried=True)

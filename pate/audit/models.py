@@ -92,7 +92,6 @@ from teachers.ensemble import TrainConfig, train_group
 from teachers.models import build_model
 from teachers.partition import make_partition
 
-ATTACKS: tuple[str, ...] = ("loss", "lira")
 FPRS: tuple[float, ...] = (0.001, 0.01)
 CONTROL_THRESHOLD = 1.0          # the positive control's lower bound must exceed this
 # Each audit's files, named by when it started (UTC), so that no audit overwrites another's.
