@@ -171,6 +171,11 @@ class RunDir:
         return self.root / "report"
 
     @property
+    def report_json(self) -> Path:
+        """``report/report.json``: every figure of the report."""
+        return self.report / "report.json"
+
+    @property
     def audit(self) -> Path:
         """``audit/``: the empirical audits' per-record results (private)."""
         return self.root / "audit"

@@ -52,7 +52,7 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
               ("votes", "done" if run.votes.is_file() else "not run", None),
               ("student", "not run" if student is None else "done",
                None if student is None else student.get("seconds")),
-              ("report", "not run" if not (run.report / "report.json").is_file()
+              ("report", "not run" if not run.report_json.is_file()
                else "done" if current_report(run.root) is not None else "out of date", None)]
     return [{"stage": stage, "state": state, **({} if seconds is None else {"seconds": seconds})}
             for stage, state, seconds in states]

@@ -178,16 +178,32 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
     return got, False
 
 
+def load_sent_probs(probs_path: Path) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """``student/probs.npz``: the pool rows asked of Interactive-GNMax and the probabilities the
+    student sent with them (empty where none was)."""
+    if not probs_path.is_file():
+        return np.zeros(0, np.int64), np.zeros((0, 0))
+    with np.load(probs_path, allow_pickle=False) as data:
+        return data["pool_index"].astype(np.int64), data["probs"]
+
+
+def append_sent_probs(probs_path: Path, index: NDArray[np.int64],
+                      probs: NDArray[np.float64]) -> None:
+    """Add the rows ``index`` and the probabilities sent with them to ``probs_path``."""
+    old_index, old_probs = load_sent_probs(probs_path)
+    buf = io.BytesIO()
+    np.savez(buf, pool_index=np.concatenate([old_index, index]),
+             probs=np.concatenate([old_probs.reshape(-1, probs.shape[1]), probs]))
+    write_bytes_atomic(probs_path, buf.getvalue())
+
+
 def interactive_baseline(probs_path: Path, index: NDArray[np.int64], num_teachers: float
                          ) -> NDArray[np.float64]:
     """The baseline num_teachers * student_probs that Interactive-GNMax's threshold step
     subtracted (PATE 2018, Alg. 2) for the pool rows ``index``, from the probabilities the
     student sent (``student/probs.npz``). UserError when a row's probabilities are missing."""
     index = np.asarray(index, np.int64)
-    sent_index, probs = np.zeros(0, np.int64), np.zeros((0, 0))
-    if probs_path.is_file():
-        with np.load(probs_path, allow_pickle=False) as data:
-            sent_index, probs = data["pool_index"].astype(np.int64), data["probs"]
+    sent_index, probs = load_sent_probs(probs_path)
     missing, rows = index.size, np.zeros(0, np.int64)
     if sent_index.size:
         order = np.argsort(sent_index)

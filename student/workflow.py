@@ -17,7 +17,6 @@ Interactive-GNMax, which its analysis needs) and ``student/metrics.json``.
 
 from __future__ import annotations
 
-import io
 import math
 import sys
 import time
@@ -37,7 +36,6 @@ from pate.data.augment import AUGMENTATIONS
 from pate.data.task import DataSource, Task, load_task, source_identity
 from pate.devices import device_problem
 from pate.errors import PateError, RemoteServiceError, UserError
-from pate.io import write_bytes_atomic
 from pate.progress import Progress, progress_bar
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
@@ -50,7 +48,14 @@ from student.models import (
     same_tensors,
 )
 from student.predict import student_schema
-from student.rounds import Received, analyze_rounds, ask, read_rounds, select_queries
+from student.rounds import (
+    Received,
+    analyze_rounds,
+    append_sent_probs,
+    ask,
+    read_rounds,
+    select_queries,
+)
 from student.sanitised import Releases
 from student.training import (
     FitConfig,
@@ -208,14 +213,7 @@ def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str
     if not len(got):
         return rounds
     if probs is not None:
-        index, sent = got.pool_index, probs[:len(got)]
-        if run.probs.is_file():
-            with np.load(run.probs, allow_pickle=False) as old:
-                index = np.concatenate([old["pool_index"], index])
-                sent = np.concatenate([old["probs"], sent])
-        buf = io.BytesIO()
-        np.savez(buf, pool_index=index, probs=sent)
-        write_bytes_atomic(run.probs, buf.getvalue())
+        append_sent_probs(run.probs, got.pool_index, probs[:len(got)])
     rounds.append({"mechanism": mechanism, "select": select, **got.counts()})
     run.write_json(run.rounds, rounds)
     return rounds

@@ -282,8 +282,8 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         home = Path(run_dir).resolve()
         if not home.is_dir():
             raise UserError(f"{run_dir}: no such run directory")
-        if (home / "votes.npz").is_file():
-            pool = VotePool.from_file(home / "votes.npz")
+        if RunDir(home).votes.is_file():
+            pool = VotePool.from_file(RunDir(home).votes)
     if pool is not None:
         check_threshold(mechanism, pool.teachers)  # before the ledger exists
         if check_pool is not None:

@@ -73,6 +73,7 @@ from pate.aggregation.aggregators import Aggregator
 from pate.audit.model_options import TARGETS, ModelsAuditOptions
 from pate.config import parse_config
 from pate.data.task import Benchmark, DataSource, load_task, source_from_record
+from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_json_atomic, write_with_atomic
 from pate.rundir import RunDir
@@ -592,8 +593,7 @@ def audit_student(run: Run, recipe: StudentRecipe, retrained: RetrainedTeachers,
     """Target (c): the rounds answered again over the ensemble with the retrained teachers, the
     student trained again; references: the student's method on the true public labels of the
     rows it asked, each with its own seed."""
-    with np.load(run.dir.votes, allow_pickle=False) as f:
-        votes, vote_pool = f["votes"].astype(np.int64), f["pool_index"].astype(np.int64)
+    votes, vote_pool = load_votes_with_index(run.dir.votes)
     order = np.argsort(vote_pool)
     asked = np.concatenate([rows for _, rows in recipe.rounds])
     at = order[np.searchsorted(vote_pool, asked, sorter=order)]

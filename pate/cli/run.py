@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run) if args.run else Path("runs") / config.name
     start = time.monotonic()
     report = run_pipeline(config, run_dir)
-    summary = public_rows(RunDir(run_dir).read_json(report.parent / "report.json")["table"])
+    summary = public_rows(RunDir(run_dir).read_json(RunDir(run_dir).report_json)["table"])
     print(json.dumps({"run": str(run_dir), "report": str(report),
                       "seconds": round(time.monotonic() - start, 1), "summary": summary}))
     return 0

@@ -30,7 +30,7 @@ def current_report(run_dir: str | Path) -> dict[str, Any] | None:
     written (again): it is derived from the run directory, so a missing, damaged or outdated
     one is rebuilt rather than trusted."""
     run = RunDir(run_dir)
-    path = run.report / "report.json"
+    path = run.report_json
     try:
         report = run.read_json(path)
     except UserError:

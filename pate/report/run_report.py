@@ -235,7 +235,7 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
 def _stale_report(run_dir: str | Path, why: UserError) -> dict[str, Any]:
     """The report a run already has when it cannot be written again (its private files gone,
     say), with a warning; ``why`` again when it has none."""
-    path = RunDir(run_dir).report / "report.json"
+    path = RunDir(run_dir).report_json
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -258,7 +258,7 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
         if report is None:
             try:
                 write_run_report(run_dir)
-                report = RunDir(run_dir).read_json(RunDir(run_dir).report / "report.json")
+                report = RunDir(run_dir).read_json(RunDir(run_dir).report_json)
             except UserError as exc:
                 report = _stale_report(run_dir, exc)
         reports.append(report)
