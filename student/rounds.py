@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from analysis.costs import steps
-from analysis.mechanisms import mechanism_from_dict
+from analysis.mechanisms import Mechanism, mechanism_from_dict
 from analysis.votes_analysis import (
     EarlierRelease,
     PrivacyAnalysis,
@@ -233,6 +233,34 @@ def read_rounds(run: RunDir) -> list[dict[str, Any]]:
     return rounds
 
 
+def round_plan(rounds: list[dict], received: Received,
+               by_name: Callable[[str], Mechanism] | None = None
+               ) -> list[tuple[Mechanism, slice]]:
+    """Each round's mechanism and the rows of ``received`` it asked, in order: the mechanism as
+    ``student/rounds.json`` records it or, where it records only the name (older versions, for
+    a remote service), ``by_name(name)`` (the run's configuration). ``UserError`` where neither
+    gives it, or the rounds do not account for every received row."""
+    if sum(r["queries"] for r in rounds) != len(received):
+        raise UserError(f"student/rounds.json: its rounds ask {sum(r['queries'] for r in rounds)} "
+                        f"rows, labels.npz holds {len(received)}: this run directory is damaged")
+    plan, start = [], 0
+    for r in rounds:
+        record = r["mechanism"]
+        try:
+            if set(record) == {"mechanism"}:
+                if by_name is None:
+                    raise UserError("a round's aggregator parameters are not recorded (in "
+                                    "student/rounds.json), and no config.toml gives them")
+                mechanism = by_name(record["mechanism"])
+            else:
+                mechanism = mechanism_from_dict(record)
+        except ValueError as exc:
+            raise UserError(f"student/rounds.json: {exc}") from None
+        plan.append((mechanism, slice(start, start + r["queries"])))
+        start += r["queries"]
+    return plan
+
+
 def round_segments(rounds: list[dict], received: Received,
                    votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
                    probs_path: Path) -> list[QuerySegment] | None:
@@ -242,14 +270,12 @@ def round_segments(rounds: list[dict], received: Received,
     None when a round's parameters were not recorded (by an older version, for a remote
     service) or the rounds do not account for every received row."""
     if sum(r["queries"] for r in rounds) != len(received) or any(
-            len(r["mechanism"]) == 1 for r in rounds):
+            set(r["mechanism"]) == {"mechanism"} for r in rounds):
         return None
-    segments, start = [], 0
-    for r in rounds:
-        index = received.pool_index[start:start + r["queries"]]
-        start += r["queries"]
+    segments = []
+    for mechanism, rows in round_plan(rounds, received):
+        index = received.pool_index[rows]
         votes = votes_of(index)
-        mechanism = mechanism_from_dict(r["mechanism"])
         baseline = (interactive_baseline(probs_path, index, float(votes[0].sum()))
                     if steps(mechanism).student_gamma is not None else None)
         segments.append(QuerySegment(votes, mechanism, baseline))

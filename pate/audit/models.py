@@ -59,7 +59,7 @@ import torch
 from numpy.typing import NDArray
 from torch.func import functional_call, vmap
 
-from analysis.mechanisms import Mechanism, mechanism_from_dict
+from analysis.mechanisms import Mechanism
 from analysis.membership import (
     OneRunBound,
     auc,
@@ -78,7 +78,7 @@ from pate.errors import UserError
 from pate.io import ensure_dir, write_json_atomic, write_with_atomic
 from pate.rundir import RunDir
 from student.models import POOL_FEATURE_ARCHS, ModelSpec, PoolFeatures, build_classifier
-from student.rounds import Received, read_rounds
+from student.rounds import Received, read_rounds, round_plan
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -537,19 +537,8 @@ def student_recipe(run: Run, epochs: int | None, device: str) -> StudentRecipe:
                          epochs=fit_config.epochs if epochs is None else epochs)
     features = model.experts[1][0] if spec.arch in POOL_FEATURE_ARCHS else None
     received = Received.load(d.labels)
-    if sum(r["queries"] for r in rounds) != len(received):
-        raise UserError(f"{d.rounds} does not account for every row of {d.labels}")
-    out, start = [], 0
-    for r in rounds:
-        record = r["mechanism"]
-        if len(record) > 1:
-            mechanism = mechanism_from_dict(record)
-        elif run.config is not None:
-            mechanism = run.config.aggregator.round_mechanism(record["mechanism"])
-        else:
-            raise UserError(f"{d.rounds}: a round's parameters are unknown (no config.toml)")
-        out.append((mechanism, received.pool_index[start:start + r["queries"]]))
-        start += r["queries"]
+    out = [(mechanism, received.pool_index[rows]) for mechanism, rows in round_plan(
+        rounds, received, None if run.config is None else run.config.aggregator.round_mechanism)]
     eps = metrics.get("epsilon", {})
     if eps.get("data_independent") is None:
         raise UserError(f"{d.student_metrics} records no data-independent epsilon")

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from analysis.costs import steps
-from analysis.mechanisms import Mechanism, mechanism_from_dict
 from pate.config import AggregatorConfig, parse_config
 from pate.data.task import Benchmark, DataSource, Task, load_task
 from pate.data.votes_file import load_votes_with_index
@@ -31,7 +30,7 @@ from pate.report.figures import (
 from pate.report.freshness import REPORT_FORMAT, current_report
 from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
 from pate.rundir import RunDir
-from student.rounds import Received, interactive_baseline, read_rounds
+from student.rounds import Received, interactive_baseline, read_rounds, round_plan
 from teachers.checkpoints import teachers_source
 
 
@@ -69,21 +68,6 @@ def run_facts(run: RunDir) -> RunFacts:
                     AggregatorConfig.model_fields["lnmax_scale"].default)
 
 
-def round_mechanism(facts: RunFacts, recorded: dict[str, Any]) -> Mechanism:
-    """A round's mechanism: the record ``pate student train`` wrote for it, else (only the name
-    recorded, as by older versions for a remote service) the run's configuration for that
-    mechanism."""
-    try:
-        if set(recorded) == {"mechanism"}:
-            if facts.aggregator is None:
-                raise UserError("a round's aggregator parameters are not recorded (in "
-                                "student/rounds.json), and no config.toml gives them")
-            return facts.aggregator.round_mechanism(recorded["mechanism"])
-        return mechanism_from_dict(recorded)
-    except ValueError as exc:
-        raise UserError(f"student/rounds.json: {exc}") from None
-
-
 def _public_task(source: DataSource | None) -> Task | None:
     """The run's public side (the pool, the label set), or None where its data is not here."""
     if source is None:
@@ -117,14 +101,10 @@ def _segments(run: RunDir, facts: RunFacts, votes: np.ndarray,
         raise UserError(f"{run.labels}: asks for pool rows the votes do not cover")
     rounds = (read_rounds(run)
               or [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
-    if sum(r["queries"] for r in rounds) != asked.size:
-        raise UserError(f"{run.rounds}: its rounds do not add up to the rows of {run.labels}")
     teachers = float(votes[0].sum())
-    segments, start = [], 0
-    for r in rounds:
-        sel = slice(start, start + r["queries"])
-        start += r["queries"]
-        mechanism = round_mechanism(facts, r["mechanism"])
+    segments = []
+    for mechanism, sel in round_plan(rounds, received, None if facts.aggregator is None
+                                     else facts.aggregator.round_mechanism):
         baseline = None
         if steps(mechanism).student_gamma is not None:
             baseline = interactive_baseline(run.probs, asked[sel], teachers)

@@ -20,7 +20,13 @@ from pate.cli.main import main
 from pate.data.datasets import Dataset, public_split
 from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
-from student.rounds import Received, interactive_baseline, read_rounds, select_queries
+from student.rounds import (
+    Received,
+    interactive_baseline,
+    read_rounds,
+    round_plan,
+    select_queries,
+)
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -295,3 +301,23 @@ def test_interactive_baseline_looks_up_each_row_by_pool_index(tmp_path: Path) ->
         interactive_baseline(path, np.array([2, 3, 11]), 50.0)
     with pytest.raises(UserError, match="no student probabilities for 1 interactive"):
         interactive_baseline(tmp_path / "absent.npz", np.array([2]), 50.0)
+
+
+def test_round_plan_reads_each_rounds_mechanism_and_rows() -> None:
+    """One reading of ``student/rounds.json`` for the analysis, the report and the audit: the
+    recorded mechanism, or the configuration's where only its name was recorded; a damaged
+    record or one that does not cover the answers is one UserError."""
+    received = Received(np.arange(5), np.array([0, 1, -1, 2, 0]), np.array([1, 1, 0, 1, 1]))
+    confident = {"mechanism": "confident", "threshold": 200.0, "sigma1": 150.0, "sigma2": 40.0}
+    rounds = [{"mechanism": confident, "queries": 3},
+              {"mechanism": {"mechanism": "confident"}, "queries": 2}]
+    with pytest.raises(UserError, match="parameters are not recorded"):
+        round_plan(rounds, received)
+    plan = round_plan(rounds, received, lambda name: ConfidentGNMax(100.0, 50.0, 20.0))
+    assert [rows for _, rows in plan] == [slice(0, 3), slice(3, 5)]
+    assert plan[0][0] == ConfidentGNMax(200.0, 150.0, 40.0)
+    assert plan[1][0] == ConfidentGNMax(100.0, 50.0, 20.0)
+    with pytest.raises(UserError, match=r"its rounds ask 4 rows, labels\.npz holds 5"):
+        round_plan([{"mechanism": confident, "queries": 4}], received)
+    with pytest.raises(UserError, match=r"^student/rounds\.json: "):
+        round_plan([{"mechanism": {**confident, "sigma1": -1.0}, "queries": 5}], received)
