@@ -111,16 +111,18 @@ class BayesianAccountant:
                   steps: int = 1) -> NDArray[np.float64]:
         """c(lam) of ``steps`` steps estimated from one sample of pair distances (Triastcyn &
         Faltings 2020, eq. 10-12): the Student-t bound on the mean of exp(steps * T * log E[...]),
-        over T."""
+        over T. Given ``[rows, pairs]`` distances, one estimate per row: ``[rows, moments]``."""
         d = np.asarray(distances, np.float64)
-        if d.ndim != 1 or not np.all(np.isfinite(d)) or np.any(d < 0):
-            raise ValueError("distances must be a 1-d array of finite non-negative numbers")
+        if d.ndim not in (1, 2) or not np.all(np.isfinite(d)) or np.any(d < 0):
+            raise ValueError("distances must be a 1-d (or [rows, pairs]) array of finite "
+                             "non-negative numbers")
         if not noise_std > 0:
             raise ValueError(f"noise_std must be > 0, got {noise_std!r}")
         if int(steps) != steps or steps < 1:
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        ell = _pair_log_moments(d, noise_std, sampling_rate, self.moments,
-                                float(self.total_steps * steps))
+        ell = _pair_log_moments(d.T.ravel(), noise_std, sampling_rate, self.moments,
+                                float(self.total_steps * steps))  # [pairs (x rows), moments]
+        ell = ell.reshape(d.T.shape + self.moments.shape)
         return upper_confidence_log_mean(ell, self.gamma) / self.total_steps
 
     def accumulate(self, distances: ArrayLike, noise_std: float, sampling_rate: float,
@@ -133,6 +135,20 @@ class BayesianAccountant:
                                                         steps))
         self.steps += int(steps)
         self.estimates += 1
+
+    def accumulate_each(self, distances: ArrayLike, noise_std: float,
+                        sampling_rate: float) -> None:
+        """Add one step per row of ``distances`` ``[steps, pairs]`` (the pairs sampled at that
+        step, one estimate each), as ``accumulate`` row by row would, in one evaluation."""
+        d = np.asarray(distances, np.float64)
+        if d.ndim != 2:
+            raise ValueError(f"distances must be [steps, pairs], got shape {d.shape}")
+        if self.steps + d.shape[0] > self.total_steps:
+            raise ValueError(f"{self.steps + d.shape[0]} steps exceed total_steps="
+                             f"{self.total_steps}: the Hölder correction would be wrong")
+        self._cost = compose(self._cost, *self.step_cost(d, noise_std, sampling_rate))
+        self.steps += d.shape[0]
+        self.estimates += d.shape[0]
 
     def epsilon_and_moment(self, delta: float) -> tuple[float, int]:
         """(epsilon, optimal moment) at ``delta``, which must exceed the failure probability."""

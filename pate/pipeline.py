@@ -131,11 +131,12 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
     (default: the config's). The last round releases the sanitised epsilon of all of them (the
     run's votes at hand); the rounds before it release none, which would cost privacy too."""
     a = config.aggregator
-    check_delta(a.delta, run.private_records(), a.allow_large_delta, _ALLOW_LARGE_DELTA)
     token = _token(run)
     server = open_server(a.round_mechanism(mechanism), token_file=token,
                          epsilon_budget=a.budget_epsilon, delta=a.delta, run_dir=run.root,
-                         host="127.0.0.1", port=0, device=config.teachers.device)
+                         host="127.0.0.1", port=0, device=config.teachers.device,
+                         private_records=run.private_records(),
+                         allow_large_delta=a.allow_large_delta, allow_name=_ALLOW_LARGE_DELTA)
     try:
         with server.running() as url:
             say(f"pate run: {mechanism} aggregation service on {url}")

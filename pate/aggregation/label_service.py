@@ -35,6 +35,7 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import Aggregator, Branch, check_student_probs
+from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
     InputsPayload,
@@ -262,7 +263,9 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        conversion: Conversion = "improved", limits: Limits | None = None,
                        offline_seed: int | None = None,
                        check_pool: Callable[[VotePool], None] | None = None,
-                       charged_before: bool = False) -> LabelService:
+                       charged_before: bool = False, private_records: int | None = None,
+                       allow_large_delta: bool = False,
+                       allow_name: str = "--allow-large-delta") -> LabelService:
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); the ledger defaults to ``sqlite:///DIR/ledger.db`` in
@@ -270,8 +273,12 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
     directory's own is looked for), the ledger must exist: a new one would be a second budget.
-    Raises ``UserError``, ``LedgerError``, and ``analysis.mechanisms.ParameterError`` for a
-    threshold outside [0, the votes' number of teachers]."""
+    ``delta`` must be below 1/n for the ``private_records`` the votes protect, where known
+    (``delta_policy.check_delta``: unless ``allow_large_delta``, the option the caller calls
+    ``allow_name``). Raises ``UserError``, ``LedgerError``, and
+    ``analysis.mechanisms.ParameterError`` for a threshold outside [0, the votes' number of
+    teachers]."""
+    check_delta(delta, private_records, allow_large_delta, allow_name)
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
     pool = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from analysis.rdp import CONVERSIONS
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
@@ -59,73 +59,19 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
-    from analysis.costs import steps
-    from analysis.mechanisms import ParameterError
-    from analysis.votes_analysis import analyze_votes
-    from pate.data.votes_file import load_baseline, load_votes
+    from pate.analyze import analyze_votes_file
 
     # Interactive-GNMax's gamma does not enter the cost: the analysis takes no --gamma.
-    mechanism = mechanism_from_flags(args, costed_only=True)
-    interactive = steps(mechanism).student_gamma is not None
-    if args.baseline is not None and not interactive:
-        raise UserError("--baseline is for --mechanism interactive only")
-    if args.asked is None:
-        votes, asked = load_votes(args.votes), None
-    else:
-        votes, asked = _votes_and_asked_rows(args.votes, args.asked, distinct=not interactive)
-    baseline = None
-    if interactive:
-        if args.baseline is None:
-            raise UserError("interactive needs --baseline (num_teachers * student_probs)")
-        baseline = load_baseline(args.baseline, votes)
-    if args.queries is not None:
-        if args.queries > votes.shape[0]:
-            raise UserError(f"--queries {args.queries} exceeds the {votes.shape[0]} rows of "
-                            f"{args.votes}")
-        votes = votes[:args.queries]
-        baseline = None if baseline is None else baseline[:args.queries]
-    if asked is not None:
-        votes = votes[asked]
-        baseline = None if baseline is None else baseline[asked]
-    try:
-        result = analyze_votes(votes, mechanism, args.delta, baseline=baseline, order=args.order,
-                               beta=args.beta, conversion=args.conversion)
-    except ParameterError as exc:
-        raise UserError(exc.named("--")) from None
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    result = analyze_votes_file(
+        args.votes, mechanism_from_flags(args, costed_only=True), args.delta,
+        queries=args.queries, asked_path=args.asked, baseline_path=args.baseline,
+        order=args.order, beta=args.beta, conversion=args.conversion)
     if args.json:
         json.dump(result.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_analysis(result))
     return 0
-
-
-def _votes_and_asked_rows(votes_path: str, asked_path: str,
-                          distinct: bool) -> tuple[Any, Any]:
-    """The votes, and the rows holding the pool indices of ``asked_path`` in its order (the
-    service's own lookup, so the rows are those its aggregator saw). With ``distinct``, an
-    index asked again counts once: the service replays its first answer, free (every mechanism
-    but Interactive-GNMax, docs/design.md, "The aggregation service"). A ``labels.npz`` that
-    records another pool than the votes' (``pool_fingerprint``) is refused."""
-    import numpy as np
-
-    from pate.aggregation.vote_pool import VotePool
-    from pate.data.votes_file import load_pool_fingerprint, load_pool_indices
-
-    indices = load_pool_indices(asked_path)
-    if distinct:
-        indices = indices[np.sort(np.unique(indices, return_index=True)[1])]
-    pool = VotePool.from_file(votes_path)
-    asked_pool = load_pool_fingerprint(asked_path)
-    if None not in (asked_pool, pool.fingerprint) and asked_pool != pool.fingerprint:
-        raise UserError(f"{asked_path}: these rows were asked of another public pool than "
-                        f"{votes_path} was cast on")
-    try:
-        return pool.votes, pool.rows(indices)
-    except UserError as exc:
-        raise UserError(f"{asked_path}: {exc.detail} (the pool of {votes_path})") from None
 
 
 def format_analysis(r: PrivacyAnalysis) -> str:

@@ -114,8 +114,7 @@ def run_bayesian(args: argparse.Namespace) -> int:
     try:
         acc = BayesianAccountant(args.moments, total_steps=d.shape[0],
                                  confidence=args.confidence)
-        for row in d:
-            acc.accumulate(row, args.noise_std, args.sampling_rate)
+        acc.accumulate_each(d, args.noise_std, args.sampling_rate)
         eps, moment = acc.epsilon_and_moment(args.delta)
     except ValueError as exc:
         raise UserError(str(exc)) from None

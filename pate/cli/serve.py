@@ -68,14 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.mechanisms import mechanism_to_dict
-    from pate.aggregation.delta_policy import check_delta
     from pate.aggregation.label_requests import Limits
     from pate.rundir import RunDir
     from pate.service.server import open_server
 
     mechanism = mechanism_from_flags(args)
-    if args.run is not None:  # a votes file alone does not say how many records it protects
-        check_delta(args.delta, RunDir(args.run).private_records(), args.allow_large_delta)
     server = open_server(
         mechanism, token_file=args.token_file, epsilon_budget=args.budget_epsilon,
         delta=args.delta, run_dir=args.run, votes_path=args.votes, ledger_url=args.ledger,
@@ -83,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
         limits=Limits(args.max_batch, args.max_body_bytes, args.body_timeout,
                       args.requests_per_s, args.labels_per_min),
         access_log=args.access_log, docs=args.docs,
-        world_readable_tokens=args.allow_shared_token_file)
+        world_readable_tokens=args.allow_shared_token_file,
+        # a votes file alone does not say how many records it protects
+        private_records=None if args.run is None else RunDir(args.run).private_records(),
+        allow_large_delta=args.allow_large_delta)
     service = server.service
     budget = service.ledger.budget()
     modes = [m for m, on in (("indices", service.pool is not None),

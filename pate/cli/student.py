@@ -139,7 +139,6 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     """The label source of the flags: the HTTP client of ``--server``, or the label service in
     this process over ``--votes`` (default the run's votes), which ``check_votes`` sees before
     the ledger opens."""
-    from pate.aggregation.delta_policy import check_delta
     from pate.aggregation.label_service import InProcessLabels, open_label_service
     from pate.service.client import LabelClient
     from student.workflow import AggregatorSession
@@ -164,12 +163,13 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
         raise UserError(f"{votes}: no votes file (give --votes FILE or --server URL)")
     if args.budget_epsilon is None:
         raise UserError("the local aggregator needs --budget-epsilon")
-    check_delta(args.delta, RunDir(args.run).private_records(), args.allow_large_delta)
     service = open_label_service(mechanism_from_flags(args),
                                  epsilon_budget=args.budget_epsilon, delta=args.delta,
                                  votes_path=votes, ledger_url=args.ledger,
                                  conversion=args.conversion, check_pool=check_votes,
-                                 charged_before=RunDir(args.run).labels.is_file())
+                                 charged_before=RunDir(args.run).labels.is_file(),
+                                 private_records=RunDir(args.run).private_records(),
+                                 allow_large_delta=args.allow_large_delta)
     return AggregatorSession(InProcessLabels(service), args.mechanism, service)
 
 

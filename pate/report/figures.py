@@ -1,7 +1,8 @@
 """The privacy-utility report of a run: every figure in one JSON object, the paper's figures as
 PNGs and a self-contained HTML page (PATE 2018, Table 1 and Figures 4 and 5).
 
-Inputs are plain arrays and dictionaries (``RunData``); reading a run directory is the CLI's job.
+Inputs are plain arrays and dictionaries (``RunData``); reading a run directory is
+``pate.report.run_report``'s job.
 The report holds private statistics (vote histograms, the data-dependent epsilon): it is for the
 data curator and is written with private file modes.
 """
@@ -482,7 +483,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def comparison(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Figure]]:
+def compare_runs(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Figure]]:
     """Several runs side by side: their table rows and an accuracy-against-epsilon plot."""
     rows = [{"run": r["run"], **row} for r in reports for row in r["table"]]
     fig = Figure(figsize=(6.4, 4.4))

@@ -22,7 +22,7 @@ from pate.report.figures import (
     RunData,
     Segment,
     build_report,
-    comparison,
+    compare_runs,
     run_sections,
     table_html,
     write_report,
@@ -242,7 +242,7 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
             except UserError as exc:
                 report = _stale_report(run_dir, exc)
         reports.append(report)
-    summary, figures = comparison(reports)
+    summary, figures = compare_runs(reports)
     sections = [("Runs compared", table_html(summary["table"], first_column="Run"))]
     return write_report(summary, figures, out_dir, "PATE runs compared", sections,
                         _private_writer)

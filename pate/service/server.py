@@ -17,6 +17,7 @@ import uvicorn
 
 from analysis.mechanisms import Mechanism
 from analysis.rdp import Conversion
+from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import Limits
 from pate.aggregation.label_service import LabelService, TeacherEnsemble, open_label_service
 from pate.errors import UserError
@@ -99,10 +100,15 @@ def open_server(mechanism: Mechanism, *, token_file: str | Path, epsilon_budget:
                 conversion: Conversion = "improved", host: str = "127.0.0.1", port: int = 8470,
                 device: str = "cpu", limits: Limits | None = None,
                 access_log: bool = False, docs: bool = False,
-                world_readable_tokens: bool = False) -> LabelServer:
-    """Read the tokens, listen on ``host:port`` (0 picks a free port), open the label service
-    (``open_label_service``; with ``run_dir``, its trained teachers answer ``inputs``) and put
-    it behind the HTTP app. Raises ``UserError`` (or ``LedgerError``) before anything is served."""
+                world_readable_tokens: bool = False, private_records: int | None = None,
+                allow_large_delta: bool = False,
+                allow_name: str = "--allow-large-delta") -> LabelServer:
+    """Check ``delta`` against the ``private_records`` the votes protect, where known (as
+    ``open_label_service`` does), read the tokens, listen on ``host:port`` (0 picks a free
+    port), open the label service (with ``run_dir``, its trained teachers answer ``inputs``)
+    and put it behind the HTTP app. Raises ``UserError`` (or ``LedgerError``) before anything
+    is served."""
+    check_delta(delta, private_records, allow_large_delta, allow_name)  # before the tokens
     tokens = TokenStore(token_file, allow_world_readable=world_readable_tokens)
     try:
         sock = socket.create_server((host, port))

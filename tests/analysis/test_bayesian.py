@@ -43,6 +43,20 @@ def test_step_cost_matches_the_naive_estimator() -> None:
     np.testing.assert_allclose(acc.step_cost(d, 1.5, 0.05), expected, rtol=1e-10)
 
 
+def test_steps_at_once_are_the_steps_one_by_one() -> None:
+    """``accumulate_each`` (one evaluation for every row) adds what ``accumulate`` row by row
+    does, and counts as many steps and estimates."""
+    d = np.random.default_rng(2).uniform(0.0, 1.0, (7, 40))
+    each, one_by_one = (BayesianAccountant((1, 2, 4), total_steps=10) for _ in range(2))
+    each.accumulate_each(d, 1.2, 0.02)
+    for row in d:
+        one_by_one.accumulate(row, 1.2, 0.02)
+    np.testing.assert_allclose(each.cost, one_by_one.cost, rtol=1e-12)
+    assert (each.steps, each.estimates) == (one_by_one.steps, one_by_one.estimates) == (7, 7)
+    with pytest.raises(ValueError, match="exceed total_steps"):
+        each.accumulate_each(d, 1.2, 0.02)
+
+
 def test_one_pair_at_the_clipping_bound_is_the_classical_bound() -> None:
     """Every pair at distance C, noise sigma * C: zero variance, c_t = log A_{lam+1}, and the
     accountant's epsilon is the RDP accountant's with the classic conversion at orders lam + 1."""
