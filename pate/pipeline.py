@@ -96,9 +96,7 @@ def _train_config(config: RunConfig) -> TrainConfig:
 
 def _teachers(config: RunConfig, run: RunDir) -> None:
     t, source, train = config.teachers, config.data.source(), _train_config(config)
-    job = (TrainJob(source.name, t.count, t.shard_size, train, source.pool_size,
-                    source.data_dir) if isinstance(source, Benchmark)
-           else TrainJob(source, t.count, t.shard_size, train))
+    job = TrainJob(source, t.count, t.shard_size, train)
     cluster = Cluster(t.workers, t.ray_address, t.device, t.gpus_per_shard)
     result = train_teachers(run.root, job, cluster)
     run.append_log(f"teachers: {len(result['trained'])} shard(s) trained, "

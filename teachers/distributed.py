@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pate.data.task import Benchmark, DataFiles, DataSource, Task, load_task, source_identity
+from pate.data.task import Benchmark, DataSource, Task, load_task, source_identity
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import progress_bar
@@ -46,30 +46,28 @@ from teachers.user_models import ray_runtime_env
 
 @dataclass(frozen=True)
 class TrainJob:
-    """What ``pate teachers train`` trains; all of it but ``data_dir`` is fixed per run.
-    ``dataset`` is a built-in dataset's name or a user's files (``pate.data.task.DataFiles``)."""
+    """What ``pate teachers train`` trains; all of it but where the data lies is fixed per run.
+    ``dataset`` is a data source (``pate.data.task``: a built-in dataset, or a user's files),
+    or a built-in dataset's name, with its default folders and pool size."""
 
-    dataset: str | DataFiles
+    dataset: str | DataSource
     num_teachers: int
     shard_size: int
     train: TrainConfig
-    pool_size: int | None = None
-    data_dir: str | None = None
 
     @property
     def source(self) -> DataSource:
         """Where the data comes from."""
-        if isinstance(self.dataset, str):
-            return Benchmark(self.dataset, self.data_dir, self.pool_size)
-        return self.dataset
+        return Benchmark(self.dataset) if isinstance(self.dataset, str) else self.dataset
 
     def settings(self) -> dict:
         """The settings a rerun must repeat to resume (everything but where the data lives)."""
-        record = source_identity(self.source)
-        name = self.dataset if isinstance(self.dataset, str) else Path(self.dataset.public).stem
-        return {"dataset": name, "data": record, "num_teachers": self.num_teachers,
+        source = self.source
+        benchmark = isinstance(source, Benchmark)
+        return {"dataset": source.name if benchmark else Path(source.public).stem,
+                "data": source_identity(source), "num_teachers": self.num_teachers,
                 "shard_size": self.shard_size, "train": asdict(self.train),
-                "pool_size": self.pool_size}
+                "pool_size": source.pool_size if benchmark else None}
 
 
 def shard_ranges(num_teachers: int, shard_size: int) -> list[range]:

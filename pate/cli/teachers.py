@@ -81,9 +81,7 @@ def _train(args: argparse.Namespace) -> int:
              "lr": args.lr, "mixup": args.mixup}
     cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}, augment=augment,
                       seed=args.seed)
-    job = (TrainJob(source.name, args.teachers, args.shard_size, cfg, source.pool_size,
-                    source.data_dir) if isinstance(source, Benchmark)
-           else TrainJob(source, args.teachers, args.shard_size, cfg))
+    job = TrainJob(source, args.teachers, args.shard_size, cfg)
     cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
     t0 = time.time()
     with RunDir(args.run).create().exclusive():
