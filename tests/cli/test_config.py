@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import BaseModel
 
@@ -102,8 +103,13 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_the_interactive_round_takes_its_own_parameters() -> None:
-    from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, mechanism_to_dict
-    from pate.report.run_report import RunFacts, round_mechanism
+    from analysis.mechanisms import (
+        ConfidentGNMax,
+        InteractiveGNMax,
+        Mechanism,
+        mechanism_to_dict,
+    )
+    from student.rounds import Received, round_plan
 
     text = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
             "interactive_threshold = 250\ninteractive_sigma1 = 40\nbudget_epsilon = 9\n"
@@ -115,14 +121,18 @@ def test_the_interactive_round_takes_its_own_parameters() -> None:
         250, 40, 40, 0.9)  # sigma2 inherited, gamma the default
     with pytest.raises(UserError, match="confident or interactive"):
         config.aggregator.round_mechanism("gnmax")
-    a = config.aggregator
-    facts = RunFacts(None, a.delta, a.lnmax_scale, a)
-    p = round_mechanism(facts, {"mechanism": "interactive"})
+    by_name = config.aggregator.round_mechanism  # a round that recorded only its name
+
+    def mechanism(record: dict) -> Mechanism:
+        received = Received(np.arange(3), np.zeros(3, np.int64), np.ones(3, np.int8))
+        return round_plan([{"mechanism": record, "queries": 3}], received, by_name)[0][0]
+
+    p = mechanism({"mechanism": "interactive"})
     assert (p.threshold, p.sigma1, p.sigma2, p.gamma) == (250, 40, 40, 0.9)
     recorded = {"mechanism": "gnmax", "sigma": 30.0}  # a round that recorded its parameters
-    assert mechanism_to_dict(round_mechanism(facts, recorded)) == recorded
+    assert mechanism_to_dict(mechanism(recorded)) == recorded
     with pytest.raises(UserError, match=r"rounds\.json: scale is not taken by mechanism gnmax"):
-        round_mechanism(facts, {**recorded, "scale": 1.0})
+        mechanism({**recorded, "scale": 1.0})
 
 
 def test_the_teacher_architectures_are_named_alike_everywhere() -> None:
