@@ -53,6 +53,13 @@ def pool_changed(manifest: dict, task: Task) -> bool:
     return recorded is not None and recorded != task.pool_fingerprint
 
 
+def private_changed(manifest: dict, task: Task) -> bool:
+    """Whether ``task``'s private rows are not those (in that order) the teachers' manifest
+    records (``Task.private_fingerprint``); False where it records none (an older version's)."""
+    recorded = manifest.get("private_fingerprint")
+    return recorded is not None and recorded != task.private_fingerprint
+
+
 def teachers_source(run_dir: Path) -> DataSource | None:
     """The data the run's teachers were trained on, from their manifest; None when there is no
     manifest or it holds no readable data record."""

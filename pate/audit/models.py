@@ -315,6 +315,9 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
               else None)
     task = load_task(_source(manifest, config))
     assert task.private_x is not None and task.private_y is not None
+    if checkpoints.private_changed(manifest, task):
+        raise UserError("the private data is not what this run's teachers were trained on (its "
+                        "rows, their order or their labels changed since): cannot audit this run")
     train = TrainConfig(**manifest["train"])
     part = make_partition(len(task.private_y), int(manifest["num_teachers"]), train.seed)
     recorded = run.read_json(run.partition)

@@ -146,6 +146,18 @@ class Task:
         record = {"pool": content, "rows": len(self.pool_x), "classes": list(self.classes)}
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
+    @cached_property
+    def private_fingerprint(self) -> str | None:
+        """sha256 (hex) of the private rows and labels, in order (None without them): a
+        partition deals rows by position, so a resumed run must see the same rows in the same
+        order. PRIVATE: a function of the private data, kept in private files only."""
+        if self.private_x is None or self.private_y is None:
+            return None
+        digest = hashlib.sha256(str((self.private_x.shape, self.private_x.dtype.str)).encode())
+        digest.update(np.ascontiguousarray(self.private_x).data)
+        digest.update(np.ascontiguousarray(self.private_y, np.int64).data)
+        return digest.hexdigest()
+
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.pool_x.shape[1:])

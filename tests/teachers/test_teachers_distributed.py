@@ -144,3 +144,29 @@ def test_killed_run_loses_only_shards_in_flight(tmp_path, ray_running):
     from teachers.votes import load_ensemble
     votes = load_ensemble(run).vote(np.zeros((3, 1, 8, 8), dtype=np.float32))
     assert votes.sum(1).tolist() == [12, 12, 12]
+
+
+def test_a_resume_on_reordered_or_changed_private_rows_is_refused(tmp_path, digits, ray_running):
+    """The partition deals rows by position: rows shuffled (or a label changed) between a
+    stopped run and its resume would put one record in two teachers. The manifest (private)
+    keeps a digest of the private rows; a resume on others is refused, and nothing trains."""
+    from pate.data.task import DataFiles
+
+    private, public = tmp_path / "private.npz", tmp_path / "public.npz"
+    np.savez(private, x=digits.train_x, y=digits.train_y)
+    np.savez(public, x=digits.test_x[:100])
+    job = TrainJob(DataFiles(str(private), str(public), classes=tuple("0123456789")), 4, 2,
+                   TrainConfig(model="mlp", epochs=1, seed=0))
+    run = tmp_path / "run"
+    assert train_teachers(run, job, Cluster(), only=[0])["trained"] == [0]
+    assert "private_fingerprint" not in (run / "partition.json").read_text()  # public file
+    order = np.random.default_rng(0).permutation(len(digits.train_y))
+    for x, y in ((digits.train_x[order], digits.train_y[order]),
+                 (digits.train_x, np.where(np.arange(len(digits.train_y)) == 7,
+                                           (digits.train_y + 1) % 10, digits.train_y))):
+        np.savez(private, x=x, y=y)
+        with pytest.raises(UserError, match="the private data is not what this run's teachers"):
+            train_teachers(run, job, Cluster())
+        assert list(checkpoints.read_manifest(run)["shards"]) == ["0"]
+    np.savez(private, x=digits.train_x, y=digits.train_y)  # restored: the resume goes on
+    assert train_teachers(run, job, Cluster())["trained"] == [1]
