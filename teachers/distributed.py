@@ -183,15 +183,15 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     elif {k: manifest.get(k) for k in settings} != settings:
         raise UserError("this run's teachers were trained with other settings (see "
                         "teachers/manifest.json); repeat them or use a new --run directory")
+    elif checkpoints.pool_changed(manifest, data):
+        raise UserError("the public pool is not the one this run's teachers were trained beside "
+                        "(its content, rows or label set changed since): restore it, or use a "
+                        "new --run directory")
     elif checkpoints.private_changed(manifest, data):
         raise UserError("the private data is not what this run's teachers were partitioned "
                         "over (its rows, their order or their labels changed since): the "
                         "partition deals rows by position, so one record could reach two "
                         "teachers; restore it, or use a new --run directory")
-    elif checkpoints.pool_changed(manifest, data):
-        raise UserError("the public pool is not the one this run's teachers were trained beside "
-                        "(its content, rows or label set changed since): restore it, or use a "
-                        "new --run directory")
     manifest.setdefault("pool_fingerprint", data.pool_fingerprint)  # an older run's: recorded
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
     return manifest, data, part

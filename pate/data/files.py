@@ -91,17 +91,19 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
 def _check_field_counts(path: Path, raw: bytes) -> None:
     """Refuse a CSV line with fewer or more comma-separated fields than its header, by line
     number (a position, never a value: the file may be private). pandas fills a short row
-    with missing values unsaid. Counted on the bytes at once; a file with quotes (where a
-    comma or a line break may sit inside a value) is left to pandas, which refuses a long
-    row itself."""
+    with missing values unsaid. Counted on the bytes at once: a comma or a line break is a
+    separator where an even number of quotes precedes it (inside a quoted value the count is
+    odd; a doubled quote in it keeps the parity)."""
     data = np.frombuffer(raw, np.uint8)
-    if not len(data) or (data == ord('"')).any():
+    if not len(data):
         return
-    ends = np.flatnonzero(data == ord("\n"))
+    outside = np.cumsum(data == ord('"')) % 2 == 0
+    newline = data == ord("\n")
+    ends = np.flatnonzero(newline & outside)
     if not len(ends) or ends[-1] != len(data) - 1:
         ends = np.append(ends, len(data))
     starts = np.concatenate([[0], ends[:-1] + 1])
-    commas = np.concatenate([[0], np.cumsum(data == ord(","))])
+    commas = np.concatenate([[0], np.cumsum((data == ord(",")) & outside)])
     fields = commas[ends] - commas[starts] + 1
     carriage = (ends > starts) & (data[np.maximum(ends - 1, 0)] == ord("\r"))
     length = ends - starts - carriage
@@ -113,10 +115,11 @@ def _check_field_counts(path: Path, raw: bytes) -> None:
     header, rows = fields[lines[0]], lines[1:]
     wrong = rows[(fields[rows] != header) & ~(trailing[rows] & (fields[rows] == header + 1))]
     if len(wrong):
+        line = int(np.count_nonzero(newline[:starts[wrong[0]]])) + 1  # a value may span lines
         if fields[wrong[0]] > header:
-            raise UserError(f"{path}: line {wrong[0] + 1} has more fields than the header (a "
-                            "comma inside a value needs quotes)")
-        raise UserError(f"{path}: line {wrong[0] + 1} has fewer fields than the header")
+            raise UserError(f"{path}: line {line} has more fields than the header (a comma "
+                            "inside a value needs quotes)")
+        raise UserError(f"{path}: line {line} has fewer fields than the header")
 
 
 def read_csv(path: str | Path, label: str | None, need_labels: bool
@@ -149,6 +152,9 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     if frame.empty:
         raise UserError(f"{p}: no rows")
     names = pd.Index([str(c).strip() for c in header.iloc[0]])
+    if len(names) > 1 and names[-1] == "" and frame.iloc[:, -1].isna().all():
+        # a comma at the end of every line, the header's too: no column
+        names, frame = names[:-1], frame.iloc[:, :-1]
     repeated = names[names.duplicated()]
     if len(repeated):  # read_csv itself would have renamed a repeat "age.1"
         raise UserError(f"{p}: the column {repeated[0]!r} appears more than once")
