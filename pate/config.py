@@ -129,6 +129,15 @@ class AggregatorConfig(_Section):
     delta: float = Field(gt=0, lt=1)
     lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
     allow_large_delta: bool = False  # accept delta >= 1/n (pate.aggregation.delta_policy)
+    # a ledger shared by the runs on one body of private data (an SQLite file, relative to the
+    # config file, or a SQLAlchemy URL): one budget for all of them; None: the run's own
+    ledger: str | None = None
+
+    def ledger_url(self) -> str | None:
+        """``ledger`` as a SQLAlchemy URL (a file path made ``sqlite:///``), or None."""
+        if self.ledger is None or "://" in self.ledger:
+            return self.ledger
+        return f"sqlite:///{self.ledger}"
 
     @model_validator(mode="after")
     def _mechanisms_valid(self) -> AggregatorConfig:
@@ -331,7 +340,12 @@ def load_config(preset_or_path: str) -> RunConfig:
         except UnicodeDecodeError:
             raise UserError(f"{path}: not a TOML file (not UTF-8 text)") from None
         config = parse_config(text, str(path))
-        return config.model_copy(update={"data": config.data.resolved(path.parent)})
+        ledger = config.aggregator.ledger
+        aggregator = (config.aggregator if ledger is None or "://" in ledger
+                      else config.aggregator.model_copy(
+                          update={"ledger": str((path.parent / ledger).resolve())}))
+        return config.model_copy(update={"data": config.data.resolved(path.parent),
+                                         "aggregator": aggregator})
     if preset_or_path not in preset_names():
         raise UserError(f"unknown preset {preset_or_path!r}; presets: "
                         f"{', '.join(preset_names())}, or give a .toml file")
@@ -353,6 +367,14 @@ def same_run(first: RunConfig, other: RunConfig) -> bool:
             update={k: getattr(getattr(other, section), k) for k in keys})
         for section, keys in PLACEMENT_KEYS.items()})
     return moved == other
+
+
+def config_differences(first: RunConfig, other: RunConfig) -> list[str]:
+    """The keys (``section.key``, or ``name``) whose values differ between two configs."""
+    a, b = first.model_dump(), other.model_dump()
+    keys = [k for k in a if not isinstance(a[k], dict) and a[k] != b[k]]
+    return keys + [f"{section}.{k}" for section in a if isinstance(a[section], dict)
+                   for k in a[section] if a[section][k] != b[section][k]]
 
 
 def dump_config(config: RunConfig) -> str:

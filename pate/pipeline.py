@@ -25,7 +25,7 @@ from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.vote_pool import VotePool
 from pate.comparison import dpsgd_settings, run_comparison
-from pate.config import RunConfig, dump_config, parse_config, same_run
+from pate.config import RunConfig, config_differences, dump_config, parse_config, same_run
 from pate.data.task import Benchmark, DataFiles, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
@@ -51,29 +51,33 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     """Create the run directory (0700) and its config.toml; a rerun must use the same config
     (where its stages run may change: ``pate.config.PLACEMENT_KEYS``), unless the first attempt
     stopped before it made anything (config.toml and log.txt are all there is): then the new
-    config replaces the old, and the log says so."""
-    run.create()
-    made = {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name}
-    if run.config.is_file():
-        recorded = parse_config(run.config.read_text(), str(run.config))
-        if recorded == config:
-            return
-        if same_run(recorded, config):  # the same run, placed elsewhere: it resumes there
-            run.write_text(run.config, dump_config(config))
-            run.append_log("config.toml: where the stages run changed (workers, device, GPU "
-                           "share or Ray cluster)")
-            return
-        if made:
-            raise UserError(f"{run} was started with a different configuration; use a new "
-                            "--run directory")
-        run.append_log("config.toml replaced: the last attempt stopped before any stage made "
-                       "anything")
-    elif run.stages.is_file():  # finished stages, of a configuration no longer known
+    config replaces the old, and the log says so. A directory refused is left as it was."""
+    made = (set() if not run.root.is_dir()
+            else {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name})
+    recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
+                else None)
+    if recorded is not None and made and not same_run(recorded, config):
+        raise UserError(f"{run} was started with a different configuration (other "
+                        f"{', '.join(config_differences(recorded, config))}): repeat it, or use "
+                        "a new --run directory (with its own ledger, a new privacy budget for "
+                        "the same private data, unless aggregator.ledger names one they share)")
+    if recorded is None and run.stages.is_file():  # finished stages of an unknown config
         raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
                         "directory")
-    elif made:  # the separate commands' outputs, made with settings pate run cannot know
+    if recorded is None and made:  # the separate commands' outputs, settings pate run lacks
         raise UserError(f"{run} holds what other commands made ({', '.join(sorted(made)[:3])}) "
                         "and no config.toml: pate run needs a new --run directory")
+    run.create()
+    if recorded == config:
+        return
+    if recorded is not None and made:  # the same run, placed elsewhere: it resumes there
+        run.write_text(run.config, dump_config(config))
+        run.append_log("config.toml: where the stages run changed (workers, device, GPU "
+                       "share or Ray cluster)")
+        return
+    if recorded is not None:
+        run.append_log("config.toml replaced: the last attempt stopped before any stage made "
+                       "anything")
     run.write_text(run.config, dump_config(config))
 
 
@@ -132,7 +136,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
     token = _token(run)
     server = open_server(a.round_mechanism(mechanism), token_file=token,
                          epsilon_budget=a.budget_epsilon, delta=a.delta, run_dir=run.root,
-                         host="127.0.0.1", port=0, device=config.teachers.device,
+                         ledger_url=a.ledger_url(), host="127.0.0.1", port=0,
+                         device=config.teachers.device,
                          private_records=run.private_records(),
                          allow_large_delta=a.allow_large_delta, allow_name=_ALLOW_LARGE_DELTA)
     try:
@@ -225,12 +230,13 @@ def _check_data(config: RunConfig) -> None:
     a = config.aggregator
     confident, orders = a.round_mechanism("confident"), default_orders()
     covered = worst_case_queries(confident, a.budget_epsilon, a.delta, orders)
-    if not covered:
-        one = epsilon_from_rdp(realised_rdp_independent(confident, 1, 1, orders), orders,
+    if covered < 2:  # the fewest labels a student learns from (one makes batches of one row)
+        two = epsilon_from_rdp(realised_rdp_independent(confident, 2, 2, orders), orders,
                                a.delta)[0]
-        raise UserError(f"aggregator.budget_epsilon {a.budget_epsilon:g} does not cover even one "
-                        f"query: its worst case is epsilon {one:.3g} at delta {a.delta:g} (a "
-                        "larger budget, or larger sigma1 and sigma2)")
+        raise UserError(f"aggregator.budget_epsilon {a.budget_epsilon:g} does not cover two "
+                        f"queries, the fewest a student can learn from: their worst case is "
+                        f"epsilon {two:.3g} at delta {a.delta:g} (a larger budget, or larger "
+                        "sigma1 and sigma2)")
     st = config.student
     asked = st.queries + st.active_queries + st.interactive_queries
     if asked > len(task.pool_x):
@@ -239,7 +245,7 @@ def _check_data(config: RunConfig) -> None:
                       "asked twice, so the rounds ask fewer", UserWarning, stacklevel=2)
     if covered < task.num_classes:
         warnings.warn(f"aggregator.budget_epsilon {a.budget_epsilon:g} buys at most {covered} "
-                      f"teachers' {'answer' if covered == 1 else 'answers'}, fewer than the "
+                      f"teachers' answers, fewer than the "
                       f"{task.num_classes} classes: the student may get too few labels to "
                       "learn from, after the teachers have trained", UserWarning, stacklevel=2)
 
@@ -253,8 +259,10 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     run = RunDir(run_dir)
     if run.private_records() is None:
         _check_data(config)
-    with run.create().exclusive():  # held before config.toml is read or written
-        prepare_run_dir(config, run)
+    if not run.root.is_dir():
+        run.create()
+    with run.exclusive():  # held before config.toml is read or written
+        prepare_run_dir(config, run)  # made 0700 there, once it is not refused
         _run_stages(config, run, _stage_actions(config, run))
     return run.report / "report.html"
 

@@ -167,14 +167,16 @@ def test_a_directory_the_separate_commands_made_is_refused(
 def test_rerun_with_another_config_is_refused(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(mode=0o755)
+    run.chmod(0o755)
     (run / "config.toml").write_text(
         'name = "other"\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n'
         "budget_epsilon = 1\ndelta = 1e-5\n")
     (run / "votes.npz").write_bytes(b"")  # a stage made something
     assert main(["run", "digits-tiny", "--run", str(run)]) == 2
     err = capsys.readouterr().err
-    assert "different configuration" in err and err.count("\n") == 1
+    assert "different configuration (other name, " in err and err.count("\n") == 1
+    assert stat.S_IMODE(run.stat().st_mode) == 0o755  # a directory refused is left as it was
     # without its config.toml, a run's finished stages would be taken for the new config's
     (run / "config.toml").unlink()
     (run / "stages.json").write_text('{"teachers": 1.0, "votes": 1.0}')
@@ -205,7 +207,9 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     assert parse_config((run / "config.toml").read_text(), "again") == mended
     assert "config.toml replaced" in (run / "log.txt").read_text()
     (run / "partition.json").write_text("{}")  # once a stage has made something: refused
-    with pytest.raises(UserError, match="started with a different configuration"):
+    with pytest.raises(UserError, match=r"started with a different configuration \(other "
+                                        r"teachers\.count\): repeat it, or use a new --run "
+                                        r"directory .*unless aggregator\.ledger names one"):
         prepare_run_dir(first, RunDir(run))
     # but it may resume elsewhere: another Ray cluster, a GPU share, more workers
     moved = mended.model_copy(update={"teachers": mended.teachers.model_copy(update={
@@ -237,7 +241,9 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
     cases = [(tiny.replace("count = 10", "count = 5000"),
               "teachers.count 5000 is more than the 1297 private records"),
              (tiny.replace("budget_epsilon = 1000.0", "budget_epsilon = 0.5"),
-              "aggregator.budget_epsilon 0.5 does not cover even one query"),
+              "aggregator.budget_epsilon 0.5 does not cover two queries"),
+             (tiny.replace("budget_epsilon = 1000.0", "budget_epsilon = 8.0"),  # one query
+              "does not cover two queries, the fewest a student can learn from"),
              (tiny.replace('select = "random"', 'select = "uncertainty"'), "student.select"),
              (tiny.replace("delta = 1e-05", "delta = 1e-3"),
               "(or aggregator.allow_large_delta = true)"),
@@ -257,15 +263,16 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
 
 
 def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training() -> None:
-    """digits has 10 classes; a budget that covers, at worst, 1 or 4 answered queries may leave
-    the student with nothing to learn from once the teachers have trained: said up front."""
+    """digits has 10 classes; a budget that covers, at worst, 2 or 4 answered queries may leave
+    the student with nothing to learn from once the teachers have trained: said up front (one
+    is refused, above)."""
     tiny = load_config("digits-tiny")  # Confident-GNMax T 6, sigma1 2, sigma2 1: eps 7.59 each
 
     def budget(epsilon: float) -> RunConfig:
         return tiny.model_copy(update={"aggregator": tiny.aggregator.model_copy(
             update={"budget_epsilon": epsilon})})
 
-    for epsilon, covered in ((7.6, "1 teachers' answer,"), (20.0, "4 teachers' answers,")):
+    for epsilon, covered in ((12.0, "2 teachers' answers,"), (20.0, "4 teachers' answers,")):
         with pytest.warns(UserWarning, match=f"buys at most {covered} fewer than the 10"):
             _check_data(budget(epsilon))
     with warnings.catch_warnings():
@@ -304,3 +311,29 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path,
     assert not run.stages.exists()
     with run.exclusive():  # released when its holder ends
         pass
+
+
+def test_runs_on_one_private_dataset_can_share_one_budget(tmp_path: Path) -> None:
+    """``aggregator.ledger`` (relative to the config file) names a ledger that two run
+    directories on the same private data both charge: one budget, as ``pate status`` of
+    either shows; each run records it beside its votes."""
+    from pate.status import run_status
+
+    tiny = load_config("digits-tiny")
+    tiny = tiny.model_copy(update={
+        "aggregator": tiny.aggregator.model_copy(update={"ledger": "shared/ledger.db"}),
+        "compare": tiny.compare.model_copy(update={"enabled": False})})
+    (tmp_path / "shared").mkdir()
+    spent = []
+    for seed in (0, 1):  # other teachers, so that their votes are answered afresh
+        config = tmp_path / f"c{seed}.toml"
+        config.write_text(dump_config(tiny.model_copy(update={
+            "teachers": tiny.teachers.model_copy(update={"seed": seed})})))
+        run = tmp_path / f"run{seed}"
+        assert main(["--quiet", "run", str(config), "--run", str(run)]) == 0
+        assert not (run / "ledger.db").exists()
+        assert (run / "ledger-url.txt").read_text().strip().endswith("/shared/ledger.db")
+        spent.append(run_status(run)["budget"])
+    assert spent[1]["queries"] > spent[0]["queries"] > 0
+    assert spent[1]["epsilon_spent"] > spent[0]["epsilon_spent"]
+    assert run_status(tmp_path / "run0")["budget"] == spent[1]  # one budget, seen from both
