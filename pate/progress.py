@@ -51,9 +51,10 @@ class _Lines:
         self.done += n
         self.total = total or self.total
         now = time.monotonic()
-        if now - self.shown < self.every and self.done != self.total:
+        last = self.done == self.total
+        if (now - self.shown < self.every and not last) or (last and self.shown == float("inf")):
             return
-        self.shown = now
+        self.shown = float("inf") if last else now  # the last line is said once
         of = "" if self.total is None else f"/{self.total}"
         say(f"{self.desc}: {self.unit} {self.done}{of}, {now - self.start:.1f} s")
 

@@ -76,22 +76,46 @@ def shard_ranges(num_teachers: int, shard_size: int) -> list[range]:
             for s in range(0, num_teachers, shard_size)]
 
 
+class EpochCounter:
+    """The teacher-epochs each shard has done, reported by its Ray task as it trains (a Ray
+    actor, ``_run``): the driver's progress within shards that take minutes each. A task
+    retried by Ray starts its shard's count again."""
+
+    def __init__(self) -> None:
+        self.done: dict[int, int] = {}
+
+    def start(self, shard: int) -> None:
+        self.done[shard] = 0
+
+    def add(self, shard: int, teacher_epochs: int) -> None:
+        self.done[shard] = self.done.get(shard, 0) + teacher_epochs
+
+    def total(self) -> int:
+        return sum(self.done.values())
+
+
 def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
                 teachers: range, parts: list[np.ndarray], min_size: int, device: str,
-                threads: int, encoder: dict[str, np.ndarray] | None = None
-                ) -> dict[str, np.ndarray]:
-    """Body of one Ray task: train the teachers of one shard, return stacked parameters."""
+                threads: int, encoder: dict[str, np.ndarray] | None = None,
+                progress: tuple[Any, int] | None = None) -> dict[str, np.ndarray]:
+    """Body of one Ray task: train the teachers of one shard, return stacked parameters.
+    ``progress``: an ``EpochCounter`` actor and this shard's number, told of each epoch."""
     import torch
 
     from teachers.ensemble import train_group
 
+    on_epochs = None
+    if progress is not None:
+        counter, shard = progress
+        counter.start.remote(shard)
+        on_epochs = lambda n: counter.add.remote(shard, n)  # noqa: E731
     torch.set_num_threads(threads)
     xt = torch.tensor(x, device=device)  # copy: object-store arrays are read-only
     yt = torch.tensor(y, device=device)
     enc = None if encoder is None else {k: torch.tensor(v, device=device)
                                         for k, v in encoder.items()}
     params = train_group(cfg, xt, yt, num_classes, np.arange(teachers.start, teachers.stop),
-                         parts, min_size, enc)
+                         parts, min_size, enc, on_epochs)
     return {k: v.numpy() for k, v in params.items()}
 
 
@@ -270,6 +294,9 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}
 
 
+_PROGRESS_EVERY_S = 2.0  # how often the driver reads the shards' epochs while it waits
+
+
 def _check_gpus(cluster: Cluster) -> None:
     """Refuse shards on cuda where the Ray cluster has too few GPUs: they would wait forever."""
     import ray
@@ -292,16 +319,23 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)
     x_ref, y_ref, enc_ref = ray.put(data.private_x), ray.put(data.private_y), ray.put(encoder)
-    queue, pending, failed = list(todo), {}, []
-    with progress_bar("training teachers", sum(len(t) for _, t in todo), "teacher") as bar:
+    counter = ray.remote(num_cpus=0)(EpochCounter).remote()
+    queue, pending, failed, shown = list(todo), {}, [], 0
+    total = sum(len(t) for _, t in todo) * job.train.epochs
+    with progress_bar("training teachers", total, "teacher-epoch", every=10.0) as bar:
         while queue or pending:
             while queue and len(pending) < cluster.workers:
                 i, teachers = queue.pop(0)
                 ref = task.remote(job.train, x_ref, y_ref, data.num_classes, teachers,
                                   part.parts(teachers), manifest["min_size"], cluster.device,
-                                  cpus, enc_ref)
+                                  cpus, enc_ref, (counter, i))
                 pending[ref] = (i, teachers, time.time())
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=_PROGRESS_EVERY_S)
+            done = min(ray.get(counter.total.remote()), total)
+            bar.update(done - shown)
+            shown = done
+            if not ready:
+                continue
             i, teachers, t0 = pending.pop(ready[0])
             try:
                 params = ray.get(ready[0])
@@ -314,7 +348,8 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
                 "sha256": checkpoints.save_shard(run_dir, i, params),
                 "seconds": round(time.time() - t0, 2)}
             checkpoints.write_manifest(run_dir, manifest)
-            bar.update(len(teachers))
+        if not failed:  # the last epochs' reports may reach the counter after their shards
+            bar.update(total - shown)
     if failed:
         raise UserError(f"{len(failed)} shard(s) failed: {', '.join(failed)}; the others are "
                         "saved - rerun the same command to train only the missing ones")

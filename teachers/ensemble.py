@@ -217,19 +217,21 @@ def vectorised(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int,
 
 def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                 teacher_ids: np.ndarray, parts: list[np.ndarray], min_size: int,
-                encoder: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                encoder: dict[str, torch.Tensor] | None = None,
+                on_epochs: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
     """Train the teachers ``teacher_ids`` together; teacher k only ever reads rows ``parts[k]``
     of ``x``/``y`` (already on the target device). ``encoder``: the run's frozen pool encoder,
     for the architectures that use one (shared, not trained). Returns the teachers' stacked
     parameters (CPU), and a user's network's buffers. A user's network that fails the vmap test
     (:func:`vectorised`) is trained one teacher at a time (:func:`train_one`), the slower
-    path."""
+    path. ``on_epochs(n)``: ``n`` more teacher-epochs are done (after each epoch)."""
     check_disjoint(parts, len(x))
     device = x.device
     ids = np.asarray(teacher_ids, dtype=np.int64)
     in_shape = tuple(x.shape[1:])
     if not vectorised(cfg, in_shape, num_classes, device):
-        states = [module_state(train_one(cfg, x, y, num_classes, int(t), part, min_size))
+        states = [module_state(train_one(cfg, x, y, num_classes, int(t), part, min_size,
+                                         on_epochs=on_epochs))
                   for t, part in zip(ids, parts, strict=True)]
         return {k: torch.stack([s[k] for s in states]).cpu() for k in states[0]}
     # The module's own parameters are never used (functional_call replaces them), its buffers
@@ -243,6 +245,7 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
     steps, batch = _batches(cfg, ids, parts, min_size, device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
     forward = vmap(lambda p, xb: functional_call(base, p, (xb,)))
+    per_epoch = steps // cfg.epochs
     for step in range(steps):
         rows, dy, dx, flip, lam = batch(step)
         loss = _loss(cfg, lambda xb: forward(state, xb), _augmented(cfg, x, rows, dy, dx, flip),
@@ -251,12 +254,15 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
         loss.backward()
         opt.step()
         sched.step()
+        if on_epochs is not None and (step + 1) % per_epoch == 0:
+            on_epochs(len(ids))
     return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
               teacher_id: int, part: np.ndarray, min_size: int,
-              encoder: dict[str, torch.Tensor] | None = None) -> nn.Module:
+              encoder: dict[str, torch.Tensor] | None = None,
+              on_epochs: Callable[[int], None] | None = None) -> nn.Module:
     """The same teacher as :func:`train_group` would produce, trained alone as a plain module
     (the one-at-a-time baseline of the benchmark, the reference of the equivalence test, and
     the slower path of a user's network that vmap cannot map). The random numbers its forward
@@ -269,6 +275,7 @@ def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: i
                             fused=True)
     steps, batch = _batches(cfg, ids, [part], min_size, x.device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
+    per_epoch = steps // cfg.epochs
     with seeded(cfg.seed, teacher_id, rng.FORWARD, x.device):
         for step in range(steps):
             rows, dy, dx, flip, lam = batch(step)
@@ -278,4 +285,6 @@ def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: i
             loss.backward()
             opt.step()
             sched.step()
+            if on_epochs is not None and (step + 1) % per_epoch == 0:
+                on_epochs(1)
     return model

@@ -19,6 +19,7 @@ def test_throttled_lines_keep_the_last(capsys: pytest.CaptureFixture) -> None:
     with progress_bar("DP-SGD", None, "step", every=3600.0) as bar:
         for _ in range(50):
             bar.update(1, total=50)
+        bar.update(0)  # nothing more: the last line is not said again
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(",")[0] for line in lines] == ["DP-SGD: step 1/50", "DP-SGD: step 50/50"]
 

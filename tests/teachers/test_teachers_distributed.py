@@ -170,3 +170,26 @@ def test_a_resume_on_reordered_or_changed_private_rows_is_refused(tmp_path, digi
         assert list(checkpoints.read_manifest(run)["shards"]) == ["0"]
     np.savez(private, x=digits.train_x, y=digits.train_y)  # restored: the resume goes on
     assert train_teachers(run, job, Cluster())["trained"] == [1]
+
+
+def test_shards_report_their_epochs_as_they_train(digits, ray_running):
+    """A shard tells the driver's counter after each epoch (its progress within shards that
+    take minutes each), vectorised or one teacher at a time."""
+    from teachers.distributed import EpochCounter, train_shard
+    from teachers.ensemble import train_group
+    from teachers.partition import make_partition
+
+    part = make_partition(len(digits.train_y), 4, CFG.seed)
+    min_size = int(part.sizes.min())
+    calls: list[int] = []
+    train_group(CFG, torch.as_tensor(digits.train_x), torch.as_tensor(digits.train_y), 10,
+                np.arange(4), part.parts(range(4)), min_size, on_epochs=calls.append)
+    assert calls == [4] * CFG.epochs
+    counter = ray.remote(num_cpus=0)(EpochCounter).remote()
+    ray.get(ray.remote(train_shard).remote(CFG, digits.train_x, digits.train_y, 10, range(2),
+                                           part.parts(range(2)), min_size, "cpu", 1, None,
+                                           (counter, 5)))
+    deadline = time.time() + 30
+    while ray.get(counter.total.remote()) < 2 * CFG.epochs and time.time() < deadline:
+        time.sleep(0.1)
+    assert ray.get(counter.total.remote()) == 2 * CFG.epochs
