@@ -60,7 +60,10 @@ class DataConfig(_Section):
                                  "files), not both")
             if self.private is None or self.public is None:
                 raise ValueError("your own data needs both private and public")
-            self.source()  # the files' own checks (pate.data.task.DataFiles), at load
+            try:
+                self.source()  # the files' own checks (pate.data.task.DataFiles), at load
+            except UserError as exc:  # said as the config's other mistakes are, with its key
+                raise ValueError(str(exc)) from None
         return self
 
     def source(self) -> DataSource:
@@ -309,7 +312,8 @@ def _first_error(exc: ValidationError) -> str:
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
     where = ".".join(str(x) for x in err["loc"]) or "config"
-    return f"{where}: {err['msg']}"
+    message = err["msg"].removeprefix("Value error, ")  # pydantic's, of our validators' words
+    return f"{where}: {message}"
 
 
 def parse_config(text: str, origin: str) -> RunConfig:

@@ -19,11 +19,15 @@ PRIVATE_DIR_MODE = 0o700
 
 
 def ensure_dir(path: str | Path, private: bool = False) -> Path:
-    """Create ``path`` (and parents) if needed; a private directory is chmod 0700."""
+    """Create ``path`` (and parents) if needed; a private directory is chmod 0700, a public one
+    this creates 0755 whatever the umask (a public file is 0644: ``atomic_writer``)."""
     p = Path(path)
+    existed = p.is_dir()
     p.mkdir(parents=True, exist_ok=True)
     if private:
         p.chmod(PRIVATE_DIR_MODE)
+    elif not existed:
+        p.chmod(0o755)
     return p
 
 
@@ -32,7 +36,7 @@ def atomic_writer(path: str | Path, private: bool = False) -> Iterator[BinaryIO]
     """Open a temporary file next to ``path`` for binary writing; on success it is fsynced and
     renamed over ``path``, on error removed. A private file is 0600 from its creation on."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, PRIVATE_FILE_MODE if private else 0o644)

@@ -291,7 +291,8 @@ def _run_stages(config: RunConfig, run: RunDir, actions: dict[str, Callable[[], 
     done = run.finished_stages()
     if "report" in done and current_report(run.root) is None:
         done.pop("report")
-        run.append_log("report: missing, damaged or of an older version: written again")
+        run.append_log("report: missing, damaged, of an older version or older than a file it "
+                       "is made from (config.toml, the student, ...): written again")
     for stage in config.stages():
         if stage in done:
             say(f"pate run: {stage}: done already, skipped")

@@ -282,7 +282,10 @@ class RunDir:
     def append_log(self, line: str) -> None:
         """Append one time-stamped line to ``log.txt`` (public: say no private figure)."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        with self.log.open("a") as fh:
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if os.fstat(fd).st_size == 0:  # made here: 0644 whatever the umask, as public files are
+            os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "a") as fh:
             fh.write(f"{stamp} {line}\n")
 
     def write_secret(self, path: Path, text: str) -> None:

@@ -45,3 +45,19 @@ def test_secrets_are_private(tmp_path: Path) -> None:
     run.write_json(run.stages, {})
     assert stat.S_IMODE(run.token.stat().st_mode) == 0o600
     assert stat.S_IMODE(run.stages.stat().st_mode) == 0o644
+
+
+def test_public_files_and_folders_have_their_modes_whatever_the_umask(tmp_path: Path) -> None:
+    """Under ``umask 000`` the log and a public folder were 0666 and 0777."""
+    import os
+
+    old = os.umask(0)
+    try:
+        run = RunDir(tmp_path / "run").create()
+        run.append_log("teachers: started")
+        run.write_json(run.student_metrics, {})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(run.log.stat().st_mode) == 0o644
+    assert stat.S_IMODE(run.student.stat().st_mode) == 0o755
+    assert stat.S_IMODE(run.student_metrics.stat().st_mode) == 0o644

@@ -51,7 +51,7 @@ def test_dumped_config_names_every_key() -> None:
      "interactive_threshold = 6\nbudget_epsilon = 1\ndelta = 1e-5\n",
      "interactive_threshold must lie in"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: Value error, model must be one of"),
+     "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: model must be one of"),
     ("name = \n", "invalid TOML"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = '2'\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be a valid number"),
@@ -62,17 +62,21 @@ def test_dumped_config_names_every_key() -> None:
      "delta = 1e-5\n[compare]\nenabled = 'yes'\n", "compare.enabled: Input should be a valid "
      "boolean"),
     ("name = '../escape'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
-     "budget_epsilon = 1\ndelta = 1e-5\n", "name: Value error, name must be a folder name"),
+     "budget_epsilon = 1\ndelta = 1e-5\n", "name: name must be a folder name"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = inf\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = inf\n"
      "delta = 1e-5\n", "aggregator.budget_epsilon: Input should be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1e-300\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator: Value error, sigma1 must lie in [1e-06, 1e+12]"),
+     "delta = 1e-5\n", "aggregator: sigma1 must lie in [1e-06, 1e+12]"),
+    # a file's own check, said as the config's other mistakes are (the file and the section)
+    ("name = 'x'\n[data]\nprivate = 'p.csv'\npublic = 'q.csv'\nlabel = 'y'\n"
+     "classes = ['low', 'low', 'mid']\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n", "data: the classes ['low', 'low', 'mid'] repeat a name"),
     # the interactive round's own key is named where it is the one at fault
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "interactive_sigma2 = 1e-300\ndelta = 1e-5\n",
-     "aggregator: Value error, interactive_sigma2 must lie in [1e-06, 1e+12]"),
+     "aggregator: interactive_sigma2 must lie in [1e-06, 1e+12]"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
     with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
