@@ -218,7 +218,10 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
             "epsilon_smooth_sensitivity": student_eps.get("data_dependent_sanitised"),
             "epsilon_smooth_sensitivity_expected": ss["epsilon"] if ss else None,
-            "epsilon_spent": student_eps.get("data_independent"),
+            # without the student's metrics (its training failed after the answers were
+            # charged), what the ledger charged for the answers in hand
+            "epsilon_spent": student_eps.get("data_independent",
+                                             report["queries"]["epsilon_data_independent"]),
             "delta": privacy["delta"],
             "accuracy": (report["student"] or {}).get("accuracy"),
         })

@@ -123,6 +123,11 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
         1, math.exp(6.5) * 0.01 + a.delta, 1 - math.exp(-6.5) * (1 - a.delta - 0.01)))
     assert meaning["data-independent"]["value"] == row["epsilon_data_independent"]
     assert "What these epsilons mean" in page and "99.8 %" in page  # (e^6.5 + d) / (1 + e^6.5)
+    # a student that failed to train after its answers were charged: the charge is still said
+    (run / "student" / "metrics.json").unlink()
+    assert pate("report", "--run", str(run)).returncode == 0
+    row = json.loads((run / "report" / "report.json").read_text())["table"][0]
+    assert row["epsilon_spent"] == pytest.approx(realised, rel=1e-12)
 
 
 def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
