@@ -50,6 +50,11 @@ def _theorem6_at(logq: NDArray[np.float64], sigma: float, order: float) -> NDArr
     return theorem6_rdp(logq, sigma, np.array([order]))[:, 0]
 
 
+class NotApplicable(ValueError):
+    """PATE 2018's data-dependent analysis of GNMax does not apply at this (sigma, order): no
+    q0 exists below which Theorem 6 beats the data-independent bound."""
+
+
 @functools.lru_cache(maxsize=256)
 def gnmax_logq0(sigma: float, order: float) -> float:
     """log q0: the point above which GNMax's data-independent bound a/sigma^2 beats Theorem 6
@@ -63,14 +68,15 @@ def gnmax_logq0(sigma: float, order: float) -> float:
     upper = min(-(1.0 + 1.0 / sigma) ** 2, -(((order - 1.0) / sigma) ** 2), -1.0 / sigma**2)
     if not (theorem6_applies(np.array([upper]), sigma)[0]
             and sigma * math.sqrt(-upper) + 1.0 >= order):
-        raise ValueError(f"Theorem 6 does not apply at its natural bound (sigma={sigma}, "
-                         f"order={order})")
+        raise NotApplicable(f"Theorem 6 does not apply at its natural bound (sigma={sigma}, "
+                            f"order={order})")
     if excess(upper) < 0:
         return upper
     lower = 2.0 * upper
     while excess(lower) > 0:
         if lower < -1e5:
-            raise ValueError("no data-dependent gain for GNMax at this order: q0 not bracketed")
+            raise NotApplicable("no data-dependent gain for GNMax at this order: q0 not "
+                                "bracketed")
         lower *= 1.5
     return float(brentq(excess, lower, upper))
 
@@ -421,11 +427,16 @@ def optimise_release(ls_total: ArrayLike, rdp_total: float, order: float,
 def check_conditions(sigma: float, num_classes: int, order: float,
                      points: int = 20_000) -> tuple[bool, bool]:
     """C5: beta(q) (Theorem 6) is non-decreasing on (0, q0); C6: beta(b_u(q)) - beta(q) is
-    non-decreasing on (0, b_l(q0)). Checked on a log-spaced grid of -log q from the interval's
-    upper end to 1e5 (q down to e^-100000), with a relative tolerance for rounding."""
+    non-decreasing on (0, b_l(q0)); both False where no q0 exists (``NotApplicable``).
+    Checked on a log-spaced grid of -log q from the interval's upper end to 1e5 (q down to
+    e^-100000), with a relative tolerance for rounding."""
     if num_classes < 2:
         return True, True
     sens = GNMaxSensitivity(float(sigma), num_classes, float(order))
+    try:
+        logq0 = sens.logq0
+    except NotApplicable:  # no q0: the proof does not apply, as where C5 fails
+        return False, False
 
     def non_decreasing(values: NDArray[np.float64]) -> bool:
         tol = 1e-9 * np.maximum(np.abs(values[1:]), np.abs(values[:-1])) + 1e-300
@@ -434,7 +445,7 @@ def check_conditions(sigma: float, num_classes: int, order: float,
     def grid(upper_logq: float) -> NDArray[np.float64]:
         return -np.logspace(np.log10(1e5), np.log10(-upper_logq), points)  # increasing log q
 
-    c5 = non_decreasing(_theorem6_at(grid(sens.logq0), sigma, order))
+    c5 = non_decreasing(_theorem6_at(grid(logq0), sigma, order))
     if not c5:
         return False, False
     logq = grid(sens.logq1)

@@ -162,7 +162,8 @@ def _segment_sensitivity(segment: QuerySegment, costs: ExpectedCosts, order_inde
     conditions = (True, True)
     if not answer_fixed:
         conditions = answer.conditions(votes.shape[1], order)
-        ls_total += answer.local_sensitivity_total(votes, order, p)
+        if all(conditions):  # else the analysis falls back, and reads no sensitivity
+            ls_total += answer.local_sensitivity_total(votes, order, p)
     return rdp_total, ls_total, conditions
 
 

@@ -10,6 +10,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -135,6 +136,15 @@ class AggregatorConfig(_Section):
     # a ledger shared by the runs on one body of private data (an SQLite file, relative to the
     # config file, or a SQLAlchemy URL): one budget for all of them; None: the run's own
     ledger: str | None = None
+
+    @field_validator("ledger")
+    @classmethod
+    def _no_password(cls, value: str | None) -> str | None:
+        if value is not None and "://" in value and urlsplit(value).password is not None:
+            raise ValueError("a password in the ledger's URL would be written to config.toml, "
+                             "a public file: leave it out and give it to the database client "
+                             "(PGPASSWORD, ~/.pgpass)")
+        return value
 
     def ledger_url(self) -> str | None:
         """``ledger`` as a SQLAlchemy URL (a file path made ``sqlite:///``), or None."""
@@ -374,11 +384,13 @@ def same_run(first: RunConfig, other: RunConfig) -> bool:
 
 
 def config_differences(first: RunConfig, other: RunConfig) -> list[str]:
-    """The keys (``section.key``, or ``name``) whose values differ between two configs."""
+    """The keys (``section.key``, or ``name``) whose values differ between two configs, but
+    for :data:`PLACEMENT_KEYS` (a run may change those)."""
     a, b = first.model_dump(), other.model_dump()
     keys = [k for k in a if not isinstance(a[k], dict) and a[k] != b[k]]
     return keys + [f"{section}.{k}" for section in a if isinstance(a[section], dict)
-                   for k in a[section] if a[section][k] != b[section][k]]
+                   for k in a[section] if a[section][k] != b[section][k]
+                   and k not in PLACEMENT_KEYS.get(section, ())]
 
 
 def dump_config(config: RunConfig) -> str:

@@ -232,43 +232,44 @@ class Stored:
 
 class _Replays:
     """The outcomes released so far in one scope (a mechanism's parameters and the votes), by
-    pool index, packed as ``label << 8 | branch`` (label -1 = none), ``UNSET`` where none was.
-    Pool indices are row numbers of the votes, so a dense array holds them: a request's
-    replays are one gather, its new releases one scatter, whatever its size."""
+    pool index, packed as ``label << 8 | branch`` (label -1 = none), ``UNSET`` where none was:
+    sorted arrays of the indices and their outcomes, so that a request's replays are one
+    binary search and its new releases one merge, whatever its size and whatever the indices
+    (a votes file's ``pool_index`` may hold any int64)."""
 
     UNSET = np.iinfo(np.int64).min
 
     def __init__(self) -> None:
-        self._outcome = np.full(0, self.UNSET, np.int64)
+        self._index = np.zeros(0, np.int64)
+        self._outcome = np.zeros(0, np.int64)
 
     def lookup(self, indices: NDArray[np.int64]) -> NDArray[np.int64]:
         """The outcome released for each index, ``UNSET`` where none was."""
-        out = np.full(indices.size, self.UNSET, np.int64)
-        inside = (indices >= 0) & (indices < self._outcome.size)
-        out[inside] = self._outcome[indices[inside]]
+        out = np.full(indices.shape, self.UNSET, np.int64)
+        if self._index.size:
+            at = np.minimum(np.searchsorted(self._index, indices), self._index.size - 1)
+            found = self._index[at] == indices
+            out[found] = self._outcome[at[found]]
         return out
 
     def add(self, indices: NDArray[np.int64], labels: NDArray[np.integer],
             branch: NDArray[np.integer]) -> None:
         """Keep the outcomes of indices released for the first time (the first release of an
         index stands: a later one, by another process, is not replayed)."""
-        if not indices.size:
-            return
-        if indices.min() < 0:
-            raise ValueError("a pool index is negative")
-        if indices.max() >= self._outcome.size:
-            grown = np.full(max(int(indices.max()) + 1, 2 * self._outcome.size), self.UNSET,
-                            np.int64)
-            grown[:self._outcome.size] = self._outcome
-            self._outcome = grown
         index, first = np.unique(indices, return_index=True)
-        new = self._outcome[index] == self.UNSET
-        self._outcome[index[new]] = ((labels[first][new].astype(np.int64) << 8)
-                                     | branch[first][new].astype(np.int64))
+        new = self.lookup(index) == self.UNSET
+        index, first = index[new], first[new]
+        if not index.size:
+            return
+        packed = (labels[first].astype(np.int64) << 8) | branch[first].astype(np.int64)
+        at = np.searchsorted(self._index, index)
+        self._index = np.insert(self._index, at, index)
+        self._outcome = np.insert(self._outcome, at, packed)
 
     def forget(self, indices: NDArray[np.int64]) -> None:
         """Undo ``add`` of ``indices`` (released by a group that could not be recorded)."""
-        self._outcome[indices] = self.UNSET
+        keep = ~np.isin(self._index, indices)
+        self._index, self._outcome = self._index[keep], self._outcome[keep]
 
 
 def _blob(a: NDArray, dtype: np.dtype) -> bytes:
@@ -484,14 +485,13 @@ class Ledger:
         """Add to ``_releases`` the replayable outcomes committed since the last sync (by this
         process or another); called inside the write transaction, under the lock."""
         for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
-            self._synced_seq = row.seq
-            if row.indices is None or row.pool is None:  # inputs; a schema-2 row
-                continue
-            fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
-                     else _array(row.fresh, _I8).astype(bool))
-            self._releases.setdefault((row.mechanism, row.pool), _Replays()).add(
-                _array(row.indices, _I64)[fresh], _array(row.labels, _I32)[fresh],
-                _array(row.branch, _I8)[fresh])
+            if row.indices is not None and row.pool is not None:  # not inputs, nor schema 2
+                fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
+                         else _array(row.fresh, _I8).astype(bool))
+                self._releases.setdefault((row.mechanism, row.pool), _Replays()).add(
+                    _array(row.indices, _I64)[fresh], _array(row.labels, _I32)[fresh],
+                    _array(row.branch, _I8)[fresh])
+            self._synced_seq = row.seq  # once its releases are kept
 
     def verify(self) -> None:
         """Check that the budget row equals the sum of the request rows (in commit order, as

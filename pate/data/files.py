@@ -91,19 +91,20 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
 def _check_field_counts(path: Path, raw: bytes) -> None:
     """Refuse a CSV line with fewer or more comma-separated fields than its header, by line
     number (a position, never a value: the file may be private). pandas fills a short row
-    with missing values unsaid. Counted on the bytes at once: a comma or a line break is a
-    separator where an even number of quotes precedes it (inside a quoted value the count is
-    odd; a doubled quote in it keeps the parity)."""
+    with missing values unsaid. Counted on the bytes at once; a file with quotes (where a comma
+    or a line break may sit inside a value, and a quote inside an unquoted value is a plain
+    character) is counted by ``_check_quoted_rows``."""
     data = np.frombuffer(raw, np.uint8)
     if not len(data):
         return
-    outside = np.cumsum(data == ord('"')) % 2 == 0
-    newline = data == ord("\n")
-    ends = np.flatnonzero(newline & outside)
+    if (data == ord('"')).any():
+        _check_quoted_rows(path, raw)
+        return
+    ends = np.flatnonzero(data == ord("\n"))
     if not len(ends) or ends[-1] != len(data) - 1:
         ends = np.append(ends, len(data))
     starts = np.concatenate([[0], ends[:-1] + 1])
-    commas = np.concatenate([[0], np.cumsum((data == ord(",")) & outside)])
+    commas = np.concatenate([[0], np.cumsum(data == ord(","))])
     fields = commas[ends] - commas[starts] + 1
     carriage = (ends > starts) & (data[np.maximum(ends - 1, 0)] == ord("\r"))
     length = ends - starts - carriage
@@ -115,11 +116,28 @@ def _check_field_counts(path: Path, raw: bytes) -> None:
     header, rows = fields[lines[0]], lines[1:]
     wrong = rows[(fields[rows] != header) & ~(trailing[rows] & (fields[rows] == header + 1))]
     if len(wrong):
-        line = int(np.count_nonzero(newline[:starts[wrong[0]]])) + 1  # a value may span lines
         if fields[wrong[0]] > header:
-            raise UserError(f"{path}: line {line} has more fields than the header (a comma "
-                            "inside a value needs quotes)")
-        raise UserError(f"{path}: line {line} has fewer fields than the header")
+            raise UserError(f"{path}: line {wrong[0] + 1} has more fields than the header (a "
+                            "comma inside a value needs quotes)")
+        raise UserError(f"{path}: line {wrong[0] + 1} has fewer fields than the header")
+
+
+def _check_quoted_rows(path: Path, raw: bytes) -> None:
+    """``_check_field_counts`` for a file with quotes, by pandas' Python parser, the one that
+    tells a field that is absent (a short row: missing) from one that is empty (``""``); the
+    row is named by its number after the header (a quoted value may span lines). A long row
+    is refused by ``read_csv``'s own parse."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pd.errors.ParserWarning)  # a long row: said after
+        try:
+            rows = pd.read_csv(io.BytesIO(raw), dtype=str, na_filter=False, index_col=False,
+                               engine="python")
+        except (pd.errors.ParserError, ValueError, UnicodeDecodeError):
+            return  # said by read_csv's own parse
+    short = rows.isna().to_numpy().any(axis=1)
+    if short.any():
+        raise UserError(f"{path}: row {int(np.argmax(short)) + 1} after the header has fewer "
+                        "fields than the header")
 
 
 def read_csv(path: str | Path, label: str | None, need_labels: bool

@@ -172,3 +172,14 @@ def test_no_warning_depends_on_the_votes() -> None:
                 analyze_votes(votes, mechanism, 1e-5)
     with pytest.warns(RuntimeWarning, match="at the end of the grid"):  # a public curve still does
         epsilon_from_rdp(np.linspace(1, 0, 5), np.arange(2.0, 7.0), 1e-5)
+
+
+def test_where_theorem_6_does_not_apply_the_analysis_falls_back() -> None:
+    """A sigma so small that no q0 exists at the data-dependent order (Theorem 6 does not
+    apply at its natural bound): the proof does not apply, as where C5 fails, so the sanitised
+    epsilon falls back to the data-independent one; it used to raise, naming the order (a
+    statistic of the votes)."""
+    split = np.tile([130, 120] + [0] * 8, (5, 1))
+    bound = analyze_votes(split, ConfidentGNMax(100, 10, 5), 1e-5).smooth_sensitivity
+    assert bound is not None and bound.fallback and not (bound.c5 or bound.c6)
+    assert np.isfinite(bound.epsilon)

@@ -73,6 +73,10 @@ def test_dumped_config_names_every_key() -> None:
     ("name = 'x'\n[data]\nprivate = 'p.csv'\npublic = 'q.csv'\nlabel = 'y'\n"
      "classes = ['low', 'low', 'mid']\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "data: the classes ['low', 'low', 'mid'] repeat a name"),
+    # config.toml is public: a secret has no place in it
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\nledger = 'postgresql://pate:s3cret@db/ledger'\n",
+     "aggregator.ledger: a password in the ledger's URL would be written to config.toml"),
     # the interactive round's own key is named where it is the one at fault
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "interactive_sigma2 = 1e-300\ndelta = 1e-5\n",

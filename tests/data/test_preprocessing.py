@@ -99,8 +99,9 @@ def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_pa
     for text, message in (("code,x\n01,2\n\n02,3\r\n03,4,5\n", "line 5 has more fields"),
                           ("code,x\n01,2\n02\n", "line 3 has fewer fields"),
                           ('code,x\n"0,1",2\n02,3,4\n', "line 3 has more fields"),
-                          ('code,x\n"0,1",2\n02\n03,4\n', "line 3 has fewer fields"),
-                          ('code,x\n"0\n1",2\n"say ""a,b""",3\n02\n', "line 5 has fewer fields")):
+                          ('code,x\n"0,1",2\n02\n03,4\n', "row 2 after the header has fewer"),
+                          ('code,x\n"0\n1",2\n"say ""a,b""",3\n02\n', "row 3 after the header"
+                                                                       " has fewer")):
         (tmp_path / "ragged.csv").write_text(text)
         with pytest.raises(UserError, match=message):
             encode_new_rows(record, tmp_path / "ragged.csv")
@@ -109,6 +110,8 @@ def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_pa
     (tmp_path / "fine.csv").write_text("code,x\n01,\n02,3\n")  # an empty last field
     assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
     (tmp_path / "fine.csv").write_text("code,x,\n01,2,\n02,3,\n")  # a comma ending every line
+    assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
+    (tmp_path / "fine.csv").write_text("code,x\n5'11\",2\n6'0\",3\n")  # a quote in a value
     assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
     (tmp_path / "twice.csv").write_text("code,x,x\n01,1,2\n")
     with pytest.raises(UserError, match="the column 'x' appears more than once"):

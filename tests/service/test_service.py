@@ -406,3 +406,24 @@ def test_inputs_retries_replay_and_conflict(inputs_server: str) -> None:
         with pytest.raises(RequestConflict) as info:
             client.labels(inputs=x[:1], request_id="inputs-retry")
         assert info.value.status == 409
+
+
+def test_pool_indices_of_any_size_are_replayed(tmp_path: Path) -> None:
+    """A votes file's pool_index may hold any int64: a released answer is replayed, free, to
+    this service and to a second one on the same ledger (which learns it from the ledger)."""
+    votes = np.array([[9, 1, 0], [0, 10, 0], [1, 0, 9]])
+    np.savez(tmp_path / "votes.npz", votes=votes, pool_index=np.array([10**12, 7, 3]))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    def service() -> LabelService:
+        return open_label_service(GNMax(sigma=1e-3), epsilon_budget=1e15, delta=1e-5,
+                                  votes_path=tmp_path / "votes.npz", ledger_url=url)
+
+    with InProcessLabels(service()) as client:
+        first = client.labels([10**12, 7])
+        assert first.labels.tolist() == [0, 1]
+        assert client.labels([7, 3, 10**12]).labels.tolist() == [1, 2, 0]
+        assert client.budget()["queries"] == 3  # the two asked again were replayed, free
+    with InProcessLabels(service()) as again:
+        assert again.labels([3, 10**12]).labels.tolist() == [2, 0]
+        assert again.budget()["queries"] == 3
