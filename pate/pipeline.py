@@ -158,7 +158,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
              else f"{metrics['accuracy']:.4f}")
     run.append_log(f"{stage}: accuracy {shown}, "
                    f"{metrics['labels_used']} labels, epsilon "
-                   f"{metrics['epsilon']['data_independent']:.3f} data-independent")
+                   f"{metrics['epsilon']['data_independent']:.3f} data-independent (the "
+                   "ledger's)")
 
 
 def _epoch_line(run: RunDir, stage: str) -> Callable[[int, dict[str, float]], None]:

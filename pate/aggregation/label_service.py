@@ -227,7 +227,7 @@ class LabelService:
         if len(raw) != size:
             raise UserError(f"inputs.data holds {len(raw)} bytes; shape {shape} of float32 "
                             f"needs {size}")
-        x = np.frombuffer(raw, dtype="<f4").reshape(shape)
+        x = np.frombuffer(raw, dtype="<f4").reshape(shape).copy()  # writable, as torch wants
         if not np.all(np.isfinite(x)):
             raise UserError("inputs contain NaN or infinite values")
         with self._vote_lock:

@@ -135,6 +135,16 @@ class TargetAudit:
     epsilon_analytic_basis: str | None
     attacks: list[AttackResult]
     seconds: float
+    chance: float | None = None  # 1 / the number of classes
+
+    @property
+    def caveats(self) -> list[str]:
+        """What makes the bound say little, without failing the audit: a model near chance
+        (trained too briefly, say) is not the model the run publishes."""
+        if self.accuracy is None or self.chance is None or not self.accuracy < 2 * self.chance:
+            return []
+        return [f"its accuracy {self.accuracy:.3f} is near chance ({self.chance:.3f}): a bound "
+                "on it says little of the run's own model (train it longer)"]
 
     @property
     def epsilon_lower(self) -> float:
@@ -162,7 +172,8 @@ class TargetAudit:
                 "epsilon_analytic": self.epsilon_analytic,
                 "epsilon_analytic_basis": self.epsilon_analytic_basis,
                 "attacks": [a.to_dict() for a in self.attacks], "seconds": self.seconds,
-                "passed": not self.failures, "failures": self.failures}
+                "passed": not self.failures, "failures": self.failures,
+                "caveats": self.caveats}
 
 
 @dataclass(frozen=True)
@@ -709,7 +720,8 @@ def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
             options.references, rng, used, delta, options.confidence, records,
             time.perf_counter(), mislabel=options.control_labels == "mislabelled")
         audits.append(audit)
-    audits.sort(key=lambda a: TARGETS.index(a.target))
+    audits = sorted((replace(a, chance=1.0 / run.recipe.num_classes) for a in audits),
+                    key=lambda a: TARGETS.index(a.target))
     folder = ensure_dir(run.dir.audit, private=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(stamped))
     result = ModelsAudit(str(run.dir), delta, options.confidence, audits, options,

@@ -151,6 +151,8 @@ def _models_line(t: dict) -> str:
         f"{a['tpr_at_fpr']['0.01']:.3f} at 1%, epsilon >= {a['epsilon_lower']:.3f}"
         for a in t["attacks"])
     verdict = "pass" if t["passed"] else "FAIL: " + "; ".join(t["failures"])
+    if t["caveats"]:
+        verdict += " (but " + "; ".join(t["caveats"]) + ")"
     accuracy = "-" if t["accuracy"] is None else f"{t['accuracy']:.3f}"
     return (f"{t['target']:<10} epsilon lower {t['epsilon_lower']:.3f}, analytic {bound}, "
             f"accuracy {accuracy}, {t['canaries']} canaries, {t['seconds']:.0f} s  "

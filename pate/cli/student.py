@@ -219,7 +219,8 @@ def run_train(args: argparse.Namespace) -> int:
         if metrics["label_accuracy"] is not None:  # the pool's true labels known (benchmarks)
             labels += f" (label accuracy {metrics['label_accuracy']:.3f})"
         carried = "" if args.mechanism else " (as the round that asked them gave)"
-        print(f"{accuracy}  {labels}  epsilon {eps['data_independent']:.3f} data-independent"
+        print(f"{accuracy}  {labels}  epsilon {eps['data_independent']:.3f} data-independent "
+              "(the ledger's, every client's queries)"
               f"{shown} at delta {eps['delta']:g}{carried}  -> {run.student_metrics}")
     return 0
 

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike
 
 from pate.aggregation.label_requests import LabelResult, labels_body, new_request_id
 from pate.errors import UserError, remote_error
-from pate.service.tokens import parse_tokens
+from pate.service.tokens import parse_tokens, shared_problem
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})  # 429: after its Retry-After
 
@@ -40,7 +40,10 @@ class LabelClient:
     @classmethod
     def from_token_file(cls, base_url: str, token_file: str | Path, **kwargs: Any
                         ) -> LabelClient:
-        """A client using the first token of a token file (one per line, '#' comments)."""
+        """A client using the first token of a token file (one per line, '#' comments); a
+        file other users may read is refused, as the server refuses its own."""
+        if problem := shared_problem(Path(token_file)):
+            raise UserError(problem)
         tokens = parse_tokens(Path(token_file).read_text())
         if not tokens:
             raise UserError(f"{token_file}: no token")

@@ -19,6 +19,13 @@ def parse_tokens(text: str) -> list[str]:
     return [t for line in text.splitlines() if (t := line.strip()) and not t.startswith("#")]
 
 
+def shared_problem(path: Path) -> str | None:
+    """Why a token file may not be used, as one that other users may read or write, or None."""
+    if path.stat().st_mode & 0o077:
+        return f"{path} is open to other users: chmod 600 it (a token is a secret)"
+    return None
+
+
 def token_hash(token: str) -> str:
     """The sha256 of a token, hex: all the service keeps of it."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -38,9 +45,8 @@ class TokenStore:
         self._reload()
         if not self._hashes:
             raise UserError(f"{self.path}: no tokens (one per line)")
-        if self.path.stat().st_mode & 0o077 and not allow_world_readable:
-            raise UserError(f"{self.path} is open to other users: chmod 600 it (or pass "
-                            f"--allow-shared-token-file)")
+        if (problem := shared_problem(self.path)) and not allow_world_readable:
+            raise UserError(f"{problem}; or pass --allow-shared-token-file")
 
     def _reload(self) -> None:
         try:

@@ -156,3 +156,17 @@ def test_student_audit_on_a_real_run(tmp_path: Path) -> None:
     with np.load(records_file) as records:
         assert np.array_equal(records["student_rows"], records["teacher_rows"])
 
+
+
+def test_a_model_near_chance_passes_with_a_caveat() -> None:
+    """A student retrained too briefly sits at chance: its bound says little of the run's own
+    model, which the audit says beside its verdict."""
+    from pate.audit.models import TargetAudit
+
+    def audit(accuracy: float) -> TargetAudit:
+        return TargetAudit("student", "", 10, 5, 100, 0, accuracy, 2.0, "data-independent",
+                           [], 1.0, chance=0.1)
+
+    assert audit(0.108).caveats == ["its accuracy 0.108 is near chance (0.100): a bound on it "
+                                    "says little of the run's own model (train it longer)"]
+    assert audit(0.9).caveats == []

@@ -23,6 +23,7 @@ from analysis.orders import default_orders
 from pate.aggregation.label_requests import MAX_QUERIES, LabelsRequest, Limits
 from pate.aggregation.ledger import Ledger
 from pate.errors import BatchTooLarge, UserError
+from pate.service.client import LabelClient
 from pate.service.tokens import TokenStore
 
 ROWS = 2000
@@ -200,6 +201,8 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="chmod 600"):
         TokenStore(path)
     assert TokenStore(path, allow_world_readable=True).client(TOKENS[0]) is not None
+    with pytest.raises(UserError, match="open to other users: chmod 600"):  # nor sent by one
+        LabelClient.from_token_file("http://127.0.0.1:9", path)
 
 
 def test_student_probs_are_strict_numbers() -> None:
