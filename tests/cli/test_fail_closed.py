@@ -196,6 +196,7 @@ def test_answers_in_hand_without_their_ledger_are_refused(
 def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "tokens").write_text("x" * 32 + "\n")
+    (tmp_path / "tokens").chmod(0o600)  # a secret
     assert main(["student", "train", "--run", str(tmp_path / "run"), "--method", "supervised",
                  "--dataset", "digits", "--server", "127.0.0.1:8470", "--token-file",
                  str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
