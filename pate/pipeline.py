@@ -88,18 +88,20 @@ def _token(run: RunDir) -> Path:
     return run.token
 
 
-def _train_config(config: RunConfig) -> TrainConfig:
-    """The teachers' training settings of ``config`` (the library's defaults where unset)."""
+def _train_config(config: RunConfig, kind: str) -> TrainConfig:
+    """The teachers' training settings of ``config`` on data of ``kind`` (``image`` or
+    ``tabular``; the library's defaults where unset)."""
     t, source = config.teachers, config.data.source()
     given = {"batch_size": t.batch_size, "lr": t.lr}
     name = source.name if isinstance(source, Benchmark) else ""
-    return TrainConfig(model=t.model or DEFAULT_MODEL[data_kind(source)], epochs=t.epochs,
+    return TrainConfig(model=t.model or DEFAULT_MODEL[kind], epochs=t.epochs,
                        mixup=t.mixup, augment=augment_for(name, t.augment), seed=t.seed,
                        **{k: v for k, v in given.items() if v is not None})
 
 
 def _teachers(config: RunConfig, run: RunDir) -> None:
-    t, source, train = config.teachers, config.data.source(), _train_config(config)
+    t, source = config.teachers, config.data.source()
+    train = _train_config(config, data_kind(source))
     job = TrainJob(source, t.count, t.shard_size, train)
     cluster = Cluster(t.workers, t.ray_address, t.device, t.gpus_per_shard)
     result = train_teachers(run.root, job, cluster)
@@ -216,7 +218,7 @@ def _check_data(config: RunConfig) -> None:
         raise UserError(f"teachers.count {config.teachers.count} is more than the "
                         f"{len(task.private_y)} private records: each teacher needs one")
     try:
-        train = _train_config(config)
+        train = _train_config(config, task.kind)  # the data's kind as loaded, not read again
         problem = model_data_problem(train.model, task.kind)
         if problem:
             raise UserError(problem)

@@ -240,9 +240,10 @@ def round_plan(rounds: list[dict], received: Received,
     ``student/rounds.json`` records it or, where it records only the name (older versions, for
     a remote service), ``by_name(name)`` (the run's configuration). ``UserError`` where neither
     gives it, or the rounds do not account for every received row."""
-    if sum(r["queries"] for r in rounds) != len(received):
-        raise UserError(f"student/rounds.json: its rounds ask {sum(r['queries'] for r in rounds)} "
-                        f"rows, labels.npz holds {len(received)}: this run directory is damaged")
+    asked = sum(r["queries"] for r in rounds)
+    if asked != len(received):
+        raise UserError(f"student/rounds.json: its rounds ask {asked} rows, labels.npz holds "
+                        f"{len(received)}: this run directory is damaged")
     plan, start = [], 0
     for r in rounds:
         record = r["mechanism"]

@@ -202,8 +202,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
         manifest = {**settings, "model": job.train.model,
                     "in_shape": list(data.input_shape), "num_classes": data.num_classes,
                     "classes": list(data.classes), "min_size": int(part.sizes.min()),
-                    "private_fingerprint": data.private_fingerprint, "shards": {},
-                    "done": False}
+                    "shards": {}, "done": False}
     elif {k: manifest.get(k) for k in settings} != settings:
         raise UserError("this run's teachers were trained with other settings (see "
                         "teachers/manifest.json); repeat them or use a new --run directory")
@@ -216,7 +215,8 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
                         "over (its rows, their order or their labels changed since): the "
                         "partition deals rows by position, so one record could reach two "
                         "teachers; restore it, or use a new --run directory")
-    manifest.setdefault("pool_fingerprint", data.pool_fingerprint)  # an older run's: recorded
+    # recorded here for a new run, and for an older version's run that lacks them
+    manifest.setdefault("pool_fingerprint", data.pool_fingerprint)
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
     return manifest, data, part
 

@@ -167,7 +167,7 @@ def data_kind(source: DataSource) -> str:
     """``image`` or ``tabular``, read from the public data's shape (the public file only)."""
     if isinstance(source, Benchmark):
         return "image"
-    kind = files.kind_named(source.public)  # the files may not exist yet
+    kind = files.kind_of(source.public)
     if kind == "npz":
         return "tabular" if files.read_npz(source.public, False)[0].ndim == 2 else "image"
     return "tabular" if kind == "csv" else "image"
