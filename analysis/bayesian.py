@@ -151,13 +151,15 @@ class BayesianAccountant:
         self.estimates += d.shape[0]
 
     def epsilon_and_moment(self, delta: float) -> tuple[float, int]:
-        """(epsilon, optimal moment) at ``delta``, which must exceed the failure probability."""
+        """(epsilon, optimal moment) at ``delta``, which must exceed the failure probability.
+        No warning when the optimum is at the grid's end: the cost is a statistic of the private
+        gradients, and the warning would tell something of them."""
         fail = self.failure_probability
         if not fail < delta < 1.0:
             raise ValueError(f"delta={delta!r} must lie in ({fail:.3g}, 1): above the "
                              "estimator's failure probability 1 - (1 - gamma)^K")
         eps, order = epsilon_from_rdp(self._cost / self.moments, self.moments + 1.0,
-                                      delta - fail, "classic")
+                                      delta - fail, "classic", warn_at_edge=False)
         return eps, round(order - 1.0)
 
     def get_epsilon(self, delta: float) -> float:

@@ -92,8 +92,9 @@ def test_default_moments_add_order_two_to_the_authors_grid(noise_std: float,
                                                            lowered: bool) -> None:
     """Half the pairs at 2C (two clipped gradients in opposite directions): with noise 1 x C the
     optimum is moment 1, which the authors' grid (2, 4, ..., 32) lacks, and the default grid's
-    epsilon is far lower; with 1.7 x C it is moment 2, now inside the grid: the same epsilon, and
-    no warning that the grid is too narrow."""
+    epsilon is far lower; with 1.7 x C it is moment 2, now inside the grid: the same epsilon.
+    Neither warns that the optimum is at the grid's end: the cost comes from the private
+    gradients, so whether it warned would tell something of them."""
     d = np.concatenate([np.full(128, 1.0), np.full(128, 2.0)])
     epsilons = []
     for moments in ((2, 4, 8, 16, 32), None):
@@ -106,7 +107,7 @@ def test_default_moments_add_order_two_to_the_authors_grid(noise_std: float,
         epsilons.append(eps)
     assert moment == (1 if lowered else 2)
     assert (epsilons[1] < 0.5 * epsilons[0]) if lowered else epsilons[1] == epsilons[0]
-    assert lowered or not caught
+    assert not caught
 
 
 def test_log_space_is_stable_where_the_naive_estimator_overflows() -> None:
