@@ -50,7 +50,7 @@ from pate.aggregation.label_service import (
     LabelService,
     check_budget,
 )
-from pate.aggregation.ledger import Ledger
+from pate.aggregation.ledger import Ledger, ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
@@ -259,11 +259,8 @@ class PrivateLabels:
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         check_budget(mechanism, epsilon_budget, delta, conversion)  # before the ledger exists
         self.mechanism = mechanism
-        if "://" not in str(ledger) and Path(ledger).expanduser().is_dir():
-            raise UserError(f"ledger={ledger}: a folder; the ledger is a file (or a URL)")
-        url = (str(ledger) if "://" in str(ledger)
-               else f"sqlite:///{Path(ledger).expanduser().absolute()}")
-        self.ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
+        self.ledger = Ledger(ledger_url(ledger), default_orders(), delta, epsilon_budget,
+                             conversion)
         self.service = LabelService(Aggregator(mechanism, self.ledger.orders), self.ledger,
                                     self.pool, None)
         self._source = InProcessLabels(self.service)

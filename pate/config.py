@@ -146,12 +146,6 @@ class AggregatorConfig(_Section):
                              "(PGPASSWORD, ~/.pgpass)")
         return value
 
-    def ledger_url(self) -> str | None:
-        """``ledger`` as a SQLAlchemy URL (a file path made ``sqlite:///``), or None."""
-        if self.ledger is None or "://" in self.ledger:
-            return self.ledger
-        return f"sqlite:///{self.ledger}"
-
     @model_validator(mode="after")
     def _mechanisms_valid(self) -> AggregatorConfig:
         """Both rounds' mechanisms as the analysis validates them (``analysis.mechanisms``)."""

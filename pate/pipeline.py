@@ -138,7 +138,7 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
     token = _token(run)
     server = open_server(a.round_mechanism(mechanism), token_file=token,
                          epsilon_budget=a.budget_epsilon, delta=a.delta, run_dir=run.root,
-                         ledger_url=a.ledger_url(), host="127.0.0.1", port=0,
+                         ledger=a.ledger, host="127.0.0.1", port=0,
                          device=config.teachers.device,
                          private_records=run.private_records(),
                          allow_large_delta=a.allow_large_delta, allow_name=_ALLOW_LARGE_DELTA)

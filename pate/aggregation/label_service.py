@@ -51,6 +51,7 @@ from pate.aggregation.ledger import (
     Ledger,
     Stored,
     canonical_url,
+    ledger_url,
     stored_settings,
 )
 from pate.aggregation.vote_pool import VotePool
@@ -259,7 +260,8 @@ class LabelService:
 
 def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: float,
                        run_dir: str | Path | None = None, votes_path: str | Path | None = None,
-                       ensemble: TeacherEnsemble | None = None, ledger_url: str | None = None,
+                       ensemble: TeacherEnsemble | None = None,
+                       ledger: str | Path | None = None,
                        conversion: Conversion = "improved", limits: Limits | None = None,
                        offline_seed: int | None = None,
                        check_pool: Callable[[VotePool], None] | None = None,
@@ -268,8 +270,9 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        allow_name: str = "--allow-large-delta") -> LabelService:
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
-    run's teachers, loaded by the caller); the ledger defaults to ``sqlite:///DIR/ledger.db`` in
-    the run directory, or next to the votes file, and a votes' ledger is theirs for good
+    run's teachers, loaded by the caller); ``ledger``, a URL or an SQLite file's path
+    (``ledger.ledger_url``), defaults to ``ledger.db`` in the run directory, or next to the votes
+    file, and a votes' ledger is theirs for good
     (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
     directory's own is looked for), the ledger must exist: a new one would be a second budget.
@@ -296,17 +299,17 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if check_pool is not None:
             check_pool(pool)
     check_budget(mechanism, epsilon_budget, delta, conversion)
-    url, record = _ledger_of_votes(home, ledger_url, charged_before or (
+    url, record = _ledger_of_votes(home, ledger, charged_before or (
         run_dir is not None and RunDir(home).labels.is_file()))
-    ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
+    opened = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
     if record is not None:
         try:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
         except BaseException:
-            ledger.close()
+            opened.close()
             raise
-    aggregator = Aggregator(mechanism, ledger.orders, offline_seed=offline_seed)
-    return LabelService(aggregator, ledger, pool, ensemble, limits)
+    aggregator = Aggregator(mechanism, opened.orders, offline_seed=offline_seed)
+    return LabelService(aggregator, opened, pool, ensemble, limits)
 
 
 def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
@@ -340,7 +343,7 @@ def recorded_ledger(home: Path) -> str | None:
     return own if (home / OWN_LEDGER).is_file() else None
 
 
-def _ledger_of_votes(home: Path, ledger_url: str | None, charged_before: bool
+def _ledger_of_votes(home: Path, ledger: str | Path | None, charged_before: bool
                      ) -> tuple[str, str | None]:
     """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
     what to record of it, if it must be: one budget per body of private data, so the votes'
@@ -350,7 +353,7 @@ def _ledger_of_votes(home: Path, ledger_url: str | None, charged_before: bool
     have, and a ledger that is not there where one was recorded or answers were charged
     before (a new one would be a second budget)."""
     own = canonical_url(f"sqlite:///{home / OWN_LEDGER}")
-    url = ledger_url or own
+    url = own if ledger is None else ledger_url(ledger)
     named = canonical_url(url)
     record = home / LEDGER_RECORD
     bound = recorded_ledger(home)

@@ -338,6 +338,18 @@ def _engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
     return eng, eng
 
 
+def ledger_url(ledger: str | Path) -> str:
+    """The SQLAlchemy URL of ``ledger``: a URL (``scheme://...``) as it is, a file path as
+    ``sqlite:///`` its absolute path. Refused (``UserError``): a folder."""
+    text = str(ledger)
+    if "://" in text:
+        return text
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise UserError(f"ledger {text}: a folder; the ledger is a file (or a URL)")
+    return f"sqlite:///{path.absolute()}"
+
+
 def canonical_url(url: str) -> str:
     """``url`` as one ledger is always named: a SQLite file by its resolved path, the password
     hidden (so the result may be written down); a text that is no URL is returned as it is

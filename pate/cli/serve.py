@@ -41,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="accept a delta of 1/n or more (n the run's private records)")
     p.add_argument("--token-file", required=True, metavar="F",
                    help="bearer tokens, one per line; edit the file to add or revoke tokens")
-    p.add_argument("--ledger", metavar="URL", help="SQLAlchemy URL (default: "
-                   "sqlite:///DIR/ledger.db next to the votes; postgresql://... for PostgreSQL)")
+    p.add_argument("--ledger", metavar="URL", help="an SQLite file or a SQLAlchemy URL (default: "
+                   "DIR/ledger.db next to the votes; postgresql://... for PostgreSQL)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=_port, default=8470, help="0 picks a free port (printed)")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     mechanism = mechanism_from_flags(args)
     server = open_server(
         mechanism, token_file=args.token_file, epsilon_budget=args.budget_epsilon,
-        delta=args.delta, run_dir=args.run, votes_path=args.votes, ledger_url=args.ledger,
+        delta=args.delta, run_dir=args.run, votes_path=args.votes, ledger=args.ledger,
         conversion=args.conversion, host=args.host, port=args.port, device=args.device,
         limits=Limits(args.max_batch, args.max_body_bytes, args.body_timeout,
                       args.requests_per_s, args.labels_per_min),

@@ -67,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--allow-large-delta", action="store_true",
                        help="accept a delta of 1/n or more (n the run's private records)")
     local.add_argument("--ledger", metavar="URL",
-                       help="SQLAlchemy URL (default: sqlite:///ledger.db next to the votes)")
+                       help="an SQLite file or a SQLAlchemy URL (default: ledger.db next to "
+                       "the votes)")
     add_data_flags(p)
     rnd = p.add_argument_group("query round")
     rnd.add_argument("--queries", type=int, default=1000, help="pool rows to ask about")
@@ -165,7 +166,7 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
         raise UserError("the local aggregator needs --budget-epsilon")
     service = open_label_service(mechanism_from_flags(args),
                                  epsilon_budget=args.budget_epsilon, delta=args.delta,
-                                 votes_path=votes, ledger_url=args.ledger,
+                                 votes_path=votes, ledger=args.ledger,
                                  conversion=args.conversion, check_pool=check_votes,
                                  charged_before=RunDir(args.run).labels.is_file(),
                                  private_records=RunDir(args.run).private_records(),

@@ -96,7 +96,7 @@ class LabelServer:
 
 def open_server(mechanism: Mechanism, *, token_file: str | Path, epsilon_budget: float,
                 delta: float, run_dir: str | Path | None = None,
-                votes_path: str | Path | None = None, ledger_url: str | None = None,
+                votes_path: str | Path | None = None, ledger: str | Path | None = None,
                 conversion: Conversion = "improved", host: str = "127.0.0.1", port: int = 8470,
                 device: str = "cpu", limits: Limits | None = None,
                 access_log: bool = False, docs: bool = False,
@@ -121,7 +121,7 @@ def open_server(mechanism: Mechanism, *, token_file: str | Path, epsilon_budget:
         ensemble = None if run_dir is None else load_run_ensemble(run_dir, device)
         service = open_label_service(
             mechanism, epsilon_budget=epsilon_budget, delta=delta, run_dir=run_dir,
-            votes_path=votes_path, ensemble=ensemble, ledger_url=ledger_url,
+            votes_path=votes_path, ensemble=ensemble, ledger=ledger,
             conversion=conversion, limits=limits)
     except BaseException:
         sock.close()

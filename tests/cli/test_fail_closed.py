@@ -116,8 +116,8 @@ def test_a_budget_spent_with_no_answer_says_the_run_cannot_go_on(
 def test_a_second_ledger_for_the_same_votes_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """One budget per body of private data: once the votes' ledger exists, another ledger for
-    them is refused, whichever came first (the same file named another way is not another
-    ledger)."""
+    them is refused, whichever came first (the same file named another way, by its path say, is
+    not another ledger)."""
     rng = np.random.default_rng(4)
     votes = tmp_path / "votes.npz"
     np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
@@ -148,6 +148,9 @@ def test_a_second_ledger_for_the_same_votes_is_refused(
     assert not (elsewhere / "ledger.db").exists()
     assert main(_student(tmp_path / "run2", elsewhere / "votes.npz", "--budget-epsilon", "20",
                          "--queries", "5", "--ledger", other)) == 0
+    # the same ledger named by its file's path, as a config file may name it
+    assert main(_student(tmp_path / "run2", elsewhere / "votes.npz", "--budget-epsilon", "20",
+                         "--queries", "5", "--ledger", str(tmp_path / "other.db"))) == 0
 
 
 def test_votes_moved_with_their_own_ledger_keep_it(tmp_path: Path) -> None:

@@ -340,7 +340,7 @@ def test_votes_pool_rejects_a_repeated_pool_index() -> None:
 def test_in_process_client_shares_the_rules(workdir: Path) -> None:
     service = open_label_service(GNMax(sigma=1e-3), epsilon_budget=1e15,
                                  delta=1e-5, votes_path=workdir / "plurality.npy",
-                                 ledger_url=f"sqlite:///{workdir / 'local.db'}")
+                                 ledger=f"sqlite:///{workdir / 'local.db'}")
     with InProcessLabels(service) as client:
         first = client.labels([0, 1, 2], request_id="local-1")
         votes = np.load(workdir / "plurality.npy")
@@ -417,7 +417,7 @@ def test_pool_indices_of_any_size_are_replayed(tmp_path: Path) -> None:
 
     def service() -> LabelService:
         return open_label_service(GNMax(sigma=1e-3), epsilon_budget=1e15, delta=1e-5,
-                                  votes_path=tmp_path / "votes.npz", ledger_url=url)
+                                  votes_path=tmp_path / "votes.npz", ledger=url)
 
     with InProcessLabels(service()) as client:
         first = client.labels([10**12, 7])
