@@ -33,9 +33,8 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import check_threshold, realised_rdp_independent, steps
+from analysis.costs import realised_rdp_independent, steps
 from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError, mechanism_to_dict
-from analysis.orders import default_orders
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
     EarlierRelease,
@@ -43,14 +42,12 @@ from analysis.votes_analysis import (
     QuerySegment,
     analyze_segments,
 )
-from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_service import (
     InProcessLabels,
     LabelService,
-    check_budget,
 )
-from pate.aggregation.ledger import Ledger, ledger_url
+from pate.aggregation.ledger import ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
@@ -250,19 +247,17 @@ class PrivateLabels:
         epsilon_budget, delta = _rate("epsilon_budget", epsilon_budget), _rate("delta", delta)
         if not isinstance(ledger, str | Path):
             raise UserError(f"ledger must be a file path or a URL, got {ledger!r}")
-        try:
-            check_threshold(mechanism, self.pool.teachers)  # before the ledger exists
-        except ParameterError as exc:
-            raise UserError(str(exc)) from None
         if private_records is not None:
             private_records = _integer("private_records", private_records, 1)
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
-        check_budget(mechanism, epsilon_budget, delta, conversion)  # before the ledger exists
         self.mechanism = mechanism
-        self.ledger = Ledger(ledger_url(ledger), default_orders(), delta, epsilon_budget,
-                             conversion)
-        self.service = LabelService(Aggregator(mechanism, self.ledger.orders), self.ledger,
-                                    self.pool, None)
+        try:
+            self.service = LabelService.open(mechanism, self.pool, ledger_url(ledger),
+                                             epsilon_budget=epsilon_budget, delta=delta,
+                                             conversion=conversion)
+        except ParameterError as exc:  # a threshold outside [0, the votes' teachers]
+            raise UserError(str(exc)) from None
+        self.ledger = self.service.ledger
         self._source = InProcessLabels(self.service)
         self.received = Received.empty()
         self._probs: list[NDArray[np.float64]] = []

@@ -106,6 +106,21 @@ class LabelService:
         self._max_tokens = {b",": 64 + self.limits.max_batch + rows * self._classes(),
                             b"[": 16 + rows, b"{": 16, b'"': 64}
 
+
+    @classmethod
+    def open(cls, mechanism: Mechanism, pool: VotePool | None, url: str, *,
+             epsilon_budget: float, delta: float, conversion: Conversion = "improved",
+             ensemble: TeacherEnsemble | None = None, limits: Limits | None = None,
+             offline_seed: int | None = None) -> LabelService:
+        """Check ``mechanism``'s threshold against the votes' number of teachers
+        (``analysis.mechanisms.ParameterError``) and the budget (``check_budget``) before the
+        ledger exists, then open the ledger at ``url`` and serve through it."""
+        if pool is not None:
+            check_threshold(mechanism, pool.teachers)
+        check_budget(mechanism, epsilon_budget, delta, conversion)
+        ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
+        return cls(Aggregator(mechanism, ledger.orders, offline_seed=offline_seed), ledger, pool,
+                   ensemble, limits)
     def _query_bytes(self) -> int:
         """The most JSON bytes one query may take in a body: a pool index (up to 19 digits and a
         separator), the student's probabilities (classes numbers of up to 24 characters), the
@@ -294,22 +309,20 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
             raise UserError(f"{run_dir}: no such run directory")
         if RunDir(home).votes.is_file():
             pool = VotePool.from_file(RunDir(home).votes)
-    if pool is not None:
-        check_threshold(mechanism, pool.teachers)  # before the ledger exists
-        if check_pool is not None:
-            check_pool(pool)
-    check_budget(mechanism, epsilon_budget, delta, conversion)
+    if pool is not None and check_pool is not None:
+        check_pool(pool)
     url, record = _ledger_of_votes(home, ledger, charged_before or (
         run_dir is not None and RunDir(home).labels.is_file()))
-    opened = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
+    service = LabelService.open(mechanism, pool, url, epsilon_budget=epsilon_budget, delta=delta,
+                                conversion=conversion, ensemble=ensemble, limits=limits,
+                                offline_seed=offline_seed)
     if record is not None:
         try:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
         except BaseException:
-            opened.close()
+            service.close()
             raise
-    aggregator = Aggregator(mechanism, opened.orders, offline_seed=offline_seed)
-    return LabelService(aggregator, opened, pool, ensemble, limits)
+    return service
 
 
 def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
