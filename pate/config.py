@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from analysis.costs import check_threshold
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
@@ -290,11 +291,16 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _threshold_in_range(self) -> RunConfig:
-        for key in ("threshold", "interactive_threshold"):
-            value = getattr(self.aggregator, key)
-            if value is not None and not 0 <= value <= self.teachers.count:
-                raise ValueError(f"aggregator.{key} must lie in [0, teachers.count = "
-                                 f"{self.teachers.count}]")
+        """Each round's threshold in [0, teachers.count] (``analysis.costs.check_threshold``),
+        named by the key that sets it."""
+        a = self.aggregator
+        for mechanism, key in ((ConfidentGNMax.name, "threshold"),
+                               (InteractiveGNMax.name, "threshold" if a.interactive_threshold
+                                is None else "interactive_threshold")):
+            try:
+                check_threshold(a.round_mechanism(mechanism), self.teachers.count)
+            except ParameterError as exc:
+                raise ParameterError(f"aggregator.{key}", exc.detail) from None
         return self
 
     def stages(self) -> tuple[str, ...]:

@@ -46,10 +46,11 @@ def test_dumped_config_names_every_key() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsgima1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sgima1: Extra inputs"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
-     "budget_epsilon = 1\ndelta = 1e-5\n", "threshold must lie in"),
+     "budget_epsilon = 1\ndelta = 1e-5\n",
+     "aggregator.threshold 9 exceeds the number of teachers"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 4\nsigma1 = 1\nsigma2 = 1\n"
      "interactive_threshold = 6\nbudget_epsilon = 1\ndelta = 1e-5\n",
-     "interactive_threshold must lie in"),
+     "aggregator.interactive_threshold 6 exceeds the number of teachers"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: model must be one of"),
     ("name = \n", "invalid TOML"),
