@@ -26,7 +26,7 @@ from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.vote_pool import VotePool
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, config_differences, dump_config, parse_config, same_run
-from pate.data.task import Benchmark, DataFiles, data_kind, load_task, unused_setting_problem
+from pate.data.task import DataFiles, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
@@ -38,9 +38,9 @@ from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
 from student.models import check_network
 from student.workflow import AggregatorSession, StudentOptions, train_student
-from teachers.choices import DEFAULT_MODEL, model_data_problem
+from teachers.choices import model_data_problem
 from teachers.distributed import Cluster, TrainJob, train_teachers
-from teachers.ensemble import TrainConfig, augment_for
+from teachers.ensemble import TrainConfig, train_config_for
 from teachers.models import check_user_model
 from teachers.votes import collect_votes
 
@@ -91,12 +91,10 @@ def _token(run: RunDir) -> Path:
 def _train_config(config: RunConfig, kind: str) -> TrainConfig:
     """The teachers' training settings of ``config`` on data of ``kind`` (``image`` or
     ``tabular``; the library's defaults where unset)."""
-    t, source = config.teachers, config.data.source()
-    given = {"batch_size": t.batch_size, "lr": t.lr}
-    name = source.name if isinstance(source, Benchmark) else ""
-    return TrainConfig(model=t.model or DEFAULT_MODEL[kind], epochs=t.epochs,
-                       mixup=t.mixup, augment=augment_for(name, t.augment), seed=t.seed,
-                       **{k: v for k, v in given.items() if v is not None})
+    t = config.teachers
+    return train_config_for(config.data.source(), kind, model=t.model, augment=t.augment,
+                            seed=t.seed, epochs=t.epochs, batch_size=t.batch_size, lr=t.lr,
+                            mixup=t.mixup)
 
 
 def _teachers(config: RunConfig, run: RunDir) -> None:

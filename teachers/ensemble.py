@@ -38,9 +38,10 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from pate.data.augment import AUGMENTATIONS, MAX_SHIFT, shift_flip
+from pate.data.task import Benchmark, DataSource
 from pate.errors import UserError
 from teachers import rng
-from teachers.choices import MODELS, is_import_path, model_name_problem
+from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_problem
 from teachers.models import build_model, initial_state
 from teachers.partition import check_disjoint
 from teachers.user_models import (
@@ -60,11 +61,6 @@ from teachers.user_models import (
 DEFAULT_AUGMENT = {"fashion-mnist": "none", "mnist": "none", "digits": "none",
                    "cifar10": "shift-flip", "svhn": "shift"}
 
-
-def augment_for(dataset: str, augment: str = "auto") -> str:
-    """The augmentation to train with: ``augment``, or for ``auto`` what keeps ``dataset``'s
-    labels (``DEFAULT_AUGMENT``; none for a dataset it does not list)."""
-    return DEFAULT_AUGMENT.get(dataset, "none") if augment == "auto" else augment
 
 
 @dataclass(frozen=True)
@@ -99,6 +95,19 @@ class TrainConfig:
             raise UserError("epochs and batch size must be at least 1 and lr a finite number > 0")
         if self.seed < 0:
             raise UserError(f"the seed must be >= 0, got {self.seed}")
+
+
+def train_config_for(source: DataSource, kind: str, *, model: str | None = None,
+                     augment: str = "auto", seed: int = 0,
+                     **given: int | float | None) -> TrainConfig:
+    """The training settings of teachers on ``source``, data of ``kind`` (``image`` or
+    ``tabular``): ``model``, else the kind's ``DEFAULT_MODEL``; ``augment``, or for ``auto``
+    what keeps the benchmark's labels (``DEFAULT_AUGMENT``; none for other data); the
+    ``TrainConfig`` defaults where ``given`` (epochs, batch_size, lr, mixup) is None."""
+    name = source.name if isinstance(source, Benchmark) else ""
+    return TrainConfig(model=model or DEFAULT_MODEL[kind], seed=seed,
+                       augment=DEFAULT_AUGMENT.get(name, "none") if augment == "auto" else augment,
+                       **{k: v for k, v in given.items() if v is not None})
 
 
 def total_steps(cfg: TrainConfig, min_size: int) -> int:

@@ -12,7 +12,7 @@ from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
 from pate.data.augment import AUGMENTATIONS
 from pate.rundir import RunDir
-from teachers.choices import DEFAULT_MODEL, MODELS
+from teachers.choices import MODELS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,19 +68,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pate.data.task import Benchmark, data_kind
+    from pate.data.task import data_kind
     from teachers.checkpoints import teachers_source
     from teachers.distributed import Cluster, TrainJob, train_teachers
-    from teachers.ensemble import TrainConfig, augment_for
+    from teachers.ensemble import train_config_for
 
     source = source_from_flags(args, teachers_source(Path(args.run)))  # a rerun: the run's
-    name = source.name if isinstance(source, Benchmark) else ""
-    augment = augment_for(name, args.augment)
-    given = {"model": args.model or DEFAULT_MODEL[data_kind(source)], "epochs": args.epochs,
-             "batch_size": args.batch_size,
-             "lr": args.lr, "mixup": args.mixup}
-    cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}, augment=augment,
-                      seed=args.seed)
+    cfg = train_config_for(source, data_kind(source), model=args.model, augment=args.augment,
+                           seed=args.seed, epochs=args.epochs, batch_size=args.batch_size,
+                           lr=args.lr, mixup=args.mixup)
     job = TrainJob(source, args.teachers, args.shard_size, cfg)
     cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
     t0 = time.time()
