@@ -19,12 +19,10 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import numbers
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +49,13 @@ from pate.aggregation.ledger import ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
-from pate.errors import BudgetExhausted, LedgerError, UserError
+from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec, build_classifier
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
-from student.sanitised import Release, Releases
+from student.sanitised import answers_digest, ledger_releases
 from student.training import (
     FitConfig,
     build_learner,
@@ -322,28 +320,18 @@ class PrivateLabels:
                                     budget.delta, conversion=self.ledger.conversion,
                                     earlier=earlier)
 
-        with self.ledger.sanitised_releases() as (kept, add):
-            try:
-                records = [Release(**r) for r in kept]
-            except (TypeError, ValueError):
-                raise LedgerError("the ledger's record of sanitised releases is damaged: "
-                                  "nothing released") from None
-            releases = Releases(records, lambda all_of_them: add(asdict(all_of_them[-1])))
+        with ledger_releases(self.ledger) as releases:
             sanitised = releases.release(len(self.received), analyse, self.ledger.conversion,
                                          self._answers_digest())
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
 
     def _answers_digest(self) -> str:
-        """Which answers a release covers: the mechanism, the votes (``VotePool.digest``), the
-        rows asked (as a set) and the probabilities sent with them (sha256; kept in the
-        ledger only)."""
+        """Which answers a release covers (``student.sanitised.answers_digest``): the
+        mechanism, the votes, the rows asked (as a set) and the probabilities sent with them."""
         order = np.argsort(self.received.pool_index)
-        digest = hashlib.sha256(json.dumps(mechanism_to_dict(self.mechanism)).encode())
-        digest.update(self.pool.digest.encode())
-        digest.update(self.received.pool_index[order].tobytes())
-        if self._probs:
-            digest.update(np.concatenate(self._probs)[order].tobytes())
-        return digest.hexdigest()
+        return answers_digest(mechanism_to_dict(self.mechanism), self.pool.digest,
+                              self.received.pool_index[order],
+                              np.concatenate(self._probs)[order] if self._probs else None)
 
     def close(self) -> None:
         self.service.close()

@@ -23,7 +23,6 @@ from analysis.costs import realised_rdp_independent, worst_case_queries
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
-from pate.aggregation.vote_pool import VotePool
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import RunConfig, config_differences, dump_config, parse_config, same_run
 from pate.data.task import DataFiles, data_kind, load_task, unused_setting_problem
@@ -131,7 +130,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
     """One query round (the stage ``stage``) of the student against a real HTTP label service of
     ``mechanism`` on loopback, over the run's votes and ledger, on rows chosen by ``select``
     (default: the config's). The last round releases the sanitised epsilon of all of them (the
-    run's votes at hand); the rounds before it release none, which would cost privacy too."""
+    server's votes and ledger at hand); the rounds before it release none, which would cost
+    privacy too."""
     a = config.aggregator
     token = _token(run)
     server = open_server(a.round_mechanism(mechanism), token_file=token,
@@ -145,7 +145,7 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
             say(f"pate run: {mechanism} aggregation service on {url}")
             last = stage == [s for s in config.stages() if s.startswith("student-")][-1]
             session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism,
-                                        votes=VotePool.from_file(run.votes) if last else None)
+                                        server.service if last else None)
             options = _student_options(config, queries, select)
             # the server's votes are the run's own, checked by the stage that made them
             metrics = train_student(run, lambda _check: session, options, config.data.source(),

@@ -157,7 +157,8 @@ class RunDir:
     @property
     def releases(self) -> Path:
         """``sanitised-releases.json``: each smooth-sensitivity release made from the run's
-        votes, its beta and sigma (private: they depend on the votes)."""
+        votes, its beta and sigma (private: they depend on the votes), as earlier versions
+        kept them; releases are now kept in the ledger (``student.sanitised``)."""
         return self.root / "sanitised-releases.json"
 
     @property

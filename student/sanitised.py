@@ -4,25 +4,30 @@ The Table-2 analysis's sanitised bound is a function of the private votes; what 
 its GNSS release (PATE 2018, Theorem 23; ``analysis.votes_analysis.sanitised_release``), with
 noise drawn from the operating system's entropy. A release is made once per set of answers and
 kept: asking for the epsilon of the same answers again returns the same figure at no new cost. A
-release for more (or other) answers composes with the earlier ones, whose beta and sigma are
-kept in a private record (a run's ``sanitised-releases.json``; ``PrivateLabels``'s in its
-ledger, under the ledger's write lock), and is written before it is returned.
+release for more (or other) answers composes with every earlier one on the same private data,
+whose beta and sigma are kept in the ledger that charges the votes, under its write lock
+(``ledger_releases``), and is written there before it is returned. (Runs of an earlier version
+kept theirs in the run's ``sanitised-releases.json``: still composed with, never written.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from analysis.rdp import Conversion
 from analysis.votes_analysis import EarlierRelease, PrivacyAnalysis, sanitised_release
-from pate.errors import UserError
-from pate.io import write_json_atomic
+from pate.aggregation.ledger import Ledger
+from pate.errors import LedgerError, UserError
 
 
 @dataclass(frozen=True)
@@ -59,21 +64,6 @@ class Releases:
         self.records = list(records or [])
         self.keep = keep
 
-    @classmethod
-    def from_file(cls, path: Path) -> Releases:
-        """The releases of a run, kept in ``path`` (private JSON, ``sanitised-releases.json``)."""
-        records: list[Release] = []
-        if path.is_file():
-            try:
-                records = [Release(**r) for r in json.loads(path.read_text())]
-                counts = [r.queries for r in records if r.answers is None]
-                if counts != sorted(set(counts)):  # prefixes of a run's answers, in order
-                    raise ValueError("releases out of order")
-            except (TypeError, ValueError, AttributeError):
-                raise UserError(f"{path}: not a record of sanitised releases (damaged: restore "
-                                "it; it decides what later releases pay for)") from None
-        return cls(records, lambda all_of_them: write_json_atomic(
-            path, [asdict(r) for r in all_of_them], private=True))
 
     def release(self, queries: int,
                 analyse: Callable[[list[EarlierRelease]], PrivacyAnalysis | None],
@@ -106,3 +96,43 @@ class Releases:
             self.keep(self.records)
         return epsilon
 
+
+def run_file_releases(path: Path) -> list[Release]:
+    """The releases an earlier version kept in a run's ``sanitised-releases.json`` (private
+    JSON; none where it is not there): later releases compose with them."""
+    if not path.is_file():
+        return []
+    try:
+        return [Release(**r) for r in json.loads(path.read_text())]
+    except (TypeError, ValueError, AttributeError):
+        raise UserError(f"{path}: not a record of sanitised releases (damaged: restore it; it "
+                        "decides what later releases pay for)") from None
+
+
+@contextmanager
+def ledger_releases(ledger: Ledger, also: list[Release] | None = None) -> Iterator[Releases]:
+    """The releases kept in ``ledger`` (``Ledger.sanitised_releases``), after ``also`` (kept
+    elsewhere, composed with, not written), under the ledger's write lock until the block ends:
+    two users of the ledger cannot both draw a release of the same answers. A new one is
+    committed when the block ends, before the caller may publish it."""
+    with ledger.sanitised_releases() as (kept, add):
+        try:
+            records = [Release(**r) for r in kept]
+        except (TypeError, ValueError):
+            raise LedgerError("the ledger's record of sanitised releases is damaged: nothing "
+                              "released") from None
+        yield Releases([*(also or []), *records],
+                       lambda all_of_them: add(asdict(all_of_them[-1])))
+
+
+def answers_digest(mechanisms: Any, votes: str, pool_index: NDArray[np.int64],
+                   probs: NDArray[np.float64] | None = None) -> str:
+    """Which answers a release covers (sha256, kept in the ledger only): the mechanisms that
+    answered (their JSON records), the votes (``VotePool.digest``), the rows asked and the
+    probabilities sent with them, in the order given."""
+    digest = hashlib.sha256(json.dumps(mechanisms).encode())
+    digest.update(votes.encode())
+    digest.update(np.ascontiguousarray(pool_index, np.int64).tobytes())
+    if probs is not None and probs.size:
+        digest.update(np.ascontiguousarray(probs, np.float64).tobytes())
+    return digest.hexdigest()

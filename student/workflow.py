@@ -53,10 +53,11 @@ from student.rounds import (
     analyze_rounds,
     append_sent_probs,
     ask,
+    load_sent_probs,
     read_rounds,
     select_queries,
 )
-from student.sanitised import Releases
+from student.sanitised import answers_digest, ledger_releases, run_file_releases
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -147,20 +148,14 @@ class StudentOptions:
 
 @dataclass
 class AggregatorSession:
-    """An open label source; ``service`` is the in-process label service when there is one
-    (its votes bound the candidates and give the sanitised epsilon), None for a remote one;
-    ``votes``, for a remote service of the caller's own (``pate run``'s), the votes it serves,
-    which give the sanitised epsilon too."""
+    """An open label source; ``service`` is the label service in this process when there is
+    one (``pate student train --votes``; ``pate run``'s own server, whose round releases the
+    sanitised epsilon): its votes bound the candidates, and its votes and ledger give the
+    sanitised epsilon. None for a remote one."""
 
     source: LabelSource
     mechanism: str
     service: LabelService | None = None
-    votes: VotePool | None = None
-
-    @property
-    def pool(self) -> VotePool | None:
-        """The votes the round's answers come from, where the caller holds them."""
-        return self.service.pool if self.service is not None else self.votes
 
     def close(self) -> None:
         self.source.close()
@@ -223,20 +218,26 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
                        rounds: list[dict[str, Any]], delta: float, conversion: str
                        ) -> float | None:
     """The published smooth-sensitivity-sanitised epsilon of every round so far: the release
-    (``student.sanitised``, noise from the OS's entropy, made once per set of answers and kept
-    in the run's private ``sanitised-releases.json``) of ``student.rounds.analyze_rounds``'s
+    (``student.sanitised``, noise from the OS's entropy) of ``student.rounds.analyze_rounds``'s
     bound (PATE 2018's Table 2 analysis of the asked rows, rounds composed; docs/design.md,
-    privacy rule 6). None without local votes (or with rows they do not cover), with LNMax, or
-    when a round's parameters or rows are unknown."""
-    pool = session.pool
-    if pool is None or not len(received):
+    privacy rule 6), made once per set of answers and kept in the ledger that charged them: the
+    same answers, asked again from this run or another, get the same figure, and a release
+    of others composes with every earlier one. None without the service in this process (or
+    with rows its votes do not cover), with LNMax, or when a round's parameters or rows are
+    unknown."""
+    service = session.service
+    if service is None or service.pool is None or not len(received):
         return None
+    pool = service.pool
     if not np.isin(received.pool_index, pool.pool_indices).all():
         return None  # rows another aggregator answered (a remote one), of votes not here
-    return Releases.from_file(run.releases).release(
-        len(received), lambda earlier: analyze_rounds(
-            rounds, received, lambda index: pool.votes[pool.rows(index)], run.probs, delta,
-            conversion, earlier), conversion)
+    digest = answers_digest(rounds, pool.digest, received.pool_index,
+                            load_sent_probs(run.probs)[1])
+    with ledger_releases(service.ledger, run_file_releases(run.releases)) as releases:
+        return releases.release(
+            len(received), lambda earlier: analyze_rounds(
+                rounds, received, lambda index: pool.votes[pool.rows(index)], run.probs, delta,
+                conversion, earlier), conversion, digest)
 
 
 def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:

@@ -3,7 +3,9 @@ else; several threads contending are slower than one) and votes that agree with 
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,3 +31,10 @@ def votes_for(labels: np.ndarray, teachers: int = 250, classes: int = 10,
                       for r in right])
     votes[np.arange(len(labels)), labels] += right
     return votes.astype(np.int32)
+
+
+def released(ledger: Path) -> list[tuple[int, float]]:
+    """(queries, epsilon) of each sanitised release kept in the SQLite ledger ``ledger``."""
+    with sqlite3.connect(ledger) as db:
+        return [(int(q), float(e)) for q, e in db.execute(
+            "SELECT queries, epsilon FROM ledger_releases ORDER BY seq")]

@@ -105,9 +105,10 @@ requests_table = sa.Table(
     sa.Column("pool", sa.String(64), nullable=True),
 )
 
-# The sanitised epsilons released from the answers (the Python API's ``PrivateLabels``; a run
-# keeps its own in sanitised-releases.json): each drawn once per set of answers (``answers``,
-# their digest), the beta and sigma of its noise kept for the releases after it (PRIVATE).
+# The sanitised epsilons released from the answers (``student.sanitised.ledger_releases``: a
+# student's rounds, the Python API's ``PrivateLabels``): each drawn once per set of answers
+# (``answers``, their digest), the beta and sigma of its noise kept for the releases after it,
+# whichever run or process made them (PRIVATE).
 releases_table = sa.Table(
     "ledger_releases", metadata,
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,

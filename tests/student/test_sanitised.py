@@ -4,14 +4,17 @@ and later releases pay for the earlier ones."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from analysis.mechanisms import ConfidentGNMax
+from analysis.orders import default_orders
 from analysis.rdp import epsilon_curve
 from analysis.smooth_sensitivity import gnss_rdp
 from analysis.votes_analysis import (
@@ -22,9 +25,10 @@ from analysis.votes_analysis import (
     analyze_segments,
     sanitised_release,
 )
+from pate.aggregation.ledger import Ledger
 from pate.data.synthetic import synthetic_votes
 from pate.errors import UserError
-from student.sanitised import Releases
+from student.sanitised import Release, Releases, ledger_releases, run_file_releases
 
 MECHANISM = ConfidentGNMax(threshold=200, sigma1=150, sigma2=40)
 VOTES = synthetic_votes(300, 250, 10, seed=4)
@@ -46,23 +50,40 @@ def test_the_release_is_the_bound_plus_noise_and_two_deviations() -> None:
 
 
 def test_a_release_is_drawn_once_per_set_of_answers_and_kept(tmp_path: Path) -> None:
-    path = tmp_path / "sanitised-releases.json"
-    first = Releases.from_file(path).release(200, lambda earlier: analyse(200, earlier))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    @contextlib.contextmanager
+    def kept(also: list[Release] | None = None) -> Iterator[Releases]:
+        ledger = Ledger(url, default_orders(), 1e-5, 10.0)
+        try:
+            with ledger_releases(ledger, also) as releases:
+                yield releases
+        finally:
+            ledger.close()
+
+    with kept() as releases:
+        first = releases.release(200, lambda earlier: analyse(200, earlier), answers="a")
     assert first is not None
-    again = Releases.from_file(path)
-    assert again.release(200, lambda earlier: pytest.fail("analysed again")) == first
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with kept() as releases:  # another object, as another run or process would open it
+        assert releases.release(200, lambda earlier: pytest.fail("analysed again"),
+                                answers="a") == first
     # the noise is drawn afresh for another body of answers (OS entropy: no two draws alike)
     draws = {Releases().release(200, lambda earlier: analyse(200, earlier)) for _ in range(4)}
     assert len(draws) == 4
-    # a release for more answers pays for the first: its analysis composes the first's cost
+    # a release for other answers pays for the first: its analysis composes the first's cost,
+    # and for those an earlier version recorded in a run's file
+    legacy = Release(100, 1.5, 0.01, 3.0)
     seen: list[list[EarlierRelease]] = []
-    second = Releases.from_file(path).release(300, lambda earlier: seen.append(earlier) or analyse(
-        300, earlier))
+    with kept([legacy]) as releases:
+        second = releases.release(300, lambda earlier: seen.append(earlier) or analyse(
+            300, earlier), answers="b")
     assert second is not None
-    kept = json.loads(path.read_text())
-    assert [r["queries"] for r in kept] == [200, 300]
-    assert seen == [[EarlierRelease(kept[0]["beta"], kept[0]["sigma"])]]
+    with kept() as releases:
+        stored = releases.records
+    assert [(r.queries, r.answers) for r in stored] == [(200, "a"), (300, "b")]
+    assert seen == [[EarlierRelease(0.01, 3.0), EarlierRelease(stored[0].beta,
+                                                               stored[0].sigma)]]
+    assert stat.S_IMODE((tmp_path / "ledger.db").stat().st_mode) == 0o600
 
 
 def test_earlier_releases_cost_what_theorem_23_says() -> None:
@@ -90,7 +111,7 @@ def test_a_damaged_record_of_releases_is_one_error(tmp_path: Path, record: dict)
     path = tmp_path / "sanitised-releases.json"
     path.write_text(json.dumps([record]))
     with pytest.raises(UserError, match="not a record of sanitised releases"):
-        Releases.from_file(path)
+        run_file_releases(path)
 
 
 def test_no_figure_without_noise_follows_a_noisy_release() -> None:

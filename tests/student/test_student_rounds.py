@@ -4,6 +4,7 @@ aggregator and against a real ``pate serve`` (Confident-GNMax, then Interactive-
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from service_harness import auth, serving, write_tokens
-from student_support import one_thread, votes_for
+from student_support import one_thread, released, votes_for
 
 from analysis.mechanisms import ConfidentGNMax
 from analysis.rdp import epsilon_from_rdp
@@ -142,8 +143,7 @@ def test_two_rounds_with_the_local_aggregator(run_dir: Path, digits: Dataset) ->
     assert m2["rounds"][1]["mechanism"]["mechanism"] == "interactive"
     assert m2["epsilon"]["data_independent"] > m["epsilon"]["data_independent"]
     # each round released the sanitised epsilon of every answer so far, once, and kept it
-    releases = json.loads((run_dir / "sanitised-releases.json").read_text())
-    assert [(r["queries"], r["epsilon"]) for r in releases] == [
+    assert released(run_dir / "ledger.db") == [
         (120, m["epsilon"]["data_dependent_sanitised"]),
         (200, m2["epsilon"]["data_dependent_sanitised"])]
 
@@ -209,6 +209,29 @@ def test_rounds_against_a_real_service(run_dir: Path, digits: Dataset,
          "gamma": 0.5}]
 
 
+def test_the_same_answers_get_the_same_sanitised_epsilon_in_any_run(
+        run_dir: Path) -> None:
+    """Privacy rule 6: a sanitised epsilon is drawn once per set of answers. Two run
+    directories on one votes file asking the same rows (replays, free) publish the figure
+    released for them, not a fresh draw whose noise could be averaged away; more answers get
+    a new release, which pays for the first."""
+    votes = run_dir / "votes.npz"
+
+    def student(run: str, queries: int) -> float:
+        assert main(["student", "train", "--run", str(run_dir / run), "--votes", str(votes),
+                     "--budget-epsilon", "1e6", *TRAIN, *CONFIDENT, "--select", "first",
+                     "--queries", str(queries)]) == 0
+        return _metrics(run_dir / run)["epsilon"]["data_dependent_sanitised"]
+
+    first = student("a", 90)
+    with sqlite3.connect(run_dir / "ledger.db") as db:  # drawn with noise (no fallback)
+        assert db.execute("SELECT sigma FROM ledger_releases").fetchall()[0][0] > 0
+    assert student("b", 90) == first
+    assert released(run_dir / "ledger.db") == [(90, first)]
+    more = student("c", 120)
+    assert released(run_dir / "ledger.db") == [(90, first), (120, more)]
+
+
 def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
         run_dir: Path, capsys: pytest.CaptureFixture) -> None:
     """``--queries 0`` and no aggregator named: another student on the same answers, nothing
@@ -221,7 +244,7 @@ def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
                  *CONFIDENT, "--queries", "40"]) == 0
     first = _metrics(run_dir)
     ledger = (run_dir / "ledger.db").stat().st_mtime_ns
-    releases = (run_dir / "sanitised-releases.json").read_text()
+    releases = released(run_dir / "ledger.db")
     assert main(again) == 0
     second = _metrics(run_dir)
     assert (second["method"], first["method"]) == ("vat", "supervised")
@@ -230,7 +253,7 @@ def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
     assert (second["asked_this_round"], first["asked_this_round"]) == (0, 40)
     assert "(as the round that asked them gave)" in capsys.readouterr().out
     assert (run_dir / "ledger.db").stat().st_mtime_ns == ledger
-    assert (run_dir / "sanitised-releases.json").read_text() == releases
+    assert released(run_dir / "ledger.db") == releases
     assert main(["student", "train", "--run", str(run_dir), "--queries", "5",
                  "--method", "vat", "--dataset", "digits"]) == 2
     assert "--mechanism names the aggregator to ask" in capsys.readouterr().err
