@@ -183,12 +183,10 @@ def _dpsgd(config: RunConfig, run: RunDir) -> None:
 def _compare(config: RunConfig, run: RunDir) -> None:
     record = run_comparison(config, run, _student_options(config, config.student.queries),
                             lambda text: say(f"pate run: compare: {text}"))
-    for d in record["dpsgd"]:
-        if "accuracy" in d:
-            run.append_log(f"compare: DP-SGD at the {d['at']} epsilon {d['epsilon']:.3f}: "
-                           f"accuracy {d['accuracy']:.4f}")
-    run.append_log(f"compare: non-private model, {record['nonprivate']['epochs']} epochs, and "
-                   f"{len(record['prefixes'])} prefix student(s) trained (figures: owner-only)")
+    trained = sum("accuracy" in d for d in record["dpsgd"])
+    run.append_log(f"compare: {trained} DP-SGD model(s), the non-private model "
+                   f"({record['nonprivate']['epochs']} epochs) and {len(record['prefixes'])} "
+                   "prefix student(s) trained (figures: owner-only, comparison/)")
 
 
 def _report(run: RunDir) -> None:

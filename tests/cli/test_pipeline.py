@@ -117,6 +117,10 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     for row in owner["rows"]:
         assert 0 < row["accuracy"] <= 1
         assert row["student_ratio"] == pytest.approx(metrics["accuracy"] / row["accuracy"])
+    # log.txt is public: the compare stage says what it trained, not how well
+    compare = [line for line in (run / "log.txt").read_text().splitlines()
+               if " compare: " in line]
+    assert compare and not any("accuracy" in line for line in compare), compare
     targets = comparison["student_epsilon"]
     # the student's sanitised epsilon is the one released (with noise) once, by the last round
     assert targets["sanitised"] == metrics["epsilon"]["data_dependent_sanitised"] is not None
