@@ -186,6 +186,12 @@ class RunDir:
         """The Bayesian accountant's sampled gradient-pair distances (private)."""
         return self.dpsgd / "distances.npy"
 
+    @property
+    def dpsgd_bayesian(self) -> Path:
+        """``dpsgd/bayesian.json``: the Bayesian accountant's epsilon and moment (private: they
+        are computed from those distances, a statistic of the private data)."""
+        return self.dpsgd / "bayesian.json"
+
     # --- creating and recording ---------------------------------------------------------------
     def create(self) -> RunDir:
         """Create the directory 0700 (parents as needed); ``UserError`` when it cannot be

@@ -1,7 +1,8 @@
 """The DP-SGD baseline's workflow on a run directory: train ``student.dpsgd`` on the private
 training split, evaluate it on the evaluation half of the test split, and write ``dpsgd/``
-(``pate.rundir.RunDir``): ``metrics.json`` and ``model.pt`` (public: the model is DP) and the
-Bayesian accountant's pair distances (private, 0600)."""
+(``pate.rundir.RunDir``): ``metrics.json`` and ``model.pt`` (public: the model is DP, at its own
+epsilon), and the Bayesian accountant's pair distances and its epsilon, ``bayesian.json``
+(private, 0600: data-dependent)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from pate.rundir import RunDir
 from student.dpsgd import DPSGDConfig, train_dpsgd
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 
+# The Bayesian accountant's figures: computed from the private gradients' distances, so kept
+# apart from the public metrics.json (in the private bayesian.json).
+BAYESIAN_KEYS = ("epsilon_bayesian", "bayesian_moment")
+
 
 def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                          progress: Callable[[int, int], None] | None = None,
@@ -31,7 +36,8 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
     ``RunDir.comparison_dpsgd``, private: ``RunDir.baseline_is_private``). The input
     standardisation comes from the public pool (no privacy cost). ``progress(step, total)``
     after every step. A non-plain ``encoding`` trains ``student.encoded_dpsgd`` instead (no
-    Bayesian accountant: its distances file is empty).
+    Bayesian accountant: its distances file is empty). The metrics returned hold the
+    Bayesian accountant's figures (``BAYESIAN_KEYS``) too; ``metrics.json`` does not.
     ``allow_large_delta``: None where the caller has checked delta against the number of
     private records (``pate run``); else a delta of 1/n or more is refused unless True
     (``check_delta``)."""
@@ -56,11 +62,14 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
         raise UserError(str(exc)) from None
     metrics = {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
                **result.metrics}
+    bayesian = {k: metrics.pop(k) for k in BAYESIAN_KEYS if k in metrics}
     folder = run.private_dir(out or run.dpsgd)
     private = run.baseline_is_private(folder)
     write_with_atomic(folder / run.dpsgd_distances.name,
                       lambda fh: np.save(fh, result.distances), private=True)
+    if bayesian:
+        run.write_json(folder / run.dpsgd_bayesian.name, bayesian, private=True)
     write_with_atomic(folder / run.dpsgd_model.name,
                       lambda fh: torch.save(result.model.state_dict(), fh), private)
     run.write_json(folder / run.dpsgd_metrics.name, metrics, private)
-    return metrics
+    return {**metrics, **bayesian}

@@ -98,8 +98,8 @@ def run_train(args: argparse.Namespace) -> int:
                                        lambda _step, total: bar.update(1, total),
                                        encoding=encoding,
                                        allow_large_delta=args.allow_large_delta)
-    bayesian = (f", {metrics['epsilon_bayesian']:.3f} (Bayesian)"
-                if "epsilon_bayesian" in metrics else "")
+    bayesian = (f", {metrics['epsilon_bayesian']:.3f} (Bayesian: data-dependent, private, "
+                f"{run.dpsgd_bayesian.name})" if "epsilon_bayesian" in metrics else "")
     print(json.dumps(metrics) if args.json
           else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP)"
                f"{bayesian}  delta {metrics['delta']:g}  -> {run.dpsgd_metrics}")

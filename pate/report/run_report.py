@@ -144,11 +144,21 @@ def load_run_data(run_dir: str | Path) -> RunData:
         lnmax_scale=facts.lnmax_scale,
         teacher_accuracies=_teacher_accuracies(run),
         student=student,
-        dpsgd=run.read_json(run.dpsgd_metrics),
+        dpsgd=_dpsgd_metrics(run),
         comparison=run.read_json(run.comparison_metrics),
         classes_from=None if task is None else task.classes_from,
         extra={} if facts.config is None else {"config": facts.config})
 
+
+
+def _dpsgd_metrics(run: RunDir) -> dict[str, Any] | None:
+    """The DP-SGD baseline's metrics (public ``dpsgd/metrics.json``) with its Bayesian epsilon
+    (private ``dpsgd/bayesian.json``, as the report is); None without a baseline."""
+    metrics = run.read_json(run.dpsgd_metrics)
+    bayesian = run.read_json(run.dpsgd_bayesian)
+    if isinstance(metrics, dict) and isinstance(bayesian, dict):
+        return {**metrics, **bayesian}
+    return metrics
 
 def _private_writer(path: Path, data: bytes) -> None:
     ensure_dir(path.parent, private=True)

@@ -56,7 +56,9 @@ def make_run(run_dir: Path, rounds: bool) -> dict:
         {"method": "vat", "arch": "cnn-hog-simclr", "accuracy": 0.91,
          "epsilon": {"data_independent": 7.5, "data_dependent_sanitised": 6.5, "delta": 1e-5}}))
     (run_dir / "dpsgd" / "metrics.json").write_text(json.dumps(
-        {"accuracy": 0.88, "epsilon": 3.0, "epsilon_bayesian": 1.2, "delta": 1e-5}))
+        {"accuracy": 0.88, "epsilon": 3.0, "delta": 1e-5}))
+    (run_dir / "dpsgd" / "bayesian.json").write_text(json.dumps(
+        {"epsilon_bayesian": 1.2, "bayesian_moment": 2}))
     (run_dir / "teachers" / "manifest.json").write_text(json.dumps(
         {"accuracy": {"per_teacher": rng.uniform(0.6, 0.8, teachers).tolist()}}))
     return {"votes": votes, "asked": asked, "labels": labels, "branch": branch, "truth": truth,
@@ -82,6 +84,7 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert analysed.returncode == 0, analysed.stderr
     assert report["privacy"] == json.loads(analysed.stdout)
     row, dpsgd = report["table"]
+    assert (dpsgd["epsilon_data_independent"], dpsgd["epsilon_bayesian"]) == (3.0, 1.2)
     assert row["epsilon_data_independent_expected"] == \
         report["privacy"]["data_independent"]["epsilon"]
     # the publishable data-independent epsilon is that of the counts asked and answered

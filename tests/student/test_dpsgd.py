@@ -118,12 +118,17 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     metrics = json.loads((run / "dpsgd" / "metrics.json").read_text())
-    assert metrics == printed
-    for key in ("accuracy", "epsilon", "epsilon_bayesian", "delta", "steps", "noise_multiplier",
-                "sampling_rate", "max_grad_norm"):
+    bayesian = json.loads((run / "dpsgd" / "bayesian.json").read_text())
+    assert {**metrics, **bayesian} == printed
+    for key in ("accuracy", "epsilon", "delta", "steps", "noise_multiplier", "sampling_rate",
+                "max_grad_norm"):
         assert key in metrics
+    # the Bayesian epsilon is computed from the private gradients: not in the public file
+    assert set(bayesian) == {"epsilon_bayesian", "bayesian_moment"}
+    assert not set(bayesian) & set(metrics)
     distances = run / "dpsgd" / "distances.npy"
-    assert stat.S_IMODE(distances.stat().st_mode) == 0o600
+    for private in (distances, run / "dpsgd" / "bayesian.json"):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600
     for public in ("metrics.json", "model.pt"):  # the compare stage's are private
         assert stat.S_IMODE((run / "dpsgd" / public).stat().st_mode) == 0o644
     # the saved distances reproduce the run's Bayesian epsilon through the CLI
@@ -132,7 +137,7 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
                  "--sampling-rate", str(metrics["sampling_rate"]), "--delta", "1e-5", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["epsilon"] == pytest.approx(
-        metrics["epsilon_bayesian"], rel=1e-12)
+        bayesian["epsilon_bayesian"], rel=1e-12)
 
 
 def test_cli_trains_on_the_runs_data_and_checks_its_input_first(
