@@ -78,6 +78,8 @@ def format_analysis(r: PrivacyAnalysis) -> str:
     """A short human-readable summary of an analysis result."""
     thresholded = any(name in r.mechanism.split("+") for name in ("confident", "interactive"))
     lines = [
+        "computed from the private votes: every figure below is private (publish only the "
+        "data-independent epsilon of the counts answered, or a sanitised one as released)",
         f"{r.mechanism}: {r.queries} queries, {r.teachers} teachers, "
         f"{r.classes} classes, expected answered {r.expected_answered:.1f}",
         f"epsilon at delta={r.delta:g} ({r.conversion} conversion):",

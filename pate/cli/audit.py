@@ -176,7 +176,9 @@ def run_models(args: argparse.Namespace) -> int:
         print(json.dumps(audit.to_dict()))
     else:
         print(f"delta = {audit.delta:g}, confidence {audit.confidence:g} per model; per-record "
-              f"results (private) in {audit.records}, the summary in {audit.summary}")
+              f"results (private) in {audit.records}, the summary in {audit.summary}; the "
+              "models below were trained on the private data outside any budget: their "
+              "figures are private")
         for t in audit.to_dict()["targets"]:
             print(_models_line(t))
     return 0 if audit.passed else 1
