@@ -145,9 +145,12 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
                         "content, rows or label set changed since): its votes would not be "
                         "theirs; restore it, or train the teachers again in a new --run")
     votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
+    records = RunDir(run_dir).private_records()  # travels with the votes: the delta's bound
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
-        pool_fingerprint=np.array(task.pool_fingerprint)), private=True)
+        pool_fingerprint=np.array(task.pool_fingerprint),
+        **({} if records is None else {"private_records": np.array(records, np.int64)})),
+        private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:
         acc, plurality = ens.scores(task.eval_x, task.eval_y, batch_size,

@@ -291,12 +291,11 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
     directory's own is looked for), the ledger must exist: a new one would be a second budget.
-    ``delta`` must be below 1/n for the ``private_records`` the votes protect, where known
-    (``delta_policy.check_delta``: unless ``allow_large_delta``, the option the caller calls
-    ``allow_name``). Raises ``UserError``, ``LedgerError``, and
-    ``analysis.mechanisms.ParameterError`` for a threshold outside [0, the votes' number of
-    teachers]."""
-    check_delta(delta, private_records, allow_large_delta, allow_name)
+    ``delta`` must be below 1/n for the ``private_records`` the votes protect (the caller's, else
+    the votes file's own), where known (``delta_policy.check_delta``: unless
+    ``allow_large_delta``, the option the caller calls ``allow_name``). Raises ``UserError``,
+    ``LedgerError``, and ``analysis.mechanisms.ParameterError`` for a threshold outside [0, the
+    votes' number of teachers]."""
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
     pool = None
@@ -309,6 +308,9 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
             raise UserError(f"{run_dir}: no such run directory")
         if RunDir(home).votes.is_file():
             pool = VotePool.from_file(RunDir(home).votes)
+    if private_records is None and pool is not None:  # the votes' own, wherever they lie
+        private_records = pool.private_records
+    check_delta(delta, private_records, allow_large_delta, allow_name)
     if pool is not None and check_pool is not None:
         check_pool(pool)
     url, record = _ledger_of_votes(home, ledger, charged_before or (

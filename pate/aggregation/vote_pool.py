@@ -11,7 +11,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pate.data.votes_file import load_pool_fingerprint, load_votes_with_index
+from pate.data.votes_file import (
+    load_pool_fingerprint,
+    load_private_records,
+    load_votes_with_index,
+)
 from pate.errors import UserError
 
 
@@ -19,12 +23,14 @@ class VotePool:
     """Votes ``[rows, classes]`` and the pool index of each row (default ``0..rows-1``); looks up
     the rows of given pool indices in O(log rows) each (a sorted copy of the index).
     ``fingerprint``: the ``Task.pool_fingerprint`` of the pool the votes were cast on, if
-    known."""
+    known; ``private_records``: the number of private records the teachers learnt from, if
+    known (the delta the votes may be charged at depends on it)."""
 
     def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None,
-                 fingerprint: str | None = None) -> None:
+                 fingerprint: str | None = None, private_records: int | None = None) -> None:
         self.votes = np.asarray(votes, np.int64)
         self.fingerprint = fingerprint
+        self.private_records = private_records
         index = (np.arange(len(self.votes)) if pool_index is None
                  else np.asarray(pool_index, np.int64))
         if index.shape != (len(self.votes),):
@@ -37,9 +43,10 @@ class VotePool:
 
     @classmethod
     def from_file(cls, path: str | Path) -> VotePool:
-        """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index`` and
-        ``pool_fingerprint`` (votes.npz)."""
-        return cls(*load_votes_with_index(path), load_pool_fingerprint(path))
+        """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index``,
+        ``pool_fingerprint`` and ``private_records`` (votes.npz)."""
+        return cls(*load_votes_with_index(path), load_pool_fingerprint(path),
+                   load_private_records(path))
 
     @functools.cached_property
     def digest(self) -> str:

@@ -125,3 +125,22 @@ def load_baseline(path: str | Path, votes: NDArray[np.int64]) -> NDArray[np.floa
         raise UserError(f"{path}: every baseline row must sum to the number of teachers "
                         f"({teachers:g}): it is num_teachers * student probabilities")
     return baseline
+
+
+def load_private_records(path: str | Path) -> int | None:
+    """The number of private records the votes' teachers learnt from, as a run's ``votes.npz``
+    records it (``private_records``: it sets the delta the votes may be charged at, wherever
+    they are copied); None for a file without it (a published ``.npy``, an older version's)."""
+    if not str(path).endswith(".npz"):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "private_records" not in data.files:
+                return None
+            value = data["private_records"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        value = None
+    if (value is None or value.shape != () or not np.issubdtype(value.dtype, np.integer)
+            or int(value) < 1):
+        raise UserError(f"{path}: private_records must be one integer >= 1")
+    return int(value)

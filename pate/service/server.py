@@ -122,7 +122,8 @@ def open_server(mechanism: Mechanism, *, token_file: str | Path, epsilon_budget:
         service = open_label_service(
             mechanism, epsilon_budget=epsilon_budget, delta=delta, run_dir=run_dir,
             votes_path=votes_path, ensemble=ensemble, ledger=ledger,
-            conversion=conversion, limits=limits)
+            conversion=conversion, limits=limits, private_records=private_records,
+            allow_large_delta=allow_large_delta, allow_name=allow_name)
     except BaseException:
         sock.close()
         raise

@@ -445,6 +445,35 @@ def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
     assert not run.ledger.exists()
 
 
+def test_votes_copied_elsewhere_keep_their_delta_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A run's votes.npz records how many private records its teachers learnt from: copied out
+    of the run, and served or asked from there, they still refuse a delta of 1/n or more."""
+    rng = np.random.default_rng(3)
+    votes = tmp_path / "copy" / "votes.npz"
+    votes.parent.mkdir()
+    np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250),
+             private_records=np.array(1297))
+    args = _student(tmp_path / "run", votes, "--budget-epsilon", "100")
+    args[args.index("--delta") + 1] = "0.01"
+    assert main(args) == 2
+    _one_error_line(capsys, "delta 0.01 is at least 1/n for the n = 1297 private records")
+    assert not (votes.parent / "ledger.db").exists()
+    serve = ["serve", "--votes", str(votes), "--mechanism", "gnmax", "--sigma", "4",
+             "--budget-epsilon", "10", "--delta", "0.01", "--token-file",
+             str(tmp_path / "tokens"), "--port", "0"]
+    (tmp_path / "tokens").write_text("a-token\n")
+    (tmp_path / "tokens").chmod(0o600)
+    assert main(serve) == 2
+    _one_error_line(capsys, "delta 0.01 is at least 1/n for the n = 1297 private records")
+    assert not (votes.parent / "ledger.db").exists()
+    assert main([*args, "--queries", "5", "--allow-large-delta"]) == 0  # when told to
+    capsys.readouterr()
+    np.savez(votes, votes=np.ones((3, 2)), private_records=np.array(0))
+    assert main(args) == 2
+    _one_error_line(capsys, "private_records must be one integer >= 1")
+
+
 def test_a_command_registers_only_its_own_module() -> None:
     """`pate serve` and `pate status` start without importing torch (seconds saved on every
     call); without a command, or with an unknown one, every command is there to list."""

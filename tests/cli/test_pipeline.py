@@ -40,6 +40,8 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     for private in ("votes.npz", "ledger.db", "service.token"):
         assert stat.S_IMODE((run / private).stat().st_mode) == 0o600, private
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
+    with np.load(run / "votes.npz") as f:  # the delta's bound travels with the votes
+        assert int(f["private_records"]) == RunDir(run).private_records() == 1297
 
     report = json.loads((run / "report" / "report.json").read_text())
     metrics = json.loads((run / "student" / "metrics.json").read_text())
