@@ -175,8 +175,17 @@ class Aggregator:
         """Compute once the data-dependent RDP of the teachers' answer (the answering step)
         for every row of a fixed pool, so that ``answer(..., pool_rows=)`` gathers it instead of
         recomputing it per request. Skipped (False) when the table would exceed
-        ``TABLE_LIMIT_BYTES``."""
+        ``TABLE_LIMIT_BYTES``. The selection's cost is computed for every input it can see, 0
+        to N, N the number of teachers (max_j (n_j - N p_j) is at least 0): the time a request
+        takes then does not tell whether a vote maximum was seen before."""
         v = np.asarray(pool_votes, np.float64)
+        select = self.steps.select
+        teachers = int(v[0].sum()) if len(v) else 0
+        if select is not None and teachers < _STEP_MEMO_LIMIT:
+            every = np.arange(teachers + 1, dtype=np.float64)
+            rows = select.rdp_dependent(select.logpr_answered(every), self.orders)
+            with self._memo_lock:
+                self._step_memo.update(zip(every.tolist(), rows, strict=True))
         if v.shape[0] * self.orders.size * 8 > TABLE_LIMIT_BYTES:
             return False
         self._table = self._answer_dependent(v)

@@ -202,6 +202,24 @@ def test_a_tabulated_pool_costs_the_same(params: Mechanism) -> None:
         tabled.answer(pool[rows], pool_rows=rows + 1)
 
 
+@pytest.mark.parametrize("params", [ConfidentGNMax(threshold=200, sigma1=150, sigma2=40),
+                                    InteractiveGNMax(threshold=100, sigma1=150, sigma2=40,
+                                                     gamma=0.5)])
+def test_a_tabulated_pool_has_every_selection_cost_in_advance(params: Mechanism) -> None:
+    """No vote maximum is costed for the first time while a request waits (the time it took
+    would tell that the maximum was new): tabulating a pool of N = 250 teachers' votes costs
+    the selection of every input it can see, 0 to N, at the values a request would compute."""
+    votes = np.random.default_rng(5).multinomial(250, np.full(10, 0.1), size=40)
+    agg = Aggregator(params)
+    assert agg.tabulate(votes)
+    assert sorted(agg._step_memo) == list(range(251))
+    select = steps(params).select
+    for x in (0, 37, 250):
+        np.testing.assert_array_equal(
+            agg._step_memo[float(x)], select.rdp_dependent(select.logpr_answered([x]),
+                                                           agg.orders)[0])
+
+
 @pytest.mark.parametrize("params", [GNMax(sigma=40.0), LNMax(scale=20.0)])
 def test_a_large_batch_is_costed_in_slices_to_the_same_values(params: Mechanism) -> None:
     """Over ``COST_SLICE`` queries, the data-dependent costs are computed a slice at a time
