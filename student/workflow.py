@@ -374,6 +374,19 @@ def _fit_on_answers(task: Task, options: StudentOptions, spec: ModelSpec,
     return model, learner, result, acc
 
 
+def _needs_previous_student(run: RunDir, mechanism: str | None, options: StudentOptions,
+                            previous: tuple[Any, ModelSpec] | None) -> bool:
+    """Whether the round asks with the probabilities of a previous round's student (an
+    interactive round, or rows chosen by its uncertainty); ``UserError`` where there is
+    none."""
+    needs = bool(options.queries) and (mechanism == "interactive"
+                                       or options.select == "uncertainty")
+    if needs and previous is None:
+        raise UserError("interactive rounds and --select uncertainty need the student of a "
+                        f"previous round in {run.student}")
+    return needs
+
+
 def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: StudentOptions,
                before: Received, previous: tuple[Any, ModelSpec] | None,
                rounds_before: list[dict[str, Any]], conversion: str, spent_is_final: bool,
@@ -397,10 +410,8 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
             raise UserError("every pool row the votes cover has been asked already: nothing "
                             "is left to ask (--queries 0 trains on the answers so far)")
         probs_all = None
-        if options.queries and (interactive or options.select == "uncertainty"):
-            if previous is None:
-                raise UserError("interactive rounds and --select uncertainty need the student "
-                                f"of a previous round in {run.student}")
+        if _needs_previous_student(run, session.mechanism, options, previous):
+            assert previous is not None
             probs_all = predict_proba(previous[0].to(options.device), task.pool_x[candidates],
                                       options.device)
         chosen = select_queries(candidates, options.queries, options.select,
@@ -506,14 +517,16 @@ def train_student(run: RunDir,
                   conversion: str = "improved",
                   on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                   say: Callable[[str], None] = _stderr_line,
-                  spent_is_final: bool = True) -> dict[str, Any]:
+                  spent_is_final: bool = True, mechanism: str | None = None) -> dict[str, Any]:
     """One query round and the student's training; returns the metrics written to
     ``student/metrics.json``. A budget spent before the round asked anything is an error
     (``spent_is_final``), unless answers are in hand and the caller goes on without new ones
     (``pate run``'s later rounds: the student trains on what it has).
 
     Everything that can be checked is checked before ``open_session`` is called (the options,
-    the data, the labels so far, the pool encoder), so a mistake spends nothing.
+    the data, the labels so far, the pool encoder, and, given the ``mechanism`` the session
+    will ask with, a previous student where the round needs one), so a mistake spends and
+    creates nothing.
     ``open_session(check_votes)`` opens the aggregator; one over local votes calls
     ``check_votes`` on them before its ledger opens (a votes file of another pool or run is
     refused with nothing created). With no ``open_session`` nothing is asked: the student is
@@ -541,6 +554,8 @@ def train_student(run: RunDir,
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)
     rounds_before = read_rounds(run)
+    if open_session is not None:
+        _needs_previous_student(run, mechanism, options, previous)
 
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
         received, rounds, epsilon = _answers_in_hand(run, before, rounds_before, task,

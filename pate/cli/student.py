@@ -204,7 +204,7 @@ def run_train(args: argparse.Namespace) -> int:
         try:
             metrics = train_student(run, None if args.mechanism is None
                                     else lambda check: _session(args, check), options, data,
-                                    conversion=args.conversion,
+                                    conversion=args.conversion, mechanism=args.mechanism,
                                     on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach {args.server}: {exc.__class__.__name__}") from None
