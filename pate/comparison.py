@@ -82,7 +82,8 @@ def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
                                            lambda _step, total: bar.update(1, total),
                                            out=run.comparison_dpsgd(name), encoding=encoding)
         p = config.dpsgd
-        dpsgd.append({"at": name, "target_epsilon": target, "model": p.model,
+        dpsgd.append({"at": name, "target_epsilon": target,
+                      "model": metrics["config"]["model"],
                       "epochs": p.epochs,
                       "batch_size": p.batch_size, "lr": p.lr, "momentum": p.momentum,
                       "noise": p.noise, "encode": p.encode, "denoise": p.denoise,

@@ -215,10 +215,11 @@ class DPSGDConfig(_Section):
     """``pate dpsgd train``'s settings (student.dpsgd.DPSGDConfig), trained to ``epsilon``;
     ``noise``, ``dof``, ``encode``, ``encode_seed`` and ``denoise`` select gradient encoding and
     denoising (student.encoded_dpsgd.EncodingConfig; the defaults are plain DP-SGD); ``model``
-    is the network (``student.choices.DPSGD_MODELS``)."""
+    is the network (``student.choices.DPSGD_MODELS``; unset: ``DEFAULT_DPSGD_MODEL`` of the
+    data's kind)."""
 
     enabled: bool = False
-    model: str = "tempered-cnn"
+    model: str | None = None
     epsilon: float = Field(default=3.0, gt=0)
     epochs: int = Field(default=10, ge=1)
     batch_size: int = Field(default=2048, ge=1)
@@ -233,8 +234,8 @@ class DPSGDConfig(_Section):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in DPSGD_MODELS:
+    def _known_model(cls, value: str | None) -> str | None:
+        if value is not None and value not in DPSGD_MODELS:
             raise ValueError(f"model must be one of {', '.join(DPSGD_MODELS)}, got {value!r}")
         return value
 

@@ -35,6 +35,7 @@ from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
+from student.choices import DEFAULT_DPSGD_MODEL, dpsgd_model_problem
 from student.models import check_network
 from student.workflow import AggregatorSession, StudentOptions, train_student
 from teachers.choices import model_data_problem
@@ -197,9 +198,10 @@ def _check_data(config: RunConfig) -> None:
     """Before a new run directory is made or a teacher trained, what would otherwise fail only
     after hours of training: the data loads (a wrong column, a missing file); delta suits its
     number of private records (``check_delta``; its warning is left to the student's stage,
-    which gives it once); there are rows for every teacher; the teachers' model and the
-    student's method and network suit the kind of data (a user's network is built once); and
-    the budget covers one query (with a warning when it covers, at worst, fewer answered
+    which gives it once); there are rows for every teacher; the teachers' model, the
+    student's method and network, and DP-SGD's network where it trains, suit the kind of data
+    (a user's network is built once; DP-SGD needs test data); and
+    the budget covers two queries (with a warning when it covers, at worst, fewer answered
     queries than there are classes, and one when the rounds ask more rows than the pool has)."""
     source = config.data.source()
     if isinstance(source, DataFiles) and (problem := unused_setting_problem(source)):
@@ -226,6 +228,14 @@ def _check_data(config: RunConfig) -> None:
         check_network(method.spec(task.input_shape, task.num_classes))
     except UserError as exc:
         raise UserError(f"student.{exc}") from None
+    if config.dpsgd.enabled or config.compare.enabled:  # DP-SGD trains in those stages
+        problem = dpsgd_model_problem(config.dpsgd.model or DEFAULT_DPSGD_MODEL[task.kind],
+                                      task.kind)
+        if problem:
+            raise UserError(f"dpsgd.{problem}")
+        if task.eval_y is None:
+            raise UserError("the DP-SGD baseline and the comparison are measured on test "
+                            "data: give data.test, or leave dpsgd and compare off")
     a = config.aggregator
     confident, orders = a.round_mechanism("confident"), default_orders()
     covered = worst_case_queries(confident, a.budget_epsilon, a.delta, orders)

@@ -46,8 +46,6 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
     if task.eval_x is None or task.eval_y is None:
         raise UserError("the DP-SGD baseline is evaluated on test data: give data.test "
                         "(--test)")
-    if task.kind != "image":
-        raise UserError("the DP-SGD baseline's network is a CNN for images")
     assert task.private_x is not None and task.private_y is not None
     if allow_large_delta is not None:
         check_delta(config.delta, len(task.private_y), allow_large_delta)

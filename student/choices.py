@@ -3,6 +3,18 @@
 ARCHITECTURES: tuple[str, ...] = ("cnn", "cnn-hog", "cnn-hog-simclr", "mlp", "wn-mlp")
 METHODS: tuple[str, ...] = ("vat", "gan", "supervised")
 SELECTIONS: tuple[str, ...] = ("first", "random", "uncertainty")
-# DP-SGD's networks (student.dpsgd.dpsgd_network): Papernot et al.'s tempered-sigmoid CNN, or a
-# linear softmax on fixed HOG features (the ``hog`` teachers' network).
-DPSGD_MODELS: tuple[str, ...] = ("tempered-cnn", "hog-linear")
+# DP-SGD's networks (student.dpsgd.dpsgd_network): Papernot et al.'s tempered-sigmoid CNN, a
+# linear softmax on fixed HOG features (the ``hog`` teachers' network), both for images, or a
+# linear softmax on the inputs themselves (any data; tabular data's default).
+DPSGD_MODELS: tuple[str, ...] = ("tempered-cnn", "hog-linear", "linear")
+DEFAULT_DPSGD_MODEL: dict[str, str] = {"image": "tempered-cnn", "tabular": "linear"}
+_IMAGE_ONLY_DPSGD = frozenset({"tempered-cnn", "hog-linear"})
+
+
+def dpsgd_model_problem(name: str, kind: str) -> str | None:
+    """Why DP-SGD's network ``name`` cannot learn from ``kind`` data (``image`` or
+    ``tabular``), or None."""
+    if kind == "tabular" and name in _IMAGE_ONLY_DPSGD:
+        return (f"model {name!r} is for images; DP-SGD on feature rows takes "
+                f"{DEFAULT_DPSGD_MODEL['tabular']!r}")
+    return None

@@ -16,7 +16,8 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
   with tanh, trained with momentum SGD and large batches as Tramèr & Boneh 2021 ("Differentially
   Private Learning Needs Better Features", §3) do for their end-to-end CNN baseline. Or
   (``model = "hog-linear"``) a linear softmax on HOG features computed once per example, their
-  handcrafted-features model (§4) with HOG in place of the ScatterNet.
+  handcrafted-features model (§4) with HOG in place of the ScatterNet. Or (``model =
+  "linear"``, the default for feature rows) a linear softmax on the inputs, for any data.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +37,7 @@ from torch import nn
 from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
-from student.choices import DPSGD_MODELS
+from student.choices import DEFAULT_DPSGD_MODEL, DPSGD_MODELS, dpsgd_model_problem
 from teachers.hog import HOG, hog_size
 
 if TYPE_CHECKING:
@@ -66,10 +67,10 @@ class DPSGDConfig:
     moments: tuple[int, ...] = field(default=DEFAULT_MOMENTS)
     eval_batch_size: int = 4096
     init_seed: int | None = None
-    model: str = "tempered-cnn"
+    model: str | None = None  # None: the data's default (DEFAULT_DPSGD_MODEL)
 
     def __post_init__(self) -> None:
-        if self.model not in DPSGD_MODELS:
+        if self.model is not None and self.model not in DPSGD_MODELS:
             raise ValueError(f"model must be one of {DPSGD_MODELS}, got {self.model!r}")
         if (self.target_epsilon is None) == (self.noise_multiplier is None):
             raise ValueError("give exactly one of target_epsilon and noise_multiplier")
@@ -102,15 +103,31 @@ def tempered_cnn(in_shape: tuple[int, int, int], num_classes: int, mean: float,
     return nn.Sequential(*features, nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes))
 
 
-def dpsgd_network(name: str, in_shape: tuple[int, int, int], num_classes: int, mean: float,
+def with_model(config: DPSGDConfig, train_x: np.ndarray) -> DPSGDConfig:
+    """``config`` with its network named: ``config.model``, else the default for the kind of
+    ``train_x`` (feature rows ``[n, d]``, or images); ``ValueError`` for a network that does not
+    suit it."""
+    kind = "tabular" if train_x.ndim == 2 else "image"
+    name = config.model or DEFAULT_DPSGD_MODEL[kind]
+    problem = dpsgd_model_problem(name, kind)
+    if problem:
+        raise ValueError(problem)
+    return replace(config, model=name)
+
+
+def dpsgd_network(name: str, in_shape: tuple[int, ...], num_classes: int, mean: float,
                   std: float) -> tuple[nn.Module | None, nn.Module]:
     """The network ``name`` of ``DPSGD_MODELS`` as (fixed feature map or None, trained part):
-    :func:`tempered_cnn`, trained whole; or a linear softmax on HOG features
+    :func:`tempered_cnn`, trained whole; a linear softmax on HOG features
     (``teachers.hog.HOG``, parameter-free, computed once per example before training), Tramer &
-    Boneh 2021's handcrafted features with a linear model, with HOG in place of their ScatterNet.
-    HOG is normalised per block, so it needs no ``mean``/``std``."""
+    Boneh 2021's handcrafted features with a linear model, with HOG in place of their ScatterNet
+    (HOG is normalised per block, so it needs no ``mean``/``std``); or a linear softmax on the
+    inputs, standardised with ``mean``/``std`` (logistic regression, for any data)."""
     if name == "hog-linear":
         return HOG(), nn.Linear(hog_size(in_shape), num_classes)
+    if name == "linear":
+        return None, nn.Sequential(_Standardise(mean, std), nn.Flatten(),
+                                   nn.Linear(int(np.prod(in_shape)), num_classes))
     return None, tempered_cnn(in_shape, num_classes, mean, std)
 
 
@@ -215,6 +232,7 @@ def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
     q = min(1.0, config.expected_batch_size / len(train_y))
     if config.init_seed is not None:
         torch.manual_seed(config.init_seed)
+    assert config.model is not None, "name the network first (with_model)"
     fixed, model = dpsgd_network(config.model, tuple(train_x.shape[1:]), num_classes, *norm)
     features = fixed_features(fixed, train_x, config.eval_batch_size)
     sample_gen, _ = secure_generator()
@@ -244,13 +262,15 @@ def training_batches(setup: DPSGDSetup, module: nn.Module, epochs: int,
 def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray,
                 num_classes: int, config: DPSGDConfig, norm: tuple[float, float],
                 progress: Callable[[int, int], None] | None = None) -> DPSGDResult:
-    """Train the network ``config.model`` with DP-SGD on (train_x, train_y), report accuracy on
+    """Train the network ``config.model`` (``with_model``: None takes the data's default)
+    with DP-SGD on (train_x, train_y), report accuracy on
     (eval_x, eval_y), and account the run with the RDP and the Bayesian accountant. ``norm`` is
     the (mean, std) used to standardise inputs, from public data. ``progress(step, total)`` is
     called after every step."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
+    config = with_model(config, train_x)
     setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
     q, total_steps, n = setup.q, setup.total_steps, len(train_y)
     sigma = (config.noise_multiplier if config.noise_multiplier is not None

@@ -37,6 +37,7 @@ from student.dpsgd import (
     secure_generator,
     training_batches,
     whole_model,
+    with_model,
 )
 from student.gradient_encoding import (
     ProfileChooser,
@@ -83,6 +84,7 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
     denoiser; metrics as ``student.dpsgd.train_dpsgd``'s less the Bayesian accountant's."""
     from opacus import GradSampleModule
 
+    config = with_model(config, train_x)
     setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
     q, total_steps, n = setup.q, setup.total_steps, len(train_y)
     params = [p for p in setup.model.parameters() if p.requires_grad]

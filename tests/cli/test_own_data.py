@@ -313,3 +313,34 @@ def test_the_students_data_is_the_teachers_pool_wherever_its_files_lie(
                  str(here / "private.csv"), "--public", str(here / "public.csv"), *data,
                  "--teachers", "3", "--epochs", "2", "--workers", "1"]) == 2
     assert "not the one this run's teachers were trained beside" in capsys.readouterr().err
+
+
+def test_dpsgd_learns_feature_rows_and_refuses_an_image_network_before_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """DP-SGD on a CSV trains a linear softmax on the encoded rows (the tabular default); a
+    run whose DP-SGD (or comparison) would use a network for images is refused before its
+    directory exists, not after the student has spent the budget."""
+    rng = np.random.default_rng(3)
+    for name, n in (("private", 600), ("public", 150), ("test", 200)):
+        (tmp_path / f"{name}.csv").write_text(census(n, rng))
+    files = ["--private", str(tmp_path / "private.csv"), "--public", str(tmp_path / "public.csv"),
+             "--test", str(tmp_path / "test.csv"), "--label", "income"]
+    run = tmp_path / "dp"
+    assert main(["dpsgd", "train", "--run", str(run), *files, "--epsilon", "8", "--epochs",
+                 "20", "--batch-size", "64", "--lr", "0.5", "--max-grad-norm", "1",
+                 "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["config"]["model"] == "linear" and metrics["accuracy"] > 0.75
+    assert main(["dpsgd", "train", "--run", str(tmp_path / "dp2"), *files, "--epsilon", "8",
+                 "--model", "hog-linear"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model 'hog-linear' is for images" in err[0], err
+    cfg = tmp_path / "my.toml"
+    data = ('[data]\nprivate = "private.csv"\npublic = "public.csv"\ntest = "test.csv"\n'
+            'label = "income"\n')
+    cfg.write_text(f'name = "mine"\n{data}{TINY}[compare]\nenabled = true\n[dpsgd]\n'
+                   'model = "tempered-cnn"\n')
+    assert main(["run", str(cfg), "--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pate: error: dpsgd.model 'tempered-cnn' is for images"), err
+    assert not (tmp_path / "run").exists()
