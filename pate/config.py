@@ -7,6 +7,7 @@ A config names the dataset and the settings of every stage. Presets ship in ``pa
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -374,14 +375,23 @@ PLACEMENT_KEYS: dict[str, tuple[str, ...]] = {
     "teachers": ("workers", "device", "gpus_per_shard", "ray_address"), "student": ("device",)}
 
 
-def same_run(first: RunConfig, other: RunConfig) -> bool:
-    """Whether ``other`` describes the run ``first`` does, whatever their
-    :data:`PLACEMENT_KEYS`."""
-    moved = first.model_copy(update={
-        section: getattr(first, section).model_copy(
-            update={k: getattr(getattr(other, section), k) for k in keys})
-        for section, keys in PLACEMENT_KEYS.items()})
-    return moved == other
+# The sections a rerun may change while none of the stages they feed has finished: a round that
+# failed (no answer, the budget), a comparison that could not run. The data and the teachers'
+# settings made what the first stages made (the partition, the teachers, the votes) and never
+# change once anything is made.
+RELAXED_SECTIONS: dict[str, tuple[str, ...]] = {
+    "aggregator": STAGES[2:], "student": STAGES[2:], "dpsgd": ("dpsgd", "compare", "report"),
+    "compare": ("compare", "report")}
+
+
+def fixed_differences(first: RunConfig, other: RunConfig, finished: Iterable[str]) -> list[str]:
+    """The ``config_differences`` a rerun of a run that made something and finished
+    ``finished`` (its stages) may not make: every key but those of ``RELAXED_SECTIONS`` whose
+    stages have not finished."""
+    done = set(finished)
+    return [key for key in config_differences(first, other)
+            if (stages := RELAXED_SECTIONS.get(key.split(".")[0])) is None
+            or done.intersection(stages)]
 
 
 def config_differences(first: RunConfig, other: RunConfig) -> list[str]:

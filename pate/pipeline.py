@@ -24,7 +24,13 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.delta_policy import check_delta
 from pate.comparison import dpsgd_settings, run_comparison
-from pate.config import RunConfig, config_differences, dump_config, parse_config, same_run
+from pate.config import (
+    RunConfig,
+    config_differences,
+    dump_config,
+    fixed_differences,
+    parse_config,
+)
 from pate.data.task import DataFiles, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
@@ -49,18 +55,23 @@ _ALLOW_LARGE_DELTA = "aggregator.allow_large_delta = true"
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     """Create the run directory (0700) and its config.toml; a rerun must use the same config
-    (where its stages run may change: ``pate.config.PLACEMENT_KEYS``), unless the first attempt
-    stopped before it made anything (config.toml and log.txt are all there is): then the new
-    config replaces the old, and the log says so. A directory refused is left as it was."""
+    (where its stages run may change: ``pate.config.PLACEMENT_KEYS``; so may the settings of
+    stages that have not finished, ``pate.config.RELAXED_SECTIONS``: a round, DP-SGD, the
+    comparison), unless the first attempt stopped before it made anything (config.toml and
+    log.txt are all there is): then the new config replaces the old. The log says what
+    changed. A directory refused is left as it was."""
     made = (set() if not run.root.is_dir()
             else {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name})
     recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
                 else None)
-    if recorded is not None and made and not same_run(recorded, config):
+    fixed = ([] if recorded is None or not made
+             else fixed_differences(recorded, config, run.finished_stages()))
+    if fixed:
         raise UserError(f"{run} was started with a different configuration (other "
-                        f"{', '.join(config_differences(recorded, config))}): repeat it, or use "
-                        "a new --run directory (with its own ledger, a new privacy budget for "
-                        "the same private data, unless aggregator.ledger names one they share)")
+                        f"{', '.join(fixed)}, on which what it has made depends): "
+                        "repeat it, or use a new --run directory (with its own ledger, a new "
+                        "privacy budget for the same private data, unless aggregator.ledger "
+                        "names one they share)")
     if recorded is None and run.stages.is_file():  # finished stages of an unknown config
         raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
                         "directory")
@@ -70,10 +81,12 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     run.create()
     if recorded == config:
         return
-    if recorded is not None and made:  # the same run, placed elsewhere: it resumes there
+    if recorded is not None and made:  # the same run, placed elsewhere or mended ahead
+        changed = config_differences(recorded, config)
         run.write_text(run.config, dump_config(config))
-        run.append_log("config.toml: where the stages run changed (workers, device, GPU "
-                       "share or Ray cluster)")
+        run.append_log(f"config.toml: {', '.join(changed)} changed, for the stages not finished"
+                       if changed else "config.toml: where the stages run changed (workers, "
+                       "device, GPU share or Ray cluster)")
         return
     if recorded is not None:
         run.append_log("config.toml replaced: the last attempt stopped before any stage made "

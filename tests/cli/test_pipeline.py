@@ -214,8 +214,9 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     assert "config.toml replaced" in (run / "log.txt").read_text()
     (run / "partition.json").write_text("{}")  # once a stage has made something: refused
     with pytest.raises(UserError, match=r"started with a different configuration \(other "
-                                        r"teachers\.count\): repeat it, or use a new --run "
-                                        r"directory .*unless aggregator\.ledger names one"):
+                                        r"teachers\.count, on which what it has made depends\)"
+                                        r": repeat it, or use a new --run directory .*unless "
+                                        r"aggregator\.ledger names one"):
         prepare_run_dir(first, RunDir(run))
     # but it may resume elsewhere: another Ray cluster, a GPU share, more workers
     moved = mended.model_copy(update={"teachers": mended.teachers.model_copy(update={
@@ -223,6 +224,20 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     prepare_run_dir(moved, RunDir(run))
     assert parse_config((run / "config.toml").read_text(), "again") == moved
     assert "where the stages run changed" in (run / "log.txt").read_text()
+    # the settings of stages not finished may be mended (a round that got no answer, a
+    # comparison that could not run), not once their stage has finished
+    RunDir(run).finish_stage("teachers", 1.0)
+    RunDir(run).finish_stage("votes", 1.0)
+    more = moved.model_copy(update={
+        "student": moved.student.model_copy(update={"queries": 500}),
+        "compare": moved.compare.model_copy(update={"enabled": False})})
+    prepare_run_dir(more, RunDir(run))
+    assert parse_config((run / "config.toml").read_text(), "again") == more
+    assert ("config.toml: student.queries, compare.enabled changed, for the stages not "
+            "finished") in (run / "log.txt").read_text()
+    RunDir(run).finish_stage("student-confident", 1.0)
+    with pytest.raises(UserError, match=r"other student\.queries, on which"):
+        prepare_run_dir(moved, RunDir(run))
     for change, message in (('dataset = "digits"\npool_size = 100000', "--pool-size must be"),
                             ("delta = 0.01", "is at least 1/n")):
         config = tmp_path / "early.toml"
