@@ -323,9 +323,10 @@ def _first_error(exc: ValidationError) -> str:
     beside it is most likely the same key misspelt."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
-    where = ".".join(str(x) for x in err["loc"]) or "config"
     message = err["msg"].removeprefix("Value error, ")  # pydantic's, of our validators' words
-    return f"{where}: {message}"
+    if not err["loc"]:  # a check of the whole config: its message names the keys
+        return message
+    return f"{'.'.join(str(x) for x in err['loc'])}: {message}"
 
 
 def parse_config(text: str, origin: str) -> RunConfig:

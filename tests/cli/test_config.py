@@ -87,6 +87,7 @@ def test_bad_configs(text: str, message: str) -> None:
     with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
         parse_config(text, "bad.toml")
     assert message in str(info.value) and "\n" not in str(info.value)
+    assert not str(info.value).startswith("bad.toml: config:")  # the key, not a placeholder
 
 
 def test_older_run_directories_still_read() -> None:
