@@ -53,7 +53,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                              help="no progress bars or progress lines")
         command.set_defaults(command_parser=command)  # whose usage a mistake shows
+        _say_defaults(command)
     return parser
+
+
+def _say_defaults(command: argparse.ArgumentParser) -> None:
+    """``--help`` gives each option's default where it has one (not a flag's False, not None,
+    whose meaning its help says), unless its help names it already."""
+    for action in command._actions:
+        if (action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+                and "default" not in (action.help or "")):
+            action.help = ("default: %(default)s" if not action.help
+                           else f"{action.help} (default: %(default)s)")
 
 
 def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

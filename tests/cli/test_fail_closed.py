@@ -509,6 +509,19 @@ def test_a_command_registers_only_its_own_module() -> None:
         assert {"run", "serve", "status", "teachers", "student", "dpsgd"} <= set(names)
 
 
+def test_help_gives_each_options_default(capsys: pytest.CaptureFixture) -> None:
+    """``--help`` says an option's default where it has one, once."""
+    for argv, shown in ((["student", "train"], ("pool (default: 30)", "(default: 1000)")),
+                        (["dpsgd", "train"], ("EPOCHS default: 40", "(default: 2048)")),
+                        (["teachers", "train"], ("(default: 250)",))):
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert all(s in text for s in shown), (argv, text)
+        assert "default: None" not in text and "default: False" not in text
+        assert text.count("(default)") + text.count("default:") >= len(shown)
+
+
 def test_a_warning_is_one_line_once_per_command(capsys: pytest.CaptureFixture) -> None:
     """The stages of `pate run` read the same data again, and each change of the warning
     filters lets a warning through again: the command prints it once."""
