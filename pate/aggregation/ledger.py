@@ -163,8 +163,9 @@ class Budget:
                 "queries": self.queries, "answered": self.answered}
 
 
-class QueryCosts(Protocol):
-    """Each query's RDP on the orders grid (``pate.aggregation.aggregators.QueryCosts``)."""
+class CostSource(Protocol):
+    """Each query's RDP on the orders grid, as the ledger reads it
+    (``pate.aggregation.aggregators.QueryCosts`` is one)."""
 
     def total(self) -> NDArray[np.float64]:
         """The sum over the queries, ``[orders]``."""
@@ -177,7 +178,7 @@ class QueryCosts(Protocol):
 
 @dataclass(frozen=True)
 class PerQueryCosts:
-    """``QueryCosts`` of an array ``[queries, orders]``."""
+    """A ``CostSource`` of an array ``[queries, orders]``."""
 
     rdp: NDArray[np.float64]
 
@@ -199,8 +200,8 @@ class Charge:
     mechanism: str                    # the mechanism's public parameters, JSON
     labels: NDArray[np.int64]
     branch: NDArray[np.int8]
-    rdp_independent: QueryCosts
-    rdp_dependent: QueryCosts              # private
+    rdp_independent: CostSource
+    rdp_dependent: CostSource              # private
     worst_case_rdp: NDArray[np.float64]    # one query's data-independent worst case [orders]
     indices: NDArray[np.int64] | None = None   # the pool indices asked (None: new inputs)
     replayable: bool = False          # may get and store replays of earlier releases
@@ -437,7 +438,8 @@ class Ledger:
         self.conversion: Conversion = conversion
         self.basis = (f"data-independent RDP, {conversion} conversion at delta={self.delta:g}; "
                       "a batch is refused unless its worst case fits")
-        # outcomes released so far, by mechanism then pool index (``_outcomes``); replicas
+        # outcomes released so far (``_releases``), by scope (the mechanism and the votes'
+        # digest), then pool index; replicas
         # learn each other's from the request rows after ``_synced_seq``. ``_rows_seen``: the
         # request rows (the budget row's ``requests``) once synced, None before the first sync
         # under the lock; while it holds, no other process has committed and the sync is skipped

@@ -1,4 +1,4 @@
-"""teachers.votes and teachers.tabular: vote histograms, accuracy, votes.npz, and the CLI."""
+"""teachers.votes: vote histograms, accuracy, votes.npz, and the CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import stat
 import numpy as np
 import pytest
 import torch
-from sklearn.linear_model import LogisticRegression
 from torch.func import functional_call
 
 from pate.cli.main import main
@@ -18,7 +17,6 @@ from teachers import checkpoints
 from teachers.ensemble import TrainConfig, train_group
 from teachers.models import build_model
 from teachers.partition import make_partition
-from teachers.tabular import fit_teachers, tabular_votes
 from teachers.votes import Ensemble, load_ensemble
 
 
@@ -103,14 +101,3 @@ def test_cli_train_votes_student_and_report(tmp_path, digits, capsys, ray_runnin
     assert report["queries"]["label_accuracy"] == pytest.approx(
         np.mean(labels["label"][answered] == pool_y[labels["pool_index"][answered]]))
 
-
-def test_sklearn_teachers_vote(digits):
-    part = make_partition(len(digits.train_y), 5, 0)
-    teachers = fit_teachers(LogisticRegression(max_iter=500), digits.train_x, digits.train_y,
-                            part.parts())
-    votes = tabular_votes(teachers, digits.test_x, 10)
-    assert votes.shape == (len(digits.test_y), 10) and (votes.sum(1) == 5).all()
-    assert (votes.argmax(1) == digits.test_y).mean() > 0.85
-    with pytest.raises(UserError, match="overlap"):
-        fit_teachers(LogisticRegression(), digits.train_x, digits.train_y,
-                     [np.arange(10), np.arange(5, 15)])
