@@ -38,6 +38,7 @@ from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DEFAULT_DPSGD_MODEL, DPSGD_MODELS, dpsgd_model_problem
+from student.training import accuracy
 from teachers.hog import HOG, hog_size
 
 if TYPE_CHECKING:
@@ -196,18 +197,6 @@ class DPSGDResult:
     distances: np.ndarray
 
 
-def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int) -> float:
-    """Top-1 accuracy of ``model`` on (x, y), in evaluation mode, without gradients."""
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            xb = torch.from_numpy(x[start:start + batch_size])
-            pred = model(xb).argmax(dim=1).numpy()
-            correct += int((pred == y[start:start + batch_size]).sum())
-    return correct / len(y)
-
-
 @dataclass
 class DPSGDSetup:
     """What both DP-SGD learners share: the sampling rate q = min(1, batch / n), the
@@ -304,7 +293,7 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray, ev
     eps_rdp, order = dpsgd_epsilon(q, sigma, total_steps, config.delta, config.conversion)
     eps_bayes, moment = bayes.epsilon_and_moment(config.delta)
     metrics = {
-        "accuracy": accuracy(published, eval_x, eval_y, config.eval_batch_size),
+        "accuracy": accuracy(published, eval_x, eval_y, batch_size=config.eval_batch_size),
         "eval_examples": len(eval_y),
         "epsilon": eps_rdp, "rdp_order": order, "conversion": config.conversion,
         "epsilon_bayesian": eps_bayes, "bayesian_moment": moment,

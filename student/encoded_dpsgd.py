@@ -32,7 +32,6 @@ from analysis.noise_families import DEFAULT_DOF, DENOISERS, ks_distance, noise_f
 from student.dpsgd import (
     DPSGDConfig,
     DPSGDResult,
-    accuracy,
     dpsgd_setup,
     secure_generator,
     training_batches,
@@ -46,6 +45,7 @@ from student.gradient_encoding import (
     encode,
     float32_profiles,
 )
+from student.training import accuracy
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
 
     eps, order = accountant.epsilon(q, sigma, total_steps, config.delta, config.conversion)
     metrics = {
-        "accuracy": accuracy(published, eval_x, eval_y, config.eval_batch_size),
+        "accuracy": accuracy(published, eval_x, eval_y, batch_size=config.eval_batch_size),
         "eval_examples": len(eval_y), "epsilon": eps, "rdp_order": order,
         "conversion": config.conversion, "delta": config.delta, "steps": total_steps,
         "noise_multiplier": sigma, "noise": encoding.noise, "sampling_rate": q,
