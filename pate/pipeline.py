@@ -165,7 +165,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
             metrics = train_student(run, lambda _check: session, options, config.data.source(),
                                     on_epoch=_epoch_line(run, stage),
                                     say=lambda text: say(f"pate run: {text}"),
-                                    spent_is_final=False, mechanism=mechanism)
+                                    spent_is_final=False, mechanism=mechanism,
+                                    round_name=stage)
     finally:
         server.close()
     shown = ("not measured (no test data)" if metrics["accuracy"] is None

@@ -132,6 +132,8 @@ def select_queries(candidates: NDArray[np.int64], n: int, how: str,
     ``candidates[i]``; least confident first, ties by pool index)."""
     candidates = np.asarray(candidates, np.int64)
     n = min(int(n), candidates.size)
+    if n == 0 and how in SELECTIONS:  # nothing to choose (a round that asks nothing)
+        return np.zeros(0, np.int64)
     if how == "first":
         return np.sort(candidates)[:n]
     if how == "random":

@@ -197,8 +197,8 @@ def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
 
 
 def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str, Any],
-                  select: str, got: Received, probs: NDArray[np.float64] | None
-                  ) -> list[dict[str, Any]]:
+                  select: str, got: Received, probs: NDArray[np.float64] | None,
+                  name: str | None = None) -> list[dict[str, Any]]:
     """Append this round of ``mechanism`` (the aggregator's record) to ``rounds``
     (``rounds.json`` as read before anything was asked) and
     write it (public: the mechanism and its parameters, the selection, the counts), and the
@@ -209,7 +209,8 @@ def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str
         return rounds
     if probs is not None:
         append_sent_probs(run.probs, got.pool_index, probs[:len(got)])
-    rounds.append({"mechanism": mechanism, "select": select, **got.counts()})
+    rounds.append({"mechanism": mechanism, "select": select, **got.counts(),
+                   **({} if name is None else {"round": name})})
     run.write_json(run.rounds, rounds)
     return rounds
 
@@ -390,7 +391,7 @@ def _needs_previous_student(run: RunDir, mechanism: str | None, options: Student
 def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: StudentOptions,
                before: Received, previous: tuple[Any, ModelSpec] | None,
                rounds_before: list[dict[str, Any]], conversion: str, spent_is_final: bool,
-               say: Callable[[str], None]
+               say: Callable[[str], None], name: str | None = None
                ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
     """One query round against ``session`` (closed at the end; ``train_student``): every
     answer so far, saved as it arrives, every round so far, and the epsilons of the answers
@@ -435,7 +436,7 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
         budget = session.source.budget()
         received = before + got
         received.save(run.labels)
-        rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs)
+        rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs, name)
         sanitised = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                       conversion)
     finally:
@@ -517,7 +518,8 @@ def train_student(run: RunDir,
                   conversion: str = "improved",
                   on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                   say: Callable[[str], None] = _stderr_line,
-                  spent_is_final: bool = True, mechanism: str | None = None) -> dict[str, Any]:
+                  spent_is_final: bool = True, mechanism: str | None = None,
+                  round_name: str | None = None) -> dict[str, Any]:
     """One query round and the student's training; returns the metrics written to
     ``student/metrics.json``. A budget spent before the round asked anything is an error
     (``spent_is_final``), unless answers are in hand and the caller goes on without new ones
@@ -527,6 +529,12 @@ def train_student(run: RunDir,
     the data, the labels so far, the pool encoder, and, given the ``mechanism`` the session
     will ask with, a previous student where the round needs one), so a mistake spends and
     creates nothing.
+
+    A round is asked once. One stopped while it asked (``labels.npz`` holds rows no round of
+    ``rounds.json`` accounts for) is asked again as it was, from the same rows before it: the
+    same selection picks the same rows, which the ledger answers again free, and the round goes
+    on from there. A round recorded under ``round_name`` (``pate run``'s stage) asks nothing
+    again: the stage was stopped after its round, and only trains.
     ``open_session(check_votes)`` opens the aggregator; one over local votes calls
     ``check_votes`` on them before its ledger opens (a votes file of another pool or run is
     refused with nothing created). With no ``open_session`` nothing is asked: the student is
@@ -555,6 +563,10 @@ def train_student(run: RunDir,
     previous = load_classifier(out)
     rounds_before = read_rounds(run)
     if open_session is not None:
+        recorded = sum(r["queries"] for r in rounds_before)
+        before = before.first(recorded)  # the rows of a round stopped while it asked: again
+        if round_name is not None and any(r.get("round") == round_name for r in rounds_before):
+            options = replace(options, queries=0)  # asked already: the stage only trains
         _needs_previous_student(run, mechanism, options, previous)
 
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
@@ -563,7 +575,8 @@ def train_student(run: RunDir,
     else:
         session = open_session(lambda pool: _check_votes(run, pool.describe(), task))
         received, rounds, epsilon = _ask_round(run, session, task, options, before, previous,
-                                               rounds_before, conversion, spent_is_final, say)
+                                               rounds_before, conversion, spent_is_final, say,
+                                               round_name)
     answered = received.answered
     if not answered.any():
         raise UserError("no labels received yet: nothing to train on (more queries or a lower "

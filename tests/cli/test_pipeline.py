@@ -97,6 +97,20 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     again = json.loads((run / "report" / "report.json").read_text())
     assert again["report_format"] == report["report_format"] and again["table"] == report["table"]
 
+    # a stage stopped after its round asked (in its training, say) only trains when resumed: it
+    # asks and spends nothing more
+    stopped = json.loads((run / "stages.json").read_text())
+    del stopped["student-active"]
+    (run / "stages.json").write_text(json.dumps(stopped))
+    assert main(["run", "digits-tiny", "--run", str(run), "--quiet"]) == 0
+    resumed = json.loads((run / "student" / "metrics.json").read_text())
+    assert resumed["epsilon"]["data_independent"] == metrics["epsilon"]["data_independent"]
+    assert (resumed["queries"], resumed["asked_this_round"]) == (metrics["queries"], 0)
+    with np.load(run / "labels.npz") as f:
+        np.testing.assert_array_equal(f["pool_index"], asked)
+    assert [r["round"] for r in json.loads((run / "student" / "rounds.json").read_text())] == [
+        "student-confident", "student-active"]
+
 
 def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     """The compare stage's owner-only page: apart from the report, private, one row per model

@@ -21,6 +21,7 @@ from pate.cli.main import main
 from pate.data.datasets import Dataset, public_split
 from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
+from pate.rundir import RunDir
 from student.rounds import (
     Received,
     interactive_baseline,
@@ -230,6 +231,23 @@ def test_the_same_answers_get_the_same_sanitised_epsilon_in_any_run(
     assert released(run_dir / "ledger.db") == [(90, first)]
     more = student("c", 120)
     assert released(run_dir / "ledger.db") == [(90, first), (120, more)]
+
+
+def test_a_round_stopped_while_it_asked_is_asked_again_from_the_same_rows(
+        run_dir: Path) -> None:
+    """Answers saved (labels.npz) but no round recorded: the command run again asks the same
+    rows, which the ledger answers again free, not as many new ones on top."""
+    args = ["student", "train", "--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN,
+            *CONFIDENT, "--select", "random", "--queries", "40"]
+    assert main(args) == 0
+    first, spent = Received.load(run_dir / "labels.npz"), _metrics(run_dir)["epsilon"]
+    (run_dir / "student" / "rounds.json").unlink()  # as if stopped before it was recorded
+    assert main(args) == 0
+    again = Received.load(run_dir / "labels.npz")
+    np.testing.assert_array_equal(again.pool_index, first.pool_index)
+    np.testing.assert_array_equal(again.label, first.label)
+    assert _metrics(run_dir)["epsilon"]["data_independent"] == spent["data_independent"]
+    assert [r["queries"] for r in read_rounds(RunDir(run_dir))] == [40]
 
 
 def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
