@@ -16,13 +16,13 @@ from pate.cli.main import main
 from pate.data.datasets import load_dataset, public_split
 from student.dpsgd import (
     DPSGDConfig,
-    accuracy,
     pair_distances,
     secure_generator,
     tempered_cnn,
     train_dpsgd,
 )
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
+from student.training import accuracy
 from teachers.hog import HOG, hog_size
 
 
@@ -93,7 +93,7 @@ def test_hog_linear_trains_only_the_linear_layer_on_fixed_features(digits, encod
     assert isinstance(hog, HOG) and isinstance(linear, torch.nn.Linear)
     assert linear.in_features == hog_size(ds.train_x.shape[1:])
     assert 7.9 < result.metrics["epsilon"] <= 8.0
-    assert result.metrics["accuracy"] == accuracy(result.model, eval_x, eval_y, 4096)
+    assert result.metrics["accuracy"] == accuracy(result.model, eval_x, eval_y, batch_size=4096)
     assert result.metrics["accuracy"] > 0.5  # chance is 0.1
 
 
