@@ -71,6 +71,7 @@ from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
 from teachers.models import check_user_model
 from teachers.partition import make_partition
+from teachers.rng import SEED_LIMIT
 from teachers.votes import Ensemble
 
 __all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_student"]
@@ -109,7 +110,6 @@ def _rate(name: str, value: object) -> float:
     return float(value)
 
 
-_SEED_LIMIT = 2**63  # a seed is a non-negative int64 (teachers.rng)
 
 
 def _kind(x: NDArray[np.float32]) -> str:
@@ -149,7 +149,7 @@ class Teachers:
         self.config = TrainConfig(model=model or DEFAULT_MODEL["image"],
                                   epochs=_integer("epochs", epochs, 1),
                                   batch_size=_integer("batch_size", batch_size, 1),
-                                  lr=_rate("lr", lr), seed=_integer("seed", seed, 0, _SEED_LIMIT))
+                                  lr=_rate("lr", lr), seed=_integer("seed", seed, 0, SEED_LIMIT))
         self.ensemble_: Ensemble | None = None
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
@@ -356,7 +356,7 @@ class Student:
         self.arch, self.lr = arch, None if lr is None else _rate("lr", lr)
         self.method = method_for_data("image", method, arch, lr=self.lr)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
-                                    seed=_integer("seed", seed, 0, _SEED_LIMIT))
+                                    seed=_integer("seed", seed, 0, SEED_LIMIT))
         self.model_: torch.nn.Module | None = None
         self.spec_: ModelSpec | None = None
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student

@@ -32,6 +32,7 @@ from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
 from student.choices import ARCHITECTURES, DPSGD_MODELS
 from teachers.choices import MODELS, model_name_problem
+from teachers.rng import SEED_LIMIT
 
 
 class _Section(BaseModel):
@@ -98,7 +99,7 @@ class TeachersConfig(_Section):
     lr: float | None = Field(default=None, gt=0)
     mixup: float = Field(default=0.0, ge=0)
     augment: Literal[("auto", *AUGMENTATIONS)] = "auto"  # type: ignore[valid-type]
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
@@ -197,7 +198,7 @@ class StudentConfig(_Section):
     vat_eps: float = Field(default=2.0, gt=0)
     entmin: bool = False
     encoder_epochs: int | None = Field(default=None, ge=1)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
     device: Literal["cpu", "cuda"] = "cpu"
 
     @field_validator("arch")

@@ -74,6 +74,7 @@ from student.training import (
 )
 from teachers import checkpoints
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
+from teachers.rng import SEED_LIMIT
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ class StudentOptions:
                             ("--unlabelled-batch-size", self.unlabelled_batch_size)):
             if count is not None and count < 1:
                 raise UserError(f"{flag} must be >= 1, got {count}")
-        if self.seed < 0:
-            raise UserError(f"--seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise UserError(f"--seed must be in [0, 2^63), got {self.seed}")
         if self.pool_encoder is not None and self.encoder_epochs is not None:
             raise UserError("give --pool-encoder (an encoder) or --encoder-epochs (learn one), "
                             "not both")

@@ -93,8 +93,8 @@ class TrainConfig:
             load_factory(self.model)
         if min(self.epochs, self.batch_size) < 1 or not (math.isfinite(self.lr) and self.lr > 0):
             raise UserError("epochs and batch size must be at least 1 and lr a finite number > 0")
-        if self.seed < 0:
-            raise UserError(f"the seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < rng.SEED_LIMIT:
+            raise UserError(f"the seed must be in [0, 2^63), got {self.seed}")
 
 
 def train_config_for(source: DataSource, kind: str, *, model: str | None = None,

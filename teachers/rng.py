@@ -22,6 +22,9 @@ _M2 = np.uint64(0x94D049BB133111EB)
 # initialisation, and the random numbers its forward draws (dropout) when trained one at a time.
 INIT, ORDER, AUGMENT, MIXUP, MODULE_INIT, FORWARD = 1, 2, 3, 4, 5, 6
 
+# A seed is a non-negative int64: these streams take it as one, and so does torch's generator.
+SEED_LIMIT = 2**63
+
 
 def _mix(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _M1

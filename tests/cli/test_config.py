@@ -54,6 +54,10 @@ def test_dumped_config_names_every_key() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: model must be one of"),
     ("name = \n", "invalid TOML"),
+    # a seed is an int64, or training would stop with an overflow after the budget is spent
+    ("name = 'x'\n[student]\nseed = 9223372036854775808\n[aggregator]\nthreshold = 1\n"
+     "sigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n",
+     "student.seed: Input should be less than 9223372036854775808"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = '2'\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be a valid number"),
     ("name = 'x'\n[teachers]\ncount = 10.0\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"

@@ -445,19 +445,21 @@ def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
     assert not run.ledger.exists()
 
 
-def test_a_round_that_needs_a_previous_student_is_refused_before_any_ledger(
+def test_a_round_refused_before_the_aggregator_opens_makes_no_ledger(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """An interactive round, or --select uncertainty, with no student yet: one line, and no
-    ledger made (it would hold the mistaken budget for good), no student folder."""
+    """An interactive round, or --select uncertainty, with no student yet, or a seed beyond
+    int64: one line, and no ledger made (it would hold the mistaken budget for good), no
+    student folder."""
     votes = tmp_path / "votes.npz"
     np.savez(votes, votes=np.random.default_rng(2).multinomial(20, np.full(10, 0.1), size=250))
     run = tmp_path / "run"
     interactive = ["--mechanism", "interactive", "--threshold", "5", "--sigma1", "2",
                    "--sigma2", "2", "--gamma", "0.8"]
-    for extra in (["--select", "uncertainty"], interactive):
+    for extra in (["--select", "uncertainty"], interactive, ["--seed", str(2**63)]):
         args = _student(run, votes, "--budget-epsilon", "500", *extra)
         assert main(args) == 2
-        _one_error_line(capsys, "need the student of a previous round")
+        _one_error_line(capsys, "need the student of a previous round" if "--seed" not in extra
+                        else "--seed must be in [0, 2^63)")
         assert not (tmp_path / "ledger.db").exists() and not (tmp_path / "ledger-url.txt").exists()
         assert not (run / "student").exists()
     assert main(_student(run, votes, "--budget-epsilon", "50")) == 0  # the budget meant
