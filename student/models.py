@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from pate.errors import UserError
 from student.choices import ARCHITECTURES
 from teachers.choices import is_import_path
 from teachers.hog import hog_features, hog_size
@@ -183,11 +184,23 @@ def build_classifier(spec: ModelSpec, features: PoolFeatures | None = None) -> n
 
 
 def check_network(spec: ModelSpec) -> None:
-    """Build ``spec``'s network once: a user's factory that fails, or a network of the wrong
-    output, fails here, before anything is asked or spent. The architectures on pool features
-    are built-ins, built once the encoder is at hand."""
-    if spec.arch not in POOL_FEATURE_ARCHS:
-        build_classifier(spec, None)
+    """Build ``spec``'s network once and run it on two blank inputs: a user's factory that
+    fails, a network of the wrong output, or one its inputs are too small for (a 1x1 image
+    through the CNN's pooling) fails here, before anything is asked or spent. The
+    architectures on pool features are built-ins, built once the encoder is at hand."""
+    if spec.arch in POOL_FEATURE_ARCHS:
+        return
+    network = build_classifier(spec, None).eval()
+    try:
+        with torch.no_grad():
+            out = network(torch.zeros((2, *spec.in_shape)))
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"the student's network {spec.arch!r} cannot take inputs of shape "
+                        f"{list(spec.in_shape)}: {reason}") from None
+    if tuple(out.shape) != (2, spec.num_classes):
+        raise UserError(f"the student's network {spec.arch!r} gives outputs of shape "
+                        f"{list(out.shape)[1:]} for {spec.num_classes} classes")
 
 
 class GaussianNoise(nn.Module):

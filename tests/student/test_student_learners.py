@@ -10,7 +10,8 @@ import torch
 from student_support import one_thread
 
 from pate.data.datasets import Dataset
-from student.models import build_classifier
+from pate.errors import UserError
+from student.models import ModelSpec, build_classifier, check_network
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -68,3 +69,12 @@ def test_gan_learner_trains_both_networks(digits: Dataset) -> None:
     assert all(np.isfinite(v) for v in result.losses[0].values())
     assert set(result.losses[0]) == {"supervised", "unsupervised", "generator"}
     assert sum(not torch.equal(a, b) for a, b in zip(after, before, strict=True)) == len(before)
+
+
+def test_a_network_its_inputs_are_too_small_for_is_refused_before_any_query() -> None:
+    """A 1x1 image passes the config's checks but not the CNN's pooling: building and running
+    the network once on blank inputs says so before a query is asked (it failed in training,
+    after the round was charged)."""
+    with pytest.raises(UserError, match=r"network 'cnn' cannot take inputs of shape \[1, 1, 1\]"):
+        check_network(ModelSpec("cnn", (1, 1, 1), 3))
+    check_network(ModelSpec("cnn", (1, 8, 8), 3))  # digits' size is fine
