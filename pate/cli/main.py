@@ -155,7 +155,8 @@ def _stdout_to_devnull() -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command's handler: a PateError (or a mechanism's ParameterError) becomes one
-    error line and exit status 2, and a failed command leaves no empty run directory behind."""
+    error line and exit status 2, an error of the system (OSError: a full disk, a folder not
+    writable) one line and 74, and a failed command leaves no empty run directory behind."""
     run = getattr(args, "run", None)
     new_run = run is not None and not Path(run).exists()
     try:
@@ -166,6 +167,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     except ParameterError as exc:  # a mechanism's parameter, named as its flag
         print(f"pate: error: {exc.named('--')}", file=sys.stderr)
         status = 2
+    except BrokenPipeError:
+        raise  # standard output's reader left: main says so
+    except OSError as exc:  # the system refused (a full disk, a folder not writable)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"pate: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        status = 74  # EX_IOERR (sysexits.h)
     except KeyboardInterrupt:
         if _SIGTERM_RECEIVED[0]:
             print("pate: terminated", file=sys.stderr)

@@ -362,7 +362,7 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
             with Image.open(f) as im:
                 im.load()
                 images.append(_eight_bit(im))
-        except (OSError, UnidentifiedImageError) as exc:
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
             where = _private_position(p, f) if private else str(f)
             raise UserError(f"{where}: unreadable image ({exc.__class__.__name__})") from None
     if mode is None:

@@ -153,6 +153,13 @@ def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
         epsilon_from_rdp(rdp, orders, a.delta)[0], rel=1e-12)
     cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
     assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
+    # a place the system will not write to is one line, exit 74, not a traceback
+    proc = pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
+                "--out", str(tmp_path / "cmp" / "report.json" / "sub"))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 74 and len(err) == 1, proc.stderr
+    assert err[0].startswith(f"pate: error: {tmp_path / 'cmp' / 'report.json' / 'sub'}")
+    assert err[0].endswith(": Not a directory")
 
 
 def test_a_student_answer_in_a_round_without_a_student_step_is_refused(tmp_path: Path) -> None:
