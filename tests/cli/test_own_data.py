@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +193,15 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "x.png").write_bytes(b"not a png")
     with pytest.raises(UserError, match="unreadable image"):
+        load_task(DataFiles(str(tmp_path / "broken"), str(tmp_path / "broken")))
+    # a header claiming 2 billion pixels (a decompression bomb): refused, not a traceback
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+    (tmp_path / "broken" / "x.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 50000, 40000, 8, 0, 0, 0, 0))
+        + chunk(b"IEND", b""))
+    with pytest.raises(UserError, match=r"unreadable image \(DecompressionBombError\)"):
         load_task(DataFiles(str(tmp_path / "broken"), str(tmp_path / "broken")))
 
 
