@@ -6,6 +6,7 @@ A config names the dataset and the settings of every stage. Presets ship in ``pa
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterable
 from importlib import resources
@@ -288,7 +289,8 @@ class RunConfig(_Section):
     @classmethod
     def _name_is_a_folder_name(cls, value: str) -> str:
         """The default run directory is runs/<name>: one folder name, not a path."""
-        if value in ("", ".", "..") or "/" in value or "\\" in value:
+        if (value in ("", ".", "..") or "/" in value or "\\" in value
+                or any(ord(c) < 32 or ord(c) == 127 for c in value)):
             raise ValueError(f"name must be a folder name (runs/<name>), got {value!r}")
         return value
 
@@ -425,4 +427,6 @@ def _toml(value: object) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # a TOML basic string: JSON's escapes are TOML's (quotes, backslashes, every control
+    # character), but for DEL, which TOML also forbids raw
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

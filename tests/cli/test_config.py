@@ -19,6 +19,16 @@ def test_presets_load_and_round_trip() -> None:
         assert parse_config(dump_config(config), "again") == config
 
 
+def test_any_string_round_trips_through_config_toml() -> None:
+    """A path with quotes, backslashes, control characters, DEL or any Unicode is written as a
+    TOML string that reads back the same (config.toml is read again by every rerun)."""
+    config = load_config("digits-tiny")
+    for text in ('we"ird\\path', "line\nbreak\ttab\x01\x7f", "é 😀"):
+        odd = config.model_copy(update={"data": config.data.model_copy(
+            update={"data_dir": text})})
+        assert parse_config(dump_config(odd), "again") == odd
+
+
 def test_dumped_config_names_every_key() -> None:
     """Keys left unset are written too, as comments (TOML has no null)."""
     config = load_config("digits-tiny")
@@ -67,6 +77,8 @@ def test_dumped_config_names_every_key() -> None:
      "delta = 1e-5\n[compare]\nenabled = 'yes'\n", "compare.enabled: Input should be a valid "
      "boolean"),
     ("name = '../escape'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n", "name: name must be a folder name"),
+    ("name = \"a\\nb\"\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "name: name must be a folder name"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = inf\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be a finite number"),
