@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from teachers.partition import (
 )
 from teachers.user_models import ray_runtime_env
 
+RAY_CONNECT_TIMEOUT_S = 10.0  # a cluster's address that does not answer in this long is refused
 
 @dataclass(frozen=True)
 class TrainJob:
@@ -171,6 +173,21 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
         _restore_sigterm(on_sigterm)
 
 
+def _check_reachable(address: str) -> None:
+    """A Ray cluster's ``host:port`` (or ``ray://host:port``) accepts a connection within
+    ``RAY_CONNECT_TIMEOUT_S``; ``UserError`` otherwise, at once (Ray itself retries for
+    minutes, saying nothing). ``auto`` and addresses of another form are left to Ray."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)),
+                                 timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(f"could not reach Ray at {address}: "
+                        f"{exc.strerror or exc.__class__.__name__}") from None
+
+
 def _restore_sigterm(handler: Any) -> None:
     """Put the caller's own SIGTERM handler back. A caller with none (the default action)
     keeps Ray's, which shuts Ray down on the way out."""
@@ -270,6 +287,8 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
             _check_gpus(cluster)
         elif cluster.address is None and (problem := device_problem(cluster.device)):
             raise UserError(problem)
+    if cluster.address and not ray.is_initialized():
+        _check_reachable(cluster.address)  # said before the run directory is written too
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
     shards = shard_ranges(job.num_teachers, job.shard_size)
