@@ -12,6 +12,7 @@ of a GPU, so fractions pack several shards on one device.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -164,6 +165,14 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
     except Exception as exc:  # a bad address or a failed local start
         raise UserError(f"could not start or join Ray ({cluster.address or 'local'}): "
                         f"{exc}") from exc
+    except SystemExit as exc:  # SIGTERM while Ray started: its own handler exits
+        if exc.code != signal.SIGTERM:
+            raise
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        _restore_sigterm(on_sigterm)
+        signal.raise_signal(signal.SIGTERM)  # to the caller's handler, as if Ray were not there
+        raise  # a caller without one: Ray's handler exits, as before
     finally:
         _restore_sigterm(on_sigterm)
     try:

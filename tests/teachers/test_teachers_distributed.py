@@ -207,3 +207,29 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once(tmp_path: Path) -
         with pytest.raises(UserError, match=f"could not reach Ray at {address}: "):
             train_teachers(tmp_path / "run", job, Cluster(1, address))
         assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_while_ray_starts_reaches_the_callers_handler(tmp_path: Path) -> None:
+    """ray.init puts in a SIGTERM handler of its own (it exits with status 15, nothing said)
+    for as long as it starts; a SIGTERM then goes on to the caller's handler (the CLI's, which
+    says `pate: terminated` and cleans up), as at any other time."""
+    script = tmp_path / "term.py"
+    script.write_text(
+        "import os, signal, sys, threading, time\n"
+        "from teachers.distributed import Cluster, _ray_session\n"
+        "def mine(signum, frame):\n"
+        "    raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGTERM, mine)\n"
+        "def watch():  # once ray.init has put in its own handler, while it starts\n"
+        "    while signal.getsignal(signal.SIGTERM) is mine:\n"
+        "        time.sleep(0.001)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "threading.Thread(target=watch, daemon=True).start()\n"
+        "try:\n"
+        "    with _ray_session(Cluster(1), None):\n"
+        "        print('started')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('the caller handled it')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[2])
+    assert (proc.returncode, proc.stdout) == (0, "the caller handled it\n"), proc.stderr[-2000:]
