@@ -297,7 +297,7 @@ def test_a_damaged_run_directory_is_one_line(tmp_path: Path,
     (["--vat-eps", "inf"], "--vat-eps must be a finite number > 0"),
     (["--width", "0"], "--width must be >= 1, got 0"),
     (["--unlabelled-batch-size", "0"], "--unlabelled-batch-size must be >= 1"),
-    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--seed", "-1"], "--seed must be in [0, 2^63), got -1"),
     (["--queries", "-5"], "--queries must be >= 0, got -5"),
     (["--epochs", "0"], "--epochs must be >= 1, got 0"),
 ])
@@ -311,7 +311,8 @@ def test_student_flags_out_of_range_are_one_line(
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--lr", "nan"], "lr a finite number > 0"), (["--seed", "-1"], "the seed must be >= 0")])
+    (["--lr", "nan"], "lr a finite number > 0"),
+    (["--seed", "-1"], "the seed must be in [0, 2^63)")])
 def test_teacher_flags_out_of_range_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str) -> None:
     assert main(["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
