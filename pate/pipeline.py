@@ -7,7 +7,8 @@ resumable by shard) -> votes -> student round 1 (Confident-GNMax) and, if asked 
 server``, in a thread of this process) with a generated token and the run's one ledger -> dpsgd
 (optional baseline at a fixed epsilon) -> compare (optional owner-only evaluation,
 ``pate.comparison``) -> report. A finished stage is recorded in ``stages.json`` and skipped on
-rerun, so a round that was paid for is never asked again; an interrupted stage runs again. Each
+rerun; an interrupted stage runs again, asking only what its round had not asked
+(``student.workflow.train_student``: nothing paid for is asked again). Each
 stage's start and end go to ``log.txt`` and, unless quiet, to stderr.
 """
 

@@ -107,6 +107,11 @@ class Received:
         return Received(self.pool_index[:n], self.label[:n], self.branch[:n],
                         self.pool_fingerprint)
 
+    def since(self, n: int) -> Received:
+        """The rows asked after the first ``n``."""
+        return Received(self.pool_index[n:], self.label[n:], self.branch[n:],
+                        self.pool_fingerprint)
+
     @property
     def answered(self) -> NDArray[np.bool_]:
         return self.label >= 0
@@ -191,11 +196,13 @@ def load_sent_probs(probs_path: Path) -> tuple[NDArray[np.int64], NDArray[np.flo
 
 def append_sent_probs(probs_path: Path, index: NDArray[np.int64],
                       probs: NDArray[np.float64]) -> None:
-    """Add the rows ``index`` and the probabilities sent with them to ``probs_path``."""
+    """Add the rows ``index`` and the probabilities sent with them to ``probs_path``; a row it
+    holds already (sent by a request whose answer was never saved) takes the new ones."""
     old_index, old_probs = load_sent_probs(probs_path)
+    kept = ~np.isin(old_index, index)
     buf = io.BytesIO()
-    np.savez(buf, pool_index=np.concatenate([old_index, index]),
-             probs=np.concatenate([old_probs.reshape(-1, probs.shape[1]), probs]))
+    np.savez(buf, pool_index=np.concatenate([old_index[kept], index]),
+             probs=np.concatenate([old_probs.reshape(-1, probs.shape[1])[kept], probs]))
     write_bytes_atomic(probs_path, buf.getvalue())
 
 

@@ -197,23 +197,30 @@ def _served_mechanism(session: AggregatorSession) -> dict[str, Any]:
     return mechanism_to_dict(mechanism)
 
 
-def _record_round(run: RunDir, rounds: list[dict[str, Any]], mechanism: dict[str, Any],
-                  select: str, got: Received, probs: NDArray[np.float64] | None,
-                  name: str | None = None) -> list[dict[str, Any]]:
-    """Append this round of ``mechanism`` (the aggregator's record) to ``rounds``
-    (``rounds.json`` as read before anything was asked) and
-    write it (public: the mechanism and its parameters, the selection, the counts), and the
-    probabilities sent to Interactive-GNMax to ``probs.npz`` (the analysis needs them as the
-    baseline). Returns every round so far."""
-    rounds = list(rounds)
-    if not len(got):
-        return rounds
-    if probs is not None:
-        append_sent_probs(run.probs, got.pool_index, probs[:len(got)])
-    rounds.append({"mechanism": mechanism, "select": select, **got.counts(),
-                   **({} if name is None else {"round": name})})
+def _with_round(run: RunDir, rounds: list[dict[str, Any]], record: dict[str, Any],
+                got: Received) -> list[dict[str, Any]]:
+    """``rounds`` (``rounds.json`` as read before the round) and this round, ``record`` (public:
+    the aggregator's mechanism record and parameters, the selection, the stage) with the
+    counts of ``got``, written; a round that has asked nothing is left out."""
+    rounds = [*rounds, {**record, **got.counts()}] if len(got) else list(rounds)
     run.write_json(run.rounds, rounds)
     return rounds
+
+
+def _settled_rounds(run: RunDir, before: Received,
+                    rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rounds.json`` made to account for every row of ``labels.npz`` after a round was
+    stopped while it asked: the round is recorded before its first request (its mechanism),
+    and its counts after each answer is saved, so rows saved beyond the counts are the last
+    round's, and a round that never got an answer is dropped. Rewritten where it changed."""
+    settled = [r for r in rounds if r["queries"]]
+    recorded = sum(r["queries"] for r in settled)
+    if settled and len(before) > recorded:
+        start = recorded - settled[-1]["queries"]
+        settled[-1] = {**settled[-1], **before.since(start).counts()}
+    if settled != rounds:
+        run.write_json(run.rounds, settled)
+    return settled
 
 
 def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Received,
@@ -337,13 +344,20 @@ def _check_answers_pool(run: RunDir, received: Received, task: Task) -> bool:
     return bool(recorded)
 
 
-def _saving(run: RunDir, before: Received, bar: Progress) -> Callable[[Received], None]:
-    """An ``on_request`` that saves everything received so far (nothing paid for is lost) and
-    advances the round's progress."""
+def _saving(run: RunDir, before: Received, rounds: list[dict[str, Any]],
+            record: dict[str, Any], probs: NDArray[np.float64] | None,
+            bar: Progress) -> Callable[[Received], None]:
+    """An ``on_request`` that saves everything received so far, so that nothing paid for is
+    lost and every saved answer is accounted for: the probabilities sent with the new rows
+    (Interactive-GNMax; its analysis needs them), then the answers (``labels.npz``), then the
+    round's counts (``rounds.json``); and advances the round's progress."""
     done = [0]
 
     def on_request(got: Received) -> None:
+        if probs is not None:
+            append_sent_probs(run.probs, got.pool_index[done[0]:], probs[done[0]:len(got)])
         (before + got).save(run.labels)
+        _with_round(run, rounds, record, got)
         bar.update(len(got) - done[0])
         done[0] = len(got)
     return on_request
@@ -422,22 +436,28 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
         if interactive and chosen.size:
             assert probs_all is not None
             probs = probs_all[np.searchsorted(candidates, chosen)]
+        record = {"mechanism": mechanism, "select": options.select,
+                  **({} if name is None else {"round": name})}
+        if chosen.size:  # recorded before its first request: whose rows a stop leaves
+            run.write_json(run.rounds, [*rounds_before, {**record,
+                                                          **Received.empty().counts()}])
         try:
             with progress_bar(f"queries ({session.mechanism})", int(chosen.size), "query",
                               every=10.0) as bar:
                 got, exhausted = ask(session.source, chosen, probs, options.request_size,
-                                     on_request=_saving(run, before, bar))
+                                     on_request=_saving(run, before, rounds_before, record,
+                                                        probs, bar))
         except PateError as exc:
             raise UserError(f"the aggregator refused: {exc}") from None
+        received = before + got
+        received.save(run.labels)
+        rounds = _with_round(run, rounds_before, record, got)  # as it ended (saved per request)
         if exhausted and not len(got) and (spent_is_final or not len(before)):
             hint = ("--queries 0 retrains on the answers so far" if len(before)
                     else "a larger --budget-epsilon, or a new ledger")
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
         budget = session.source.budget()
-        received = before + got
-        received.save(run.labels)
-        rounds = _record_round(run, rounds_before, mechanism, options.select, got, probs, name)
         sanitised = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                       conversion)
     finally:
@@ -531,11 +551,11 @@ def train_student(run: RunDir,
     will ask with, a previous student where the round needs one), so a mistake spends and
     creates nothing.
 
-    A round is asked once. One stopped while it asked (``labels.npz`` holds rows no round of
-    ``rounds.json`` accounts for) is asked again as it was, from the same rows before it: the
-    same selection picks the same rows, which the ledger answers again free, and the round goes
-    on from there. A round recorded under ``round_name`` (``pate run``'s stage) asks nothing
-    again: the stage was stopped after its round, and only trains.
+    Nothing is asked twice. A round is recorded in ``rounds.json`` before its first request
+    and its counts after each saved answer, so a round stopped while it asked keeps what it
+    got (``_settled_rounds``). The rounds recorded under ``round_name`` (``pate run``'s
+    stage) count towards its ``options.queries``: a stage resumed after its round only trains,
+    and one stopped within its round asks the rest.
     ``open_session(check_votes)`` opens the aggregator; one over local votes calls
     ``check_votes`` on them before its ledger opens (a votes file of another pool or run is
     refused with nothing created). With no ``open_session`` nothing is asked: the student is
@@ -562,12 +582,11 @@ def train_student(run: RunDir,
     if np.any(before.pool_index >= len(pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
     previous = load_classifier(out)
-    rounds_before = read_rounds(run)
+    rounds_before = _settled_rounds(run, before, read_rounds(run))
     if open_session is not None:
-        recorded = sum(r["queries"] for r in rounds_before)
-        before = before.first(recorded)  # the rows of a round stopped while it asked: again
-        if round_name is not None and any(r.get("round") == round_name for r in rounds_before):
-            options = replace(options, queries=0)  # asked already: the stage only trains
+        if round_name is not None:  # what the stage asked before it was stopped counts
+            asked = sum(r["queries"] for r in rounds_before if r.get("round") == round_name)
+            options = replace(options, queries=max(0, options.queries - asked))
         _needs_previous_student(run, mechanism, options, previous)
 
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand

@@ -18,6 +18,7 @@ from pate.errors import UserError
 from pate.pipeline import _check_data, prepare_run_dir
 from pate.progress import quiet
 from pate.rundir import RunDir
+from student.rounds import Received
 
 
 def test_pipeline_end_to_end_then_resume(tmp_path: Path,
@@ -110,6 +111,17 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
         np.testing.assert_array_equal(f["pool_index"], asked)
     assert [r["round"] for r in json.loads((run / "student" / "rounds.json").read_text())] == [
         "student-confident", "student-active"]
+    # a stage stopped within its round asks the rest of it, not a whole round again
+    kept = Received.load(run / "labels.npz").first(30)
+    kept.save(run / "labels.npz")
+    rounds = json.loads((run / "student" / "rounds.json").read_text())
+    (run / "student" / "rounds.json").write_text(json.dumps([{**rounds[0], **kept.counts()}]))
+    (run / "stages.json").write_text(json.dumps({"teachers": 1.0, "votes": 1.0}))
+    assert main(["run", "digits-tiny", "--run", str(run), "--quiet"]) == 0
+    rounds = json.loads((run / "student" / "rounds.json").read_text())
+    assert [(r["round"], r["queries"]) for r in rounds] == [
+        ("student-confident", 30), ("student-confident", 170), ("student-active", 50)]
+    assert len(Received.load(run / "labels.npz")) == 250
 
 
 def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
