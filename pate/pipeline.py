@@ -281,8 +281,11 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         if problem:  # before the run directory exists
             raise UserError(problem)
     run = RunDir(run_dir)
-    if run.private_records() is None:
-        _check_data(config)
+    recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
+                else None)
+    if run.private_records() is None or (recorded is not None
+                                         and config_differences(recorded, config)):
+        _check_data(config)  # a new run, or one whose config was mended: before anything
     if not run.root.is_dir():
         run.create()
     with run.exclusive():  # held before config.toml is read or written

@@ -274,6 +274,25 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
         assert not (tmp_path / "early").exists()
 
 
+def test_a_mended_config_is_checked_as_a_new_one_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Settings of stages not finished may change on a rerun, and are checked before anything
+    runs, as a new run's are: a budget that no longer covers two queries is refused before the
+    student's stage would make its ledger with it."""
+    tiny = load_config("digits-tiny")
+    run = RunDir(tmp_path / "run")
+    prepare_run_dir(tiny, run)
+    run.write_json(run.partition, {"num_rows": 1297})
+    run.finish_stage("teachers", 1.0)
+    run.finish_stage("votes", 1.0)
+    mended = tmp_path / "mended.toml"
+    mended.write_text(dump_config(tiny).replace("budget_epsilon = ", "budget_epsilon = 1e-9\n# "))
+    assert main(["run", str(mended), "--run", str(run.root), "--quiet"]) == 2
+    assert "does not cover two queries" in capsys.readouterr().err
+    assert parse_config(run.config.read_text(), "again") == tiny
+    assert not run.ledger.exists()
+
+
 def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each of these used to pass the config's validation, train the teachers, and fail at a
