@@ -29,9 +29,9 @@ from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
 from pate.data.datasets import LOADERS
-from pate.data.task import Benchmark, DataFiles, DataSource
+from pate.data.task import Benchmark, DataFiles, DataSource, data_kind
 from pate.errors import UserError
-from student.choices import ARCHITECTURES, DPSGD_MODELS
+from student.choices import ARCHITECTURES, DEFAULT_DPSGD_MODEL, DPSGD_MODELS
 from teachers.choices import MODELS, model_name_problem
 from teachers.rng import SEED_LIMIT
 
@@ -400,12 +400,20 @@ def fixed_differences(first: RunConfig, other: RunConfig, finished: Iterable[str
 
 def config_differences(first: RunConfig, other: RunConfig) -> list[str]:
     """The keys (``section.key``, or ``name``) whose values differ between two configs, but
-    for :data:`PLACEMENT_KEYS` (a run may change those)."""
-    a, b = first.model_dump(), other.model_dump()
+    for :data:`PLACEMENT_KEYS` (a run may change those). DP-SGD's network left unset is the
+    data's default (``DEFAULT_DPSGD_MODEL``), as an earlier version wrote it out."""
+    a, b = _dpsgd_model_named(first).model_dump(), _dpsgd_model_named(other).model_dump()
     keys = [k for k in a if not isinstance(a[k], dict) and a[k] != b[k]]
     return keys + [f"{section}.{k}" for section in a if isinstance(a[section], dict)
                    for k in a[section] if a[section][k] != b[section][k]
                    and k not in PLACEMENT_KEYS.get(section, ())]
+
+
+def _dpsgd_model_named(config: RunConfig) -> RunConfig:
+    if config.dpsgd.model is not None:
+        return config
+    model = DEFAULT_DPSGD_MODEL[data_kind(config.data.source())]
+    return config.model_copy(update={"dpsgd": config.dpsgd.model_copy(update={"model": model})})
 
 
 def dump_config(config: RunConfig) -> str:

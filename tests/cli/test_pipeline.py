@@ -264,6 +264,12 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     RunDir(run).finish_stage("student-confident", 1.0)
     with pytest.raises(UserError, match=r"other student\.queries, on which"):
         prepare_run_dir(moved, RunDir(run))
+    # an earlier version wrote DP-SGD's default network out: the same run
+    written = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(
+        update={"model": "tempered-cnn"})})
+    unset = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(update={"model": None})})
+    RunDir(run).write_text(RunDir(run).config, dump_config(written))
+    prepare_run_dir(unset, RunDir(run))
     for change, message in (('dataset = "digits"\npool_size = 100000', "--pool-size must be"),
                             ("delta = 0.01", "is at least 1/n")):
         config = tmp_path / "early.toml"
