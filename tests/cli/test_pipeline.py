@@ -264,7 +264,8 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     RunDir(run).finish_stage("student-confident", 1.0)
     with pytest.raises(UserError, match=r"other student\.queries, on which"):
         prepare_run_dir(moved, RunDir(run))
-    # an earlier version wrote DP-SGD's default network out: the same run
+    # an earlier version wrote DP-SGD's default network out: the same run, finished or not
+    RunDir(run).finish_stage("report", 1.0)
     written = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(
         update={"model": "tempered-cnn"})})
     unset = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(update={"model": None})})
