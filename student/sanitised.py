@@ -74,8 +74,8 @@ class Releases:
         ``analyse(earlier releases)``'s bound, composed with every earlier one (None where
         there is none: LNMax, the analysis cannot be made, or a figure without noise would
         follow a noisy release)."""
-        for r in self.records:
-            if (r.queries, r.answers) == (queries, answers):
+        for r in self.records:  # a run file's (answers None) is of that run's first queries
+            if r.queries == queries and r.answers in (answers, None):
                 return r.epsilon
         earlier = [EarlierRelease(r.beta, r.sigma) for r in self.records
                    if r.beta is not None and r.sigma is not None]

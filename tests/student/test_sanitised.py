@@ -81,6 +81,9 @@ def test_a_release_is_drawn_once_per_set_of_answers_and_kept(tmp_path: Path) -> 
     with kept() as releases:
         stored = releases.records
     assert [(r.queries, r.answers) for r in stored] == [(200, "a"), (300, "b")]
+    with kept([legacy]) as releases:  # the run's own first 100 answers: released before
+        assert releases.release(100, lambda earlier: pytest.fail("drawn again"),
+                                answers="c") == 1.5
     assert seen == [[EarlierRelease(0.01, 3.0), EarlierRelease(stored[0].beta,
                                                                stored[0].sigma)]]
     assert stat.S_IMODE((tmp_path / "ledger.db").stat().st_mode) == 0o600
