@@ -153,6 +153,8 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
                             "teachers.user_models.ray_runtime_env(MODEL) returns")
         yield
         return
+    if cluster.address:
+        _check_reachable(cluster.address)
     on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if cluster.address:
@@ -185,9 +187,10 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
 def _check_reachable(address: str) -> None:
     """A Ray cluster's ``host:port`` (or ``ray://host:port``) accepts a connection within
     ``RAY_CONNECT_TIMEOUT_S``; ``UserError`` otherwise, at once (Ray itself retries for
-    minutes, saying nothing). ``auto`` and addresses of another form are left to Ray."""
+    minutes, saying nothing). ``auto`` and addresses of another form (an IPv6 address not in
+    brackets) are left to Ray."""
     host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or (":" in host and not host.startswith("[")):
         return
     try:
         socket.create_connection((host.strip("[]"), int(port)),
@@ -296,8 +299,6 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
             _check_gpus(cluster)
         elif cluster.address is None and (problem := device_problem(cluster.device)):
             raise UserError(problem)
-    if cluster.address and not ray.is_initialized():
-        _check_reachable(cluster.address)  # said before the run directory is written too
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
     shards = shard_ranges(job.num_teachers, job.shard_size)
