@@ -194,10 +194,13 @@ def check_network(spec: ModelSpec) -> None:
     try:
         with torch.no_grad():
             out = network(torch.zeros((2, *spec.in_shape)))
-    except RuntimeError as exc:
+    except Exception as exc:  # a user's forward may raise anything
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"the student's network {spec.arch!r} cannot take inputs of shape "
                         f"{list(spec.in_shape)}: {reason}") from None
+    if not isinstance(out, torch.Tensor):
+        raise UserError(f"the student's network {spec.arch!r} returns a "
+                        f"{type(out).__name__}, not a tensor of logits")
     if tuple(out.shape) != (2, spec.num_classes):
         raise UserError(f"the student's network {spec.arch!r} gives outputs of shape "
                         f"{list(out.shape)[1:]} for {spec.num_classes} classes")
