@@ -110,8 +110,6 @@ def _rate(name: str, value: object) -> float:
     return float(value)
 
 
-
-
 def _kind(x: NDArray[np.float32]) -> str:
     """``tabular`` for feature rows, else ``image``."""
     return "tabular" if x.ndim == 2 else "image"

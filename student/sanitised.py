@@ -64,7 +64,6 @@ class Releases:
         self.records = list(records or [])
         self.keep = keep
 
-
     def release(self, queries: int,
                 analyse: Callable[[list[EarlierRelease]], PrivacyAnalysis | None],
                 conversion: Conversion = "improved", answers: str | None = None

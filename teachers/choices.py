@@ -20,6 +20,7 @@ def model_data_problem(name: str, kind: str) -> str | None:
         return f"model {name} needs images; on tabular data use mlp"
     return None
 
+
 # ``package.module:factory`` (the attribute may be dotted: ``module:Class.build``).
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 

@@ -47,6 +47,7 @@ from teachers.user_models import ray_runtime_env
 
 RAY_CONNECT_TIMEOUT_S = 10.0  # a cluster's address that does not answer in this long is refused
 
+
 @dataclass(frozen=True)
 class TrainJob:
     """What ``pate teachers train`` trains; all of it but where the data lies is fixed per run.

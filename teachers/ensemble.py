@@ -62,7 +62,6 @@ DEFAULT_AUGMENT = {"fashion-mnist": "none", "mnist": "none", "digits": "none",
                    "cifar10": "shift-flip", "svhn": "shift"}
 
 
-
 @dataclass(frozen=True)
 class TrainConfig:
     """How every teacher of a run is trained (recorded in the manifest). ``augment`` is one of

@@ -106,7 +106,6 @@ class LabelService:
         self._max_tokens = {b",": 64 + self.limits.max_batch + rows * self._classes(),
                             b"[": 16 + rows, b"{": 16, b'"': 64}
 
-
     @classmethod
     def open(cls, mechanism: Mechanism, pool: VotePool | None, url: str, *,
              epsilon_budget: float, delta: float, conversion: Conversion = "improved",
@@ -119,8 +118,13 @@ class LabelService:
             check_threshold(mechanism, pool.teachers)
         check_budget(mechanism, epsilon_budget, delta, conversion)
         ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
-        return cls(Aggregator(mechanism, ledger.orders, offline_seed=offline_seed), ledger, pool,
-                   ensemble, limits)
+        try:
+            return cls(Aggregator(mechanism, ledger.orders, offline_seed=offline_seed), ledger,
+                       pool, ensemble, limits)
+        except BaseException:
+            ledger.close()
+            raise
+
     def _query_bytes(self) -> int:
         """The most JSON bytes one query may take in a body: a pool index (up to 19 digits and a
         separator), the student's probabilities (classes numbers of up to 24 characters), the

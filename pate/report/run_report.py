@@ -150,7 +150,6 @@ def load_run_data(run_dir: str | Path) -> RunData:
         extra={} if facts.config is None else {"config": facts.config})
 
 
-
 def _dpsgd_metrics(run: RunDir) -> dict[str, Any] | None:
     """The DP-SGD baseline's metrics (public ``dpsgd/metrics.json``) with its Bayesian epsilon
     (private ``dpsgd/bayesian.json``, as the report is); None without a baseline."""
@@ -159,6 +158,7 @@ def _dpsgd_metrics(run: RunDir) -> dict[str, Any] | None:
     if isinstance(metrics, dict) and isinstance(bayesian, dict):
         return {**metrics, **bayesian}
     return metrics
+
 
 def _private_writer(path: Path, data: bytes) -> None:
     ensure_dir(path.parent, private=True)

@@ -157,7 +157,6 @@ def test_student_audit_on_a_real_run(tmp_path: Path) -> None:
         assert np.array_equal(records["student_rows"], records["teacher_rows"])
 
 
-
 def test_a_model_near_chance_passes_with_a_caveat() -> None:
     """A student retrained too briefly sits at chance: its bound says little of the run's own
     model, which the audit says beside its verdict."""
