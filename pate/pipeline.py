@@ -42,7 +42,7 @@ from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.baseline import train_dpsgd_baseline
-from student.choices import DEFAULT_DPSGD_MODEL, dpsgd_model_problem
+from student.choices import dpsgd_model_for
 from student.models import check_network
 from student.workflow import AggregatorSession, StudentOptions, train_student
 from teachers.choices import model_data_problem
@@ -244,10 +244,10 @@ def _check_data(config: RunConfig) -> None:
     except UserError as exc:
         raise UserError(f"student.{exc}") from None
     if config.dpsgd.enabled or config.compare.enabled:  # DP-SGD trains in those stages
-        problem = dpsgd_model_problem(config.dpsgd.model or DEFAULT_DPSGD_MODEL[task.kind],
-                                      task.kind)
-        if problem:
-            raise UserError(f"dpsgd.{problem}")
+        try:
+            dpsgd_model_for(config.dpsgd.model, task.kind)
+        except ValueError as exc:
+            raise UserError(f"dpsgd.{exc}") from None
         if task.eval_y is None:
             raise UserError("the DP-SGD baseline and the comparison are measured on test "
                             "data: give data.test, or leave dpsgd and compare off")

@@ -11,10 +11,11 @@ DEFAULT_DPSGD_MODEL: dict[str, str] = {"image": "tempered-cnn", "tabular": "line
 _IMAGE_ONLY_DPSGD = frozenset({"tempered-cnn", "hog-linear"})
 
 
-def dpsgd_model_problem(name: str, kind: str) -> str | None:
-    """Why DP-SGD's network ``name`` cannot learn from ``kind`` data (``image`` or
-    ``tabular``), or None."""
+def dpsgd_model_for(name: str | None, kind: str) -> str:
+    """DP-SGD's network for ``kind`` data (``image`` or ``tabular``): ``name``, else the kind's
+    default; ``ValueError`` for one that cannot learn from it."""
+    name = name or DEFAULT_DPSGD_MODEL[kind]
     if kind == "tabular" and name in _IMAGE_ONLY_DPSGD:
-        return (f"model {name!r} is for images; DP-SGD on feature rows takes "
-                f"{DEFAULT_DPSGD_MODEL['tabular']!r}")
-    return None
+        raise ValueError(f"model {name!r} is for images; DP-SGD on feature rows takes "
+                         f"{DEFAULT_DPSGD_MODEL['tabular']!r}")
+    return name

@@ -37,7 +37,7 @@ from torch import nn
 from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
-from student.choices import DEFAULT_DPSGD_MODEL, DPSGD_MODELS, dpsgd_model_problem
+from student.choices import DPSGD_MODELS, dpsgd_model_for
 from student.training import accuracy
 from teachers.hog import HOG, hog_size
 
@@ -109,11 +109,7 @@ def with_model(config: DPSGDConfig, train_x: np.ndarray) -> DPSGDConfig:
     ``train_x`` (feature rows ``[n, d]``, or images); ``ValueError`` for a network that does not
     suit it."""
     kind = "tabular" if train_x.ndim == 2 else "image"
-    name = config.model or DEFAULT_DPSGD_MODEL[kind]
-    problem = dpsgd_model_problem(name, kind)
-    if problem:
-        raise ValueError(problem)
-    return replace(config, model=name)
+    return replace(config, model=dpsgd_model_for(config.model, kind))
 
 
 def dpsgd_network(name: str, in_shape: tuple[int, ...], num_classes: int, mean: float,
