@@ -54,8 +54,12 @@ class LabelServer:
     def __init__(self, service: LabelService, tokens: TokenStore, sock: socket.socket,
                  access_log: bool = False, docs: bool = False) -> None:
         self.service, self.sock = service, sock
+        # uvicorn's own logging configuration (dictConfig) closes every handler the process
+        # has (a Python caller's, another library's): only the access log, of pate serve
+        # alone, needs its handlers; warnings reach stderr without them.
         self._config = uvicorn.Config(
             create_app(service, tokens, docs), log_level="warning", access_log=access_log,
+            log_config=uvicorn.config.LOGGING_CONFIG if access_log else None,
             timeout_graceful_shutdown=10, timeout_keep_alive=5)
         if access_log:  # the config set every uvicorn logger to warning, access lines are info
             logging.getLogger("uvicorn.access").setLevel(logging.INFO)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from pate.errors import (
     UserError,
 )
 from pate.service.client import LabelClient
-from pate.service.server import LabelServer
+from pate.service.server import LabelServer, open_server
 from pate.service.tokens import TokenStore
 
 POOL_OFFSET = 1000  # pool indices are not row numbers
@@ -427,3 +428,31 @@ def test_pool_indices_of_any_size_are_replayed(tmp_path: Path) -> None:
     with InProcessLabels(service()) as again:
         assert again.labels([3, 10**12]).labels.tolist() == [2, 0]
         assert again.budget()["queries"] == 3
+
+
+def test_a_server_in_this_process_leaves_its_logging_alone(tmp_path: Path) -> None:
+    """``pate run`` and a Python caller serve in their own process: starting the server must
+    not close the process's logging handlers (uvicorn's logging configuration would)."""
+    class Probe(logging.Handler):
+        closed = False
+
+        def emit(self, record: logging.LogRecord) -> None:
+            pass
+
+        def close(self) -> None:
+            self.closed = True
+            super().close()
+
+    probe = Probe()
+    logging.getLogger("a-caller").addHandler(probe)
+    np.savez(tmp_path / "votes.npz", votes=synthetic_votes(20))
+    server = open_server(GNMax(sigma=10.0), token_file=write_tokens(tmp_path / "tokens"),
+                         epsilon_budget=50.0, delta=1e-5, votes_path=tmp_path / "votes.npz",
+                         port=0)
+    try:
+        with server.running() as url:
+            assert httpx.get(f"{url}/healthz").status_code == 200
+    finally:
+        server.close()
+        logging.getLogger("a-caller").removeHandler(probe)
+    assert not probe.closed
