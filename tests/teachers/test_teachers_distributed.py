@@ -21,7 +21,13 @@ import torch
 from pate.data.task import Benchmark
 from pate.errors import UserError
 from teachers import checkpoints
-from teachers.distributed import Cluster, TrainJob, shard_ranges, train_teachers
+from teachers.distributed import (
+    Cluster,
+    TrainJob,
+    _check_reachable,
+    shard_ranges,
+    train_teachers,
+)
 from teachers.ensemble import TrainConfig
 
 CFG = TrainConfig(model="cnn", epochs=3, batch_size=16, augment="none", seed=1)
@@ -200,13 +206,16 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once(tmp_path: Path) -
     """Ray retries an unreachable cluster for minutes without a word; the address is tried
     first (a closed port, a name that does not resolve) and refused at once, the run left to
     resume with another."""
-    if ray.is_initialized():
-        pytest.skip("a Ray is running in this process")
-    job = TrainJob(Benchmark("digits"), 2, 2, TrainConfig(model="mlp", epochs=1))
-    for address in ("127.0.0.1:1", "no-such-host.invalid:6379"):
+    for address in ("127.0.0.1:1", "ray://no-such-host.invalid:6379"):
         with pytest.raises(UserError, match=f"could not reach Ray at {address}: "):
-            train_teachers(tmp_path / "run", job, Cluster(1, address))
-    assert not list((tmp_path / "run" / "teachers").glob("shard-*"))
+            _check_reachable(address)
+    for left_to_ray in ("auto", "::1", "no-port"):
+        _check_reachable(left_to_ray)
+    if not ray.is_initialized():  # a Ray running here is used whatever the address
+        job = TrainJob(Benchmark("digits"), 2, 2, TrainConfig(model="mlp", epochs=1))
+        with pytest.raises(UserError, match=r"could not reach Ray at 127\.0\.0\.1:1: "):
+            train_teachers(tmp_path / "run", job, Cluster(1, "127.0.0.1:1"))
+        assert not list((tmp_path / "run" / "teachers").glob("shard-*"))
 
 
 def test_sigterm_while_ray_starts_reaches_the_callers_handler(tmp_path: Path) -> None:
