@@ -85,15 +85,9 @@ def load_pool_fingerprint(path: str | Path) -> str | None:
     """The ``pool_fingerprint`` an ``.npz`` of a run records (``Task.pool_fingerprint`` of the
     pool its ``votes.npz`` was cast on, or its ``labels.npz`` asked about); None for a file
     without one (a published ``.npy``, an older version's file)."""
-    if not str(path).endswith(".npz"):
+    held, value = _npz_member(path, "pool_fingerprint")
+    if not held:
         return None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if "pool_fingerprint" not in data.files:
-                return None
-            value = data["pool_fingerprint"]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-        value = None  # an object array, a damaged member: no string
     if value is None or value.shape != () or value.dtype.kind != "U" or not str(value):
         raise UserError(f"{path}: pool_fingerprint must be one non-empty string")
     return str(value)
@@ -131,16 +125,24 @@ def load_private_records(path: str | Path) -> int | None:
     """The number of private records the votes' teachers learnt from, as a run's ``votes.npz``
     records it (``private_records``: it sets the delta the votes may be charged at, wherever
     they are copied); None for a file without it (a published ``.npy``, an older version's)."""
-    if not str(path).endswith(".npz"):
+    held, value = _npz_member(path, "private_records")
+    if not held:
         return None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if "private_records" not in data.files:
-                return None
-            value = data["private_records"]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-        value = None
     if (value is None or value.shape != () or not np.issubdtype(value.dtype, np.integer)
             or int(value) < 1):
         raise UserError(f"{path}: private_records must be one integer >= 1")
     return int(value)
+
+
+def _npz_member(path: str | Path, key: str) -> tuple[bool, NDArray | None]:
+    """Whether the ``.npz`` at ``path`` holds ``key``, and its value: None where it cannot be
+    read (an object array, a damaged member), for the caller to refuse."""
+    if not str(path).endswith(".npz"):
+        return False, None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if key not in data.files:
+                return False, None
+            return True, data[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return True, None
