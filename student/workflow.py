@@ -240,7 +240,8 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
     pool = service.pool
     if not np.isin(received.pool_index, pool.pool_indices).all():
         return None  # rows another aggregator answered (a remote one), of votes not here
-    digest = answers_digest(rounds, pool.digest, received.pool_index,
+    asked = [{k: v for k, v in r.items() if k != "round"} for r in rounds]  # not the stage
+    digest = answers_digest(asked, pool.digest, received.pool_index,
                             load_sent_probs(run.probs)[1])
     with ledger_releases(service.ledger, run_file_releases(run.releases)) as releases:
         return releases.release(
