@@ -412,7 +412,10 @@ def config_differences(first: RunConfig, other: RunConfig) -> list[str]:
 def _dpsgd_model_named(config: RunConfig) -> RunConfig:
     if config.dpsgd.model is not None:
         return config
-    model = DEFAULT_DPSGD_MODEL[data_kind(config.data.source())]
+    try:
+        model = DEFAULT_DPSGD_MODEL[data_kind(config.data.source())]
+    except UserError:  # the public file is not there: said by the stage that reads it
+        return config
     return config.model_copy(update={"dpsgd": config.dpsgd.model_copy(update={"model": model})})
 
 
