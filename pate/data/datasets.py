@@ -84,7 +84,8 @@ def public_split(ds: Dataset, pool_size: int | None = None
     n = len(ds.test_y)
     k = n // 2 if pool_size is None else int(pool_size)
     if not 0 < k < n:
-        raise UserError(f"--pool-size must be between 1 and {n - 1} for {ds.name} ({n} test rows)")
+        raise UserError(f"the pool size (--pool-size, data.pool_size) must be between 1 and "
+                        f"{n - 1} for {ds.name} ({n} test rows)")
     return (ds.test_x[:k], ds.test_y[:k]), (ds.test_x[k:], ds.test_y[k:])
 
 

@@ -122,6 +122,17 @@ def _check_field_counts(path: Path, raw: bytes) -> None:
         raise UserError(f"{path}: line {wrong[0] + 1} has fewer fields than the header")
 
 
+def _check_utf8(path: Path, raw: bytes) -> None:
+    """Refuse a .csv that is not UTF-8 text, saying so (UTF-16 read as bytes would be taken
+    for rows with too few fields)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        wide = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+        raise UserError(f"{path}: not UTF-8 text{' (it is UTF-16)' if wide else ''}: save it "
+                        "as UTF-8") from None
+
+
 def _check_quoted_rows(path: Path, raw: bytes) -> None:
     """``_check_field_counts`` for a file with quotes, by pandas' Python parser, the one that
     tells a field that is absent (a short row: missing) from one that is empty (``""``); the
@@ -154,6 +165,7 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
         raise UserError(f"{p}: a .csv needs data.label (--label), the name of its label column")
     try:
         raw = p.read_bytes()  # read once: counted, then parsed
+        _check_utf8(p, raw)
         _check_field_counts(p, raw)
         with warnings.catch_warnings():  # a row with more fields than the header: refused
             warnings.simplefilter("error", pd.errors.ParserWarning)

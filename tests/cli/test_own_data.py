@@ -177,6 +177,19 @@ def test_bad_files_are_one_line(tmp_path: Path, change: dict, message: str) -> N
         assert ">50K" not in str(info.value).split("(")[0]
 
 
+def test_a_csv_that_is_not_utf8_says_so(tmp_path: Path) -> None:
+    """UTF-16 (as some spreadsheets save) was read as bytes and refused for short rows."""
+    text = census(20, np.random.default_rng(4))
+    (tmp_path / "public.csv").write_text(text)
+    for encoding, said in (("utf-16", "not UTF-8 text (it is UTF-16): save it as UTF-8"),
+                           ("latin-1", "not UTF-8 text: save it as UTF-8")):
+        body = text.replace("Masters", "Maîtrise") if encoding == "latin-1" else text
+        (tmp_path / "private.csv").write_bytes(body.encode(encoding))
+        with pytest.raises(UserError, match=re.escape(f"private.csv: {said}")):
+            load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                                label="income", classes=("<=50K", ">50K")), need_private=True)
+
+
 def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     x, y = _images(30, rng)

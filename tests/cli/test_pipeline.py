@@ -271,7 +271,8 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     unset = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(update={"model": None})})
     RunDir(run).write_text(RunDir(run).config, dump_config(written))
     prepare_run_dir(unset, RunDir(run))
-    for change, message in (('dataset = "digits"\npool_size = 100000', "--pool-size must be"),
+    for change, message in (('dataset = "digits"\npool_size = 100000',
+                             "the pool size (--pool-size, data.pool_size) must be"),
                             ("delta = 0.01", "is at least 1/n")):
         config = tmp_path / "early.toml"
         config.write_text(tiny.replace('dataset = "digits"', change) if "pool" in change
