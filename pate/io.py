@@ -19,13 +19,15 @@ PRIVATE_DIR_MODE = 0o700
 
 
 def ensure_dir(path: str | Path, private: bool = False) -> Path:
-    """Create ``path`` (and parents) if needed; a private directory is chmod 0700, a public one
-    this creates 0755 whatever the umask (a public file is 0644: ``atomic_writer``)."""
+    """Create ``path`` (and parents) if needed; a private directory this creates is 0700 and
+    one that existed loses every permission of others (one its owner made read-only stays so),
+    a public one this creates is 0755 whatever the umask (a public file is 0644:
+    ``atomic_writer``)."""
     p = Path(path)
     existed = p.is_dir()
     p.mkdir(parents=True, exist_ok=True)
     if private:
-        p.chmod(PRIVATE_DIR_MODE)
+        p.chmod(p.stat().st_mode & PRIVATE_DIR_MODE if existed else PRIVATE_DIR_MODE)
     elif not existed:
         p.chmod(0o755)
     return p

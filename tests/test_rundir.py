@@ -61,3 +61,19 @@ def test_public_files_and_folders_have_their_modes_whatever_the_umask(tmp_path: 
     assert stat.S_IMODE(run.log.stat().st_mode) == 0o644
     assert stat.S_IMODE(run.student.stat().st_mode) == 0o755
     assert stat.S_IMODE(run.student_metrics.stat().st_mode) == 0o644
+
+
+def test_a_run_directory_made_read_only_stays_so(tmp_path: Path) -> None:
+    """Opening a run takes every permission of others from its folder, never gives its owner
+    one back: a folder its owner made read-only stays read-only (a command then fails to
+    write, in one line, rather than writing into it)."""
+    run = RunDir(tmp_path / "run").create()
+    run.root.chmod(0o755)
+    RunDir(run.root).create()
+    assert stat.S_IMODE(run.root.stat().st_mode) == 0o700
+    run.root.chmod(0o555)
+    try:
+        RunDir(run.root).create()
+        assert stat.S_IMODE(run.root.stat().st_mode) == 0o500
+    finally:
+        run.root.chmod(0o700)
