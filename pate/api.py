@@ -45,7 +45,7 @@ from pate.aggregation.label_service import (
     InProcessLabels,
     LabelService,
 )
-from pate.aggregation.ledger import ledger_url
+from pate.aggregation.ledger import Ledger, ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
@@ -253,10 +253,14 @@ class PrivateLabels:
                                              conversion=conversion)
         except ParameterError as exc:  # a threshold outside [0, the votes' teachers]
             raise UserError(str(exc)) from None
-        self.ledger = self.service.ledger
         self._source = InProcessLabels(self.service)
         self.received = Received.empty()
         self._probs: list[NDArray[np.float64]] = []
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger that charges this object's answers (its service's)."""
+        return self.service.ledger
 
     def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
             request_size: int = 512) -> Received:
