@@ -45,7 +45,8 @@ from pate.aggregation.label_service import (
     InProcessLabels,
     LabelService,
 )
-from pate.aggregation.ledger import Ledger, ledger_url
+from pate.aggregation.ledger import Ledger
+from pate.aggregation.ledger_store import ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes

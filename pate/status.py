@@ -14,7 +14,8 @@ from typing import Any
 
 from analysis.orders import default_orders
 from pate.aggregation.label_service import recorded_ledger
-from pate.aggregation.ledger import Ledger, stored_settings
+from pate.aggregation.ledger import Ledger
+from pate.aggregation.ledger_store import stored_settings
 from pate.config import RunConfig, parse_config
 from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report

@@ -40,7 +40,8 @@ from service_common import votes_for_ledger  # noqa: E402
 
 from analysis.orders import default_orders  # noqa: E402
 from pate.aggregation.label_requests import MAX_QUERIES, Limits  # noqa: E402
-from pate.aggregation.ledger import Ledger, requests_table  # noqa: E402
+from pate.aggregation.ledger import Ledger  # noqa: E402
+from pate.aggregation.ledger_store import requests_table  # noqa: E402
 
 TOKENS = ("stress-token-a-0123456789", "stress-token-b-9876543210")
 POOL = 4000

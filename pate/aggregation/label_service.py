@@ -45,15 +45,8 @@ from pate.aggregation.label_requests import (
     labels_body,
     new_request_id,
 )
-from pate.aggregation.ledger import (
-    Budget,
-    Charge,
-    Ledger,
-    Stored,
-    canonical_url,
-    ledger_url,
-    stored_settings,
-)
+from pate.aggregation.ledger import Budget, Charge, Ledger, Stored
+from pate.aggregation.ledger_store import canonical_url, ledger_url, stored_settings
 from pate.aggregation.vote_pool import VotePool
 from pate.errors import (
     BatchTooLarge,
@@ -290,7 +283,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); ``ledger``, a URL or an SQLite file's path
-    (``ledger.ledger_url``), defaults to ``ledger.db`` in the run directory, or next to the votes
+    (``ledger_store.ledger_url``), defaults to ``ledger.db`` in the run directory, or next to the votes
     file, and a votes' ledger is theirs for good
     (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run

@@ -36,7 +36,6 @@ the orders grid, the batch's sum: RDP composes by addition, Mironov 2017, Prop. 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -44,7 +43,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,75 +50,28 @@ import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from analysis.rdp import CONVERSIONS, Conversion, epsilon_curve
+from pate.aggregation.ledger_store import (
+    F64,
+    I8,
+    I32,
+    I64,
+    OPEN_HINT,
+    RELEASE_FIELDS,
+    SCHEMA_VERSION,
+    budget_table,
+    engines,
+    from_blob,
+    meta_table,
+    metadata,
+    migrate,
+    releases_table,
+    requests_table,
+    to_blob,
+)
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict, UserError
-from pate.io import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
-SCHEMA_VERSION = 3  # 1: request_id unique over all clients, no replays; 2: replays not by
-# votes, no table of sanitised releases (created on open)
 _GROUP_LIMIT = 256  # charges per group commit
 _Scope = tuple[str, str | None]  # replays: (the mechanism's parameters, the votes' digest)
-
-metadata = sa.MetaData()
-
-meta_table = sa.Table(
-    "ledger_meta", metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-)
-
-budget_table = sa.Table(
-    "ledger_budget", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("requests", sa.BigInteger, nullable=False),
-    sa.Column("queries", sa.BigInteger, nullable=False),
-    sa.Column("answered", sa.BigInteger, nullable=False),
-    sa.Column("epsilon_spent", sa.Float, nullable=False),
-    sa.Column("rdp_independent", sa.LargeBinary, nullable=False),
-    sa.Column("rdp_dependent", sa.LargeBinary, nullable=False),
-)
-
-requests_table = sa.Table(
-    "ledger_requests", metadata,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
-              autoincrement=True),
-    sa.Column("request_id", sa.String(200), nullable=False, unique=True),  # client/request_id
-    sa.Column("body_digest", sa.String(64), nullable=False),
-    sa.Column("client", sa.String(64), nullable=False),
-    sa.Column("created", sa.Float, nullable=False),
-    sa.Column("mechanism", sa.Text, nullable=False),
-    sa.Column("queries", sa.Integer, nullable=False),
-    sa.Column("answered", sa.Integer, nullable=False),
-    sa.Column("labels", sa.LargeBinary, nullable=False),      # int32 little-endian [queries]
-    sa.Column("branch", sa.LargeBinary, nullable=False),      # int8 [queries]
-    sa.Column("rdp_independent", sa.LargeBinary, nullable=False),  # float64 [orders]
-    sa.Column("rdp_dependent", sa.LargeBinary, nullable=False),    # float64 [orders]
-    sa.Column("epsilon_after", sa.Float, nullable=False),
-    # schema 2: the pool indices asked (int64 [queries]; NULL for inputs), which queries were
-    # answered afresh and charged (int8 [queries]; NULL: all), and whether they may be replayed
-    sa.Column("indices", sa.LargeBinary, nullable=True),
-    sa.Column("fresh", sa.LargeBinary, nullable=True),
-    sa.Column("replayable", sa.Boolean, nullable=False, server_default=sa.false()),
-    # schema 3: the digest of the votes answered from (``VotePool.digest``; NULL: inputs, or
-    # a row of schema 2, whose outcomes are replayed to no request of schema 3)
-    sa.Column("pool", sa.String(64), nullable=True),
-)
-
-# The sanitised epsilons released from the answers (``student.sanitised.ledger_releases``: a
-# student's rounds, the Python API's ``PrivateLabels``): each drawn once per set of answers
-# (``answers``, their digest), the beta and sigma of its noise kept for the releases after it,
-# whichever run or process made them (PRIVATE).
-releases_table = sa.Table(
-    "ledger_releases", metadata,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
-              autoincrement=True),
-    sa.Column("answers", sa.String(64), nullable=False),
-    sa.Column("queries", sa.Integer, nullable=False),
-    sa.Column("epsilon", sa.Float, nullable=False),
-    sa.Column("beta", sa.Float, nullable=True),
-    sa.Column("sigma", sa.Float, nullable=True),
-    sa.Column("created", sa.Float, nullable=False),
-)
-_RELEASE_FIELDS = ("answers", "queries", "epsilon", "beta", "sigma")
 
 _SELECT_BUDGET = sa.select(budget_table).where(budget_table.c.id == 1).with_for_update()
 _UPDATE_BUDGET = budget_table.update().where(budget_table.c.id == 1)
@@ -139,11 +90,6 @@ _SELECT_ID = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id == sa.bindparam("rid"))
 _SELECT_IDS = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id.in_(sa.bindparam("ids", expanding=True)))
-
-_F64 = np.dtype("<f8")
-_I32 = np.dtype("<i4")
-_I64 = np.dtype("<i8")
-_I8 = np.dtype(np.int8)
 
 
 @dataclass(frozen=True)
@@ -274,146 +220,6 @@ class _Replays:
         self._index, self._outcome = self._index[keep], self._outcome[keep]
 
 
-def _blob(a: NDArray, dtype: np.dtype) -> bytes:
-    return np.ascontiguousarray(a, dtype=dtype).tobytes()
-
-
-def _array(b: bytes, dtype: np.dtype) -> NDArray:
-    return np.frombuffer(b, dtype=dtype)
-
-
-# said with a ledger that cannot be opened (only the error's class is named: its text may hold
-# the URL's password)
-_WHAT = (" (a ledger is an SQLite database file, or a URL such as sqlite:///PATH or "
-         "postgresql://USER@HOST/DB that this machine can reach)")
-
-
-def _private_sqlite_file(url: sa.URL) -> None:
-    """Create the SQLite file 0600 (its -wal and -shm files inherit the mode) in a directory
-    created 0700 if missing (docs/design.md: the ledger is private)."""
-    if not url.database or url.database == ":memory:":
-        raise LedgerError("an SQLite ledger needs a file: one in memory would not last")
-    path = Path(url.database)
-    try:
-        missing = [p for p in path.absolute().parents if not p.exists()]
-        for folder in reversed(missing):  # each new parent private, not only the last
-            folder.mkdir(mode=PRIVATE_DIR_MODE)
-            folder.chmod(PRIVATE_DIR_MODE)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, PRIVATE_FILE_MODE)
-        os.close(fd)
-        path.chmod(PRIVATE_FILE_MODE)
-    except OSError as exc:  # a parent that is a file, a folder without write permission
-        raise LedgerError(f"cannot create the ledger file {path}: "
-                          f"{exc.strerror or exc.__class__.__name__}") from None
-
-
-def _engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
-    """(writer, reader) engines. On SQLite the writer opens every transaction with
-    BEGIN IMMEDIATE (the database write lock) and the reader with a plain deferred BEGIN."""
-    url = sa.make_url(url_text)
-    if url.drivername == "postgresql":
-        url = url.set(drivername="postgresql+psycopg")
-    if url.get_backend_name() == "sqlite":
-        _private_sqlite_file(url)
-
-        def engine(begin: str) -> sa.Engine:
-            eng = sa.create_engine(url, connect_args={"check_same_thread": False,
-                                                      "timeout": 30.0})
-
-            @sa.event.listens_for(eng, "connect")
-            def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-                dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-                cur = dbapi_conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA synchronous=FULL")
-                cur.execute("PRAGMA busy_timeout=30000")
-                cur.close()
-
-            @sa.event.listens_for(eng, "begin")
-            def _on_begin(conn: sa.Connection) -> None:
-                conn.exec_driver_sql(begin)
-
-            return eng
-
-        return engine("BEGIN IMMEDIATE"), engine("BEGIN")
-    eng = sa.create_engine(url, pool_pre_ping=True)
-    return eng, eng
-
-
-def ledger_url(ledger: str | Path) -> str:
-    """The SQLAlchemy URL of ``ledger``: a URL (``scheme://...``) as it is, a file path as
-    ``sqlite:///`` its absolute path. Refused (``UserError``): a folder."""
-    text = str(ledger)
-    if "://" in text:
-        return text
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise UserError(f"ledger {text}: a folder; the ledger is a file (or a URL)")
-    return f"sqlite:///{path.absolute()}"
-
-
-def canonical_url(url: str) -> str:
-    """``url`` as one ledger is always named: a SQLite file by its resolved path, the password
-    hidden (so the result may be written down); a text that is no URL is returned as it is
-    (opening it says what is wrong)."""
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError:
-        return url
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        parsed = parsed.set(database=str(Path(parsed.database).resolve()))
-    return parsed.render_as_string(hide_password=True)
-
-
-def stored_settings(url: str) -> dict[str, Any] | None:
-    """The delta, epsilon budget and conversion the ledger at ``url`` was created with (public
-    parameters), or None when it holds none yet; reads only, creates nothing."""
-    try:
-        parsed = sa.make_url(url)
-        if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
-            return None
-        _, reader = _engines(url)
-    except (sa.exc.SQLAlchemyError, ValueError, ImportError) as exc:  # not a URL, no driver
-        raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{_WHAT}") from None
-    try:
-        with reader.connect() as conn:
-            if not sa.inspect(conn).has_table(meta_table.name):
-                return None
-            found = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
-        if not {"delta", "epsilon_budget", "conversion"} <= found.keys():
-            return None
-        return {"delta": float(found["delta"]), "epsilon_budget": float(found["epsilon_budget"]),
-                "conversion": found["conversion"]}
-    except (sa.exc.SQLAlchemyError, ValueError) as exc:
-        raise LedgerError(f"cannot read the ledger: {exc.__class__.__name__}") from None
-    finally:
-        reader.dispose()
-
-
-def _migrate(conn: sa.Connection, version: str) -> None:
-    """Bring a ledger of schema ``version`` to ``SCHEMA_VERSION`` inside the open transaction."""
-    if version == "1":
-        _migrate_from_1(conn)
-    conn.exec_driver_sql("ALTER TABLE ledger_requests ADD COLUMN pool VARCHAR(64)")
-    conn.execute(meta_table.update().where(meta_table.c.key == "schema_version")
-                 .values(value=str(SCHEMA_VERSION)))
-
-
-def _migrate_from_1(conn: sa.Connection) -> None:
-    """Schema 1 to 2: request ids become ``client/request_id`` (they were global), and the
-    columns of replays are added (NULL for the old rows: they were all charged, and their pool
-    indices were not kept, so they are never replayed)."""
-    blob = sa.LargeBinary().compile(dialect=conn.dialect)
-    for column in ("indices", "fresh"):
-        conn.exec_driver_sql(f"ALTER TABLE ledger_requests ADD COLUMN {column} {blob}")
-    conn.exec_driver_sql("ALTER TABLE ledger_requests ADD COLUMN replayable BOOLEAN NOT NULL "
-                         "DEFAULT FALSE")
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("ALTER TABLE ledger_requests ALTER COLUMN request_id "
-                             "TYPE VARCHAR(200)")
-    conn.execute(requests_table.update().values(
-        request_id=requests_table.c.client + "/" + requests_table.c.request_id))
-
 
 class Ledger:
     """The durable privacy ledger of one body of private data.
@@ -447,7 +253,7 @@ class Ledger:
         self._synced_seq = 0
         self._rows_seen: int | None = None
         try:
-            self._writer, self._reader = _engines(url)
+            self._writer, self._reader = engines(url)
             self.url = self._writer.url.render_as_string(hide_password=True)
             metadata.create_all(self._writer)
             self._init_or_check_meta()
@@ -456,7 +262,7 @@ class Ledger:
                 self._sync_releases(conn)
                 conn.rollback()
         except (sa.exc.SQLAlchemyError, ValueError, ImportError) as exc:  # no such driver
-            raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{_WHAT}"
+            raise LedgerError(f"cannot open the ledger: {exc.__class__.__name__}{OPEN_HINT}"
                               ) from exc
         self._queue: queue.Queue[tuple[Charge, Future[tuple[Stored, Budget]]] | None] = (
             queue.Queue())
@@ -477,12 +283,12 @@ class Ledger:
                 conn.exec_driver_sql("LOCK TABLE ledger_meta IN SHARE ROW EXCLUSIVE MODE")
             found = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
             if found.get("schema_version") in ("1", "2"):
-                _migrate(conn, found["schema_version"])
+                migrate(conn, found["schema_version"])
                 found["schema_version"] = str(SCHEMA_VERSION)
             if not found:
                 conn.execute(meta_table.insert(), [{"key": k, "value": v}
                                                    for k, v in wanted.items()])
-                zero = _blob(np.zeros_like(self.orders), _F64)
+                zero = to_blob(np.zeros_like(self.orders), F64)
                 conn.execute(budget_table.insert().values(
                     id=1, requests=0, queries=0, answered=0, epsilon_spent=0.0,
                     rdp_independent=zero, rdp_dependent=zero))
@@ -501,11 +307,11 @@ class Ledger:
         process or another); called inside the write transaction, under the lock."""
         for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
             if row.indices is not None and row.pool is not None:  # not inputs, nor schema 2
-                fresh = (np.ones(len(row.labels) // _I32.itemsize, bool) if row.fresh is None
-                         else _array(row.fresh, _I8).astype(bool))
+                fresh = (np.ones(len(row.labels) // I32.itemsize, bool) if row.fresh is None
+                         else from_blob(row.fresh, I8).astype(bool))
                 self._releases.setdefault((row.mechanism, row.pool), _Replays()).add(
-                    _array(row.indices, _I64)[fresh], _array(row.labels, _I32)[fresh],
-                    _array(row.branch, _I8)[fresh])
+                    from_blob(row.indices, I64)[fresh], from_blob(row.labels, I32)[fresh],
+                    from_blob(row.branch, I8)[fresh])
             self._synced_seq = row.seq  # once its releases are kept
 
     def verify(self) -> None:
@@ -521,23 +327,23 @@ class Ledger:
                           requests_table.c.rdp_independent,
                           requests_table.c.rdp_dependent).order_by(requests_table.c.seq))
             for row in rows:
-                labels = _array(row.labels, _I32)
+                labels = from_blob(row.labels, I32)
                 fresh = (np.ones(labels.size, bool) if row.fresh is None
-                         else _array(row.fresh, _I8).astype(bool))
+                         else from_blob(row.fresh, I8).astype(bool))
                 if (labels.size != row.queries or fresh.size != labels.size
                         or np.count_nonzero(labels[fresh] >= 0) != row.answered):
                     raise LedgerError("the ledger is inconsistent: a request's answers do not "
                                       "match its counts")
-                ind = ind + _array(row.rdp_independent, _F64)
-                dep = dep + _array(row.rdp_dependent, _F64)
+                ind = ind + from_blob(row.rdp_independent, F64)
+                dep = dep + from_blob(row.rdp_dependent, F64)
                 requests += 1
                 queries += int(fresh.sum())
                 answered += row.answered
             total = conn.execute(sa.select(budget_table).where(budget_table.c.id == 1)).one()
         same = (total.requests == requests and total.queries == queries
                 and total.answered == answered
-                and np.allclose(_array(total.rdp_independent, _F64), ind, rtol=1e-9, atol=0)
-                and np.allclose(_array(total.rdp_dependent, _F64), dep, rtol=1e-9, atol=0))
+                and np.allclose(from_blob(total.rdp_independent, F64), ind, rtol=1e-9, atol=0)
+                and np.allclose(from_blob(total.rdp_dependent, F64), dep, rtol=1e-9, atol=0))
         if not same:
             raise LedgerError("the ledger is inconsistent: the budget totals differ from the sum "
                               "of the recorded requests")
@@ -563,7 +369,7 @@ class Ledger:
             with self._writer.begin() as conn:
                 conn.execute(_SELECT_BUDGET).one()  # the write lock (SQLite: BEGIN IMMEDIATE)
                 found = [dict(row._mapping) for row in conn.execute(
-                    sa.select(*(releases_table.c[k] for k in _RELEASE_FIELDS))
+                    sa.select(*(releases_table.c[k] for k in RELEASE_FIELDS))
                     .order_by(releases_table.c.seq))]
                 added: list[dict[str, Any]] = []
                 yield found, added.append
@@ -600,7 +406,7 @@ class Ledger:
                                          budget_table.c.rdp_dependent)
                                .where(budget_table.c.id == 1)).one()
             conn.rollback()
-        return _array(row.rdp_independent, _F64).copy(), _array(row.rdp_dependent, _F64).copy()
+        return from_blob(row.rdp_independent, F64).copy(), from_blob(row.rdp_dependent, F64).copy()
 
     def history(self) -> Iterator[Stored]:
         """Every recorded request's answer, in commit order."""
@@ -612,11 +418,11 @@ class Ledger:
 
     @staticmethod
     def _stored(row: Any, retried: bool) -> Stored:
-        labels = _array(row.labels, _I32).astype(np.int64)
+        labels = from_blob(row.labels, I32).astype(np.int64)
         fresh = (np.ones(labels.size, bool) if row.fresh is None
-                 else _array(row.fresh, _I8).astype(bool))
+                 else from_blob(row.fresh, I8).astype(bool))
         return Stored(row.request_id.partition("/")[2], row.body_digest, labels,
-                      _array(row.branch, _I8).copy(), fresh, retried)
+                      from_blob(row.branch, I8).copy(), fresh, retried)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -671,8 +477,8 @@ class Ledger:
         try:
             with self._writer.begin() as conn:
                 total = conn.execute(_SELECT_BUDGET).one()
-                ind = _array(total.rdp_independent, _F64).copy()
-                dep = _array(total.rdp_dependent, _F64).copy()
+                ind = from_blob(total.rdp_independent, F64).copy()
+                dep = from_blob(total.rdp_dependent, F64).copy()
                 counts = [total.requests, total.queries, total.answered]
                 spent = total.epsilon_spent
                 known = {f"{c}/{s.request_id}": s for s, c in (
@@ -695,8 +501,8 @@ class Ledger:
                     synced = max(conn.execute(_INSERT_REQUESTS, rows).scalars())
                     conn.execute(_UPDATE_BUDGET, {
                         "requests": counts[0], "queries": counts[1], "answered": counts[2],
-                        "epsilon_spent": spent, "rdp_independent": _blob(ind, _F64),
-                        "rdp_dependent": _blob(dep, _F64)})
+                        "epsilon_spent": spent, "rdp_independent": to_blob(ind, F64),
+                        "rdp_dependent": to_blob(dep, F64)})
         except Exception as exc:  # fail closed: nothing of the group is released
             for scope, indices in added:  # nor kept for replay: they were new
                 self._releases[scope].forget(indices)
@@ -759,11 +565,11 @@ class Ledger:
             spent = self.epsilon(ind)
         row = {"request_id": charge.key, "body_digest": charge.body_digest,
                "client": charge.client, "created": time.time(), "mechanism": charge.mechanism,
-               "queries": labels.size, "answered": answered, "labels": _blob(labels, _I32),
-               "branch": _blob(branch, _I8), "rdp_independent": _blob(cost_ind, _F64),
-               "rdp_dependent": _blob(cost_dep, _F64), "epsilon_after": spent,
-               "indices": None if charge.indices is None else _blob(charge.indices, _I64),
-               "fresh": _blob(fresh, _I8), "replayable": replayable, "pool": charge.pool}
+               "queries": labels.size, "answered": answered, "labels": to_blob(labels, I32),
+               "branch": to_blob(branch, I8), "rdp_independent": to_blob(cost_ind, F64),
+               "rdp_dependent": to_blob(cost_dep, F64), "epsilon_after": spent,
+               "indices": None if charge.indices is None else to_blob(charge.indices, I64),
+               "fresh": to_blob(fresh, I8), "replayable": replayable, "pool": charge.pool}
         if replayable:
             released.add(asked[fresh], labels[fresh], branch[fresh])
             added.append(((charge.mechanism, charge.pool), asked[fresh]))

@@ -19,7 +19,8 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.label_requests import LabelsRequest
-from pate.aggregation.ledger import SCHEMA_VERSION, Charge, Ledger, PerQueryCosts
+from pate.aggregation.ledger import Charge, Ledger, PerQueryCosts
+from pate.aggregation.ledger_store import SCHEMA_VERSION
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict
 
 ORDERS = default_orders()
