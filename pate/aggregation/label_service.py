@@ -283,9 +283,9 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); ``ledger``, a URL or an SQLite file's path
-    (``ledger_store.ledger_url``), defaults to ``ledger.db`` in the run directory, or next to the votes
-    file, and a votes' ledger is theirs for good
-    (``_ledger_of_votes``). ``check_pool`` may refuse the votes before the ledger exists.
+    (``ledger_store.ledger_url``), defaults to ``ledger.db`` in the run directory, or next to
+    the votes file, and a votes' ledger is theirs for good (``_ledger_of_votes``).
+    ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
     directory's own is looked for), the ledger must exist: a new one would be a second budget.
     ``delta`` must be below 1/n for the ``private_records`` the votes protect (the caller's, else

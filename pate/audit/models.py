@@ -49,238 +49,49 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from torch.func import functional_call, vmap
 
-from analysis.mechanisms import Mechanism
-from analysis.membership import (
-    OneRunBound,
-    auc,
-    logit_confidence,
-    loss_scores,
-    offline_lira,
-    one_run_audit,
-    tpr_at_fpr,
-)
 from pate.aggregation.aggregators import Aggregator
+from pate.audit.attacks import ModelsAudit, TargetAudit, attack_results
 from pate.audit.model_options import TARGETS, ModelsAuditOptions
+from pate.audit.retraining import (
+    Recipe,
+    StudentRecipe,
+    classifier_log_probs,
+    select_models,
+    stacked_log_probs,
+    train_models,
+    train_student,
+)
 from pate.config import parse_config
 from pate.data.task import Benchmark, DataSource, load_task, source_from_record
 from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_json_atomic, write_with_atomic
 from pate.rundir import RunDir
-from student.models import POOL_FEATURE_ARCHS, ModelSpec, PoolFeatures, build_classifier
+from student.models import POOL_FEATURE_ARCHS
 from student.rounds import Received, read_rounds, round_plan
 from student.training import (
     FitConfig,
     MethodConfig,
-    build_learner,
-    fit,
     load_classifier,
     predict_proba,
-    seed_everything,
 )
 from teachers import checkpoints
-from teachers.ensemble import TrainConfig, train_group
-from teachers.models import build_model
+from teachers.ensemble import TrainConfig
 from teachers.partition import make_partition
 
-FPRS: tuple[float, ...] = (0.001, 0.01)
-CONTROL_THRESHOLD = 1.0          # the positive control's lower bound must exceed this
 # Each audit's files, named by when it started (UTC), so that no audit overwrites another's.
 RECORDS_FILE = "models-{stamp}-records.npz"
 SUMMARY_FILE = "models-{stamp}.json"
 _REFERENCE_ID = 1_000_000        # teacher ids of reference models: never a run's teacher
-
-
-@dataclass(frozen=True)
-class AttackResult:
-    """One attack on one model: ROC figures and the one-run epsilon lower bound."""
-
-    attack: str
-    auc: float
-    tpr_at_fpr: dict[float, float]
-    bound: OneRunBound
-
-    def to_dict(self) -> dict[str, Any]:
-        b = self.bound
-        return {"attack": self.attack, "auc": self.auc,
-                "tpr_at_fpr": {f"{k:g}": v for k, v in self.tpr_at_fpr.items()},
-                "epsilon_lower": b.epsilon_lower, "guesses": b.guesses,
-                "correct_guesses": b.correct, "guessed_members": b.k_plus,
-                "guessed_non_members": b.k_minus, "tests_corrected_for": b.tests}
-
-
-@dataclass(frozen=True)
-class TargetAudit:
-    """The audit of one model. ``epsilon_analytic`` is None for a model trained without privacy
-    (no finite bound); ``accuracy`` is on the run's evaluation rows."""
-
-    target: str
-    description: str
-    canaries: int
-    members: int
-    training_rows: int
-    references: int
-    accuracy: float | None
-    epsilon_analytic: float | None
-    epsilon_analytic_basis: str | None
-    attacks: list[AttackResult]
-    seconds: float
-    chance: float | None = None  # 1 / the number of classes
-
-    @property
-    def caveats(self) -> list[str]:
-        """What makes the bound say little, without failing the audit: a model near chance
-        (trained too briefly, say) is not the model the run publishes."""
-        if self.accuracy is None or self.chance is None or not self.accuracy < 2 * self.chance:
-            return []
-        return [f"its accuracy {self.accuracy:.3f} is near chance ({self.chance:.3f}): a bound "
-                "on it says little of the run's own model (train it longer)"]
-
-    @property
-    def epsilon_lower(self) -> float:
-        """The best attack's bound: every attack's was corrected for all of them."""
-        return max(a.bound.epsilon_lower for a in self.attacks)
-
-    @property
-    def failures(self) -> list[str]:
-        out = []
-        if self.epsilon_analytic is not None and self.epsilon_lower > self.epsilon_analytic:
-            out.append(f"privacy bug: {self.target}'s epsilon lower bound "
-                       f"{self.epsilon_lower:.4g} exceeds its analytic epsilon "
-                       f"{self.epsilon_analytic:.4g}")
-        if self.target == "control" and not self.epsilon_lower > CONTROL_THRESHOLD:
-            out.append(f"positive control failed: its epsilon lower bound "
-                       f"{self.epsilon_lower:.4g} is not above {CONTROL_THRESHOLD:g}, so this "
-                       "audit could not have found a leak")
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "description": self.description,
-                "canaries": self.canaries, "members": self.members,
-                "training_rows": self.training_rows, "reference_models": self.references,
-                "accuracy": self.accuracy, "epsilon_lower": self.epsilon_lower,
-                "epsilon_analytic": self.epsilon_analytic,
-                "epsilon_analytic_basis": self.epsilon_analytic_basis,
-                "attacks": [a.to_dict() for a in self.attacks], "seconds": self.seconds,
-                "passed": not self.failures, "failures": self.failures,
-                "caveats": self.caveats}
-
-
-@dataclass(frozen=True)
-class ModelsAudit:
-    """Every audited model, at one delta and confidence (each target's bound holds with that
-    confidence)."""
-
-    run: str
-    delta: float
-    confidence: float
-    targets: list[TargetAudit]
-    options: ModelsAuditOptions
-    seconds: float
-    records: Path | None = None
-    summary: Path | None = None
-
-    @property
-    def failures(self) -> list[str]:
-        return [f for t in self.targets for f in t.failures]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary: aggregate figures only (no record, no score, no coin flip)."""
-        return {"run": self.run, "delta": self.delta, "confidence": self.confidence,
-                "method": "one training run (Steinke, Nasr, Jagielski 2023), Bonferroni over "
-                          "the guess counts and the attacks",
-                "targets": [t.to_dict() for t in self.targets],
-                "options": {k: (list(v) if isinstance(v, tuple) else v)
-                            for k, v in asdict(self.options).items()},
-                "seconds": self.seconds, "passed": self.passed, "failures": self.failures}
-
-
-# -- models of the teachers' kind, trained and evaluated in one vectorised group -----------------
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How the run trains a teacher: the network, its settings, the frozen pool encoder of the
-    architectures that use one, and the input shape and number of classes."""
-
-    train: TrainConfig
-    in_shape: tuple[int, int, int]
-    num_classes: int
-    encoder: dict[str, torch.Tensor] | None
-    device: str = "cpu"
-
-
-def train_models(recipe: Recipe, data: Sequence[tuple[NDArray[np.float32], NDArray[np.int64]]],
-                 ids: Sequence[int], min_size: int) -> dict[str, torch.Tensor]:
-    """Train one model per ``(x, y)`` of ``data`` with ``teachers.ensemble.train_group`` (the
-    run's teacher training, vectorised over the models), model j with teacher id ``ids[j]`` (its
-    initial weights) and ``epochs * ceil(min_size / batch_size)`` steps. Returns the stacked
-    parameters."""
-    x = np.concatenate([d[0] for d in data]).astype(np.float32)
-    y = np.concatenate([d[1] for d in data]).astype(np.int64)
-    ends = np.cumsum([len(d[1]) for d in data])
-    parts = [np.arange(end - len(d[1]), end) for d, end in zip(data, ends, strict=True)]
-    device = torch.device(recipe.device)
-    return train_group(recipe.train, torch.as_tensor(x, device=device),
-                       torch.as_tensor(y, device=device), recipe.num_classes,
-                       np.asarray(ids, np.int64), parts, min_size, recipe.encoder)
-
-
-@torch.no_grad()
-def stacked_log_probs(recipe: Recipe, params: dict[str, torch.Tensor], x: NDArray[np.float32],
-                      batch_size: int = 512) -> NDArray[np.float64]:
-    """Log-probabilities ``[models, n, classes]`` of stacked teacher-kind models on ``x``."""
-    base = build_model(recipe.train.model, recipe.in_shape, recipe.num_classes,
-                       recipe.encoder).to(recipe.device).eval()
-    forward = vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
-    out = [torch.log_softmax(forward(params, torch.as_tensor(
-        np.ascontiguousarray(x[i:i + batch_size]), device=recipe.device)).double(), -1).cpu()
-        for i in range(0, len(x), batch_size)]
-    models = next(iter(params.values())).shape[0]
-    return (torch.cat(out, 1).numpy() if out
-            else np.zeros((models, 0, recipe.num_classes)))
-
-
-def _select(params: dict[str, torch.Tensor], rows: slice | list[int]) -> dict[str, torch.Tensor]:
-    return {k: v[rows] for k, v in params.items()}
-
-
-# -- attacks -----------------------------------------------------------------------------------
-
-
-def attack_results(target_log_probs: NDArray[np.float64],
-                   reference_log_probs: NDArray[np.float64] | None, labels: NDArray[np.int64],
-                   members: NDArray[np.bool_], delta: float, confidence: float
-                   ) -> tuple[list[AttackResult], dict[str, NDArray[np.float64]]]:
-    """Both attacks on the canaries (``[n, classes]`` log-probabilities of the audited model,
-    ``[references, n, classes]`` of the reference models, or None for the loss attack alone),
-    each attack's one-run bound corrected for the attacks run. Returns the results and the
-    per-canary scores (private)."""
-    scores = {"loss": loss_scores(target_log_probs, labels)}
-    if reference_log_probs is not None and len(reference_log_probs):
-        scores["lira"] = offline_lira(logit_confidence(target_log_probs, labels),
-                                      logit_confidence(reference_log_probs, labels)).scores
-    results = []
-    for name, s in scores.items():
-        rates = tpr_at_fpr(s, members, FPRS)
-        results.append(AttackResult(
-            name, auc(s, members), {f: float(r) for f, r in zip(FPRS, rates, strict=True)},
-            one_run_audit(s, members, delta, confidence, other_tests=len(scores))))
-    return results, scores
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -443,8 +254,8 @@ def retrain_teachers(run: Run, options: ModelsAuditOptions, rng: np.random.Gener
                           [*ids.tolist(), *(_REFERENCE_ID + np.arange(len(refs))).tolist()],
                           int(run.manifest["min_size"]))
     a = len(ids)
-    return RetrainedTeachers(ids, _select(params, slice(0, a)), canaries, sizes,
-                             _select(params, slice(a, None)) if refs else None)
+    return RetrainedTeachers(ids, select_models(params, slice(0, a)), canaries, sizes,
+                             select_models(params, slice(a, None)) if refs else None)
 
 
 def audit_teacher(run: Run, retrained: RetrainedTeachers, delta: float, confidence: float,
@@ -500,7 +311,8 @@ def audit_supervised(run: Run, target: str, base_rows: int, canary_count: int, e
                           [k, *(_REFERENCE_ID + k + np.arange(len(refs))).tolist()],
                           len(y_train))
     lp = stacked_log_probs(recipe, params, run.train_x[canaries.rows])
-    acc = _accuracy(run, lambda x: stacked_log_probs(recipe, _select(params, slice(0, 1)), x))
+    first = select_models(params, slice(0, 1))
+    acc = _accuracy(run, lambda x: stacked_log_probs(recipe, first, x))
     what = ("positive control: " if target == "control" else "") + (
         f"{run.recipe.train.model} without privacy on {len(y_train)} private rows "
         f"({base_rows} fixed, the rest {'mislabelled ' if mislabel else ''}canaries by coin "
@@ -513,22 +325,6 @@ def audit_supervised(run: Run, target: str, base_rows: int, canary_count: int, e
 
 
 # -- the student -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StudentRecipe:
-    """How the run trained its student: method and network, the loop's settings, the pool
-    features of ``cnn-hog-simclr`` (from the published student: public), its rounds and the
-    answers' rows in order."""
-
-    method: MethodConfig
-    spec: ModelSpec
-    fit: FitConfig
-    features: PoolFeatures | None
-    rounds: list[tuple[Mechanism, NDArray[np.int64]]]
-    epsilon: float
-    epsilon_basis: str
-    delta: float
 
 
 def student_recipe(run: Run, epochs: int | None, device: str) -> StudentRecipe:
@@ -559,35 +355,6 @@ def student_recipe(run: Run, epochs: int | None, device: str) -> StudentRecipe:
     return StudentRecipe(method, spec, fit_config, features, out,
                          float(eps["data_independent"]), "data-independent (the ledger's)",
                          float(eps.get("delta", 0.0)))
-
-
-def train_student(recipe: StudentRecipe, pool_x: NDArray[np.float32],
-                  answer: Callable[[int, NDArray[np.float64] | None], NDArray[np.int64]]
-                  ) -> torch.nn.Module:
-    """The student of the run's rounds: round i's labels are ``answer(i, probs)`` (probs: the
-    current student's on the round's rows, for Interactive-GNMax, else None); after each round
-    the student is trained on every label so far, continuing from the previous round's weights
-    (``pate student train``). Rows answered -1 are not used."""
-    seed_everything(recipe.fit.seed)
-    model = build_classifier(recipe.spec, recipe.features).to(recipe.fit.device)
-    index, label = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    for i, (mechanism, rows) in enumerate(recipe.rounds):
-        probs = (predict_proba(model, pool_x[rows], recipe.fit.device) if i
-                 and Aggregator(mechanism).takes_student_probs else None)
-        index = np.concatenate([index, rows])
-        label = np.concatenate([label, answer(i, probs)])
-        ok = label >= 0
-        if not ok.any():
-            continue
-        fit(build_learner(recipe.method, model, recipe.spec), pool_x[index[ok]], label[ok],
-            pool_x, recipe.fit)
-    return model
-
-
-@torch.no_grad()
-def _classifier_log_probs(model: torch.nn.Module, x: NDArray[np.float32], device: str
-                          ) -> NDArray[np.float64]:
-    return np.log(np.clip(predict_proba(model, x, device), 1e-300, None))
 
 
 def audit_student(run: Run, recipe: StudentRecipe, retrained: RetrainedTeachers,
@@ -625,7 +392,7 @@ def audit_student(run: Run, recipe: StudentRecipe, retrained: RetrainedTeachers,
         for j in range(options.student_references)]
     cx, cy = run.train_x[retrained.canaries.rows], run.train_y[retrained.canaries.rows]
     device = recipe.fit.device
-    ref_lp = (np.stack([_classifier_log_probs(m, cx, device) for m in refs]) if refs else None)
+    ref_lp = (np.stack([classifier_log_probs(m, cx, device) for m in refs]) if refs else None)
     acc = _accuracy(run, lambda x: predict_proba(student, x, device))
     desc = (f"the student ({recipe.method.method}, {recipe.spec.arch}, {recipe.fit.epochs} "
             f"epochs), retrained on the run's {len(asked)} queries answered again by "
@@ -633,7 +400,7 @@ def audit_student(run: Run, recipe: StudentRecipe, retrained: RetrainedTeachers,
             f"{len(retrained.ids)} retrained teachers")
     return _finish("student", desc, retrained.canaries, int(retrained.sizes.mean()), len(refs),
                    acc, (recipe.epsilon, recipe.epsilon_basis),
-                   _classifier_log_probs(student, cx, device), ref_lp, cy, delta,
+                   classifier_log_probs(student, cx, device), ref_lp, cy, delta,
                    options.confidence, started, records)
 
 
