@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from numpy.typing import NDArray
 
 from analysis.costs import realised_rdp_independent
@@ -161,7 +162,7 @@ def privacy_utility_points(data: RunData, comparison: dict[str, Any]) -> dict[st
     sanitised = (comparison.get("student_epsilon") or {}).get("sanitised")
     marked = ([{"epsilon": sanitised, "accuracy": student["accuracy"]}]
               if sanitised is not None and student.get("accuracy") is not None else [])
-    return {"pate": pate, "pate_sanitised": marked, "dpsgd": dpsgd}
+    return {"pate": pate, "pate_sanitised": marked, "dpsgd": dpsgd, "delta": data.delta}
 
 
 def figure_privacy_utility(points: dict[str, Any]) -> Figure:
@@ -184,10 +185,10 @@ def figure_privacy_utility(points: dict[str, Any]) -> Figure:
     dpsgd = sorted(points["dpsgd"], key=lambda p: p["epsilon"])
     if dpsgd:
         ax.plot([p["epsilon"] for p in dpsgd], [p["accuracy"] for p in dpsgd], "s--",
-                color="tab:red", label="DP-SGD (RDP ε)")
-    ax.set_xlabel("ε (δ of the run)")
+                color="tab:red", label="DP-SGD (its accountant's ε)")
+    ax.set_xlabel(f"ε at δ = {points['delta']:g}")
     ax.set_ylabel("Accuracy on the evaluation data")
-    ax.set_title("Privacy-utility: PATE against DP-SGD")
+    ax.set_title("Privacy-utility: PATE against DP-SGD (owner only)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -245,26 +246,31 @@ def figure_epsilon_vs_answered(data: RunData) -> Figure:
     Confident-GNMax (PATE 2018, Figure 4 / Figure 1 middle)."""
     first = next((s.mechanism for s in data.segments
                   if isinstance(s.mechanism, ConfidentGNMax | InteractiveGNMax)), None)
-    sigma = first.sigma2 if first is not None else 40.0
+    gnmax = next((s.mechanism for s in data.segments if isinstance(s.mechanism, GNMax)), None)
+    sigma = first.sigma2 if first is not None else gnmax.sigma if gnmax is not None else 40.0
     curves: list[tuple[str, Mechanism, str, str]] = [
-        ("LNMax", LNMax(data.lnmax_scale), "tab:red", "--"),
-        ("GNMax", GNMax(sigma), "tab:orange", "-.")]
+        (f"LNMax, scale {data.lnmax_scale:g}", LNMax(data.lnmax_scale), "tab:red", "--"),
+        (f"GNMax, σ = {sigma:g}", GNMax(sigma), "tab:orange", "-.")]
     if first is not None:
-        curves.append(("Confident-GNMax",
+        curves.append((f"Confident-GNMax, T = {first.threshold:g}, σ1 = {first.sigma1:g}, "
+                       f"σ2 = {first.sigma2:g}",
                        ConfidentGNMax(first.threshold, first.sigma1, first.sigma2),
                        "tab:green", "-"))
+    run_mechanisms = [s.mechanism for s in data.segments]
     fig = Figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
     for label, mechanism, colour, style in curves:
         cost = cumulative_cost(data.votes, mechanism, data.delta)
+        ours = mechanism in run_mechanisms
+        label = f"{label}{'' if ours else ' (not run)'}"
         ax.plot(cost.answered, cost.epsilon_dependent, color=colour, ls=style, lw=2,
-                label=f"{label} (data-dependent)")
-        if label == "Confident-GNMax":
+                label=f"{label}: data-dependent")
+        if isinstance(mechanism, ConfidentGNMax):
             ax.plot(cost.answered, cost.epsilon_independent, color=colour, ls=":", lw=1.5,
-                    label=f"{label} (data-independent)")
-    ax.set_xlabel("Queries answered (expected)")
+                    label=f"{label}: data-independent")
+    ax.set_xlabel("Queries answered (expected, over the whole pool's votes)")
     ax.set_ylabel(f"Privacy cost ε at δ = {data.delta:g}")
-    ax.set_title("Privacy cost against queries answered")
+    ax.set_title("Privacy cost against queries answered (private)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -280,13 +286,16 @@ def figure_plurality_histogram(data: RunData, rows: NDArray[np.int64],
     agreement = 100.0 * data.votes[rows].max(axis=1) / teachers
     fig = Figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
-    bins = np.linspace(0, 100, 26)
+    # one bin per possible share where the teachers are few, else 25 of 4 %
+    bins = ((np.arange(teachers + 2) - 0.5) * 100.0 / teachers if teachers <= 25
+            else np.linspace(0, 100, 26))
     ax.hist(agreement, bins=bins, color="tab:blue", alpha=0.5, label=f"asked ({rows.size})")
     ax.hist(agreement[answered], bins=bins, color="tab:green", alpha=0.7,
             label=f"answered ({int(answered.sum())})")
     ax.set_xlabel("Teachers voting for the plurality class (%)")
     ax.set_ylabel("Number of queries")
-    ax.set_title("Teacher consensus of asked and answered queries")
+    ax.set_title("Teacher consensus of asked and answered queries (private)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
     fig.tight_layout()
     return fig
@@ -312,7 +321,7 @@ def figure_epsilon_split(data: RunData) -> Figure:
         ax.barh(names, values[:, k], left=left, color=colour, label=label)
         left += values[:, k]
     ax.set_xlabel(f"Data-dependent ε at δ = {data.delta:g}, each round alone")
-    ax.set_title("Where the privacy budget goes")
+    ax.set_title("Data-dependent ε of each round, split (private)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -329,18 +338,19 @@ def figure_accuracy(report: dict[str, Any], teacher_acc: NDArray[np.float64] | N
         left.legend()
     left.set_xlabel("Teacher accuracy on the evaluation set")
     left.set_ylabel("Number of teachers")
-    left.set_title("Teacher accuracy spread")
-    bars = {"answered labels": report["queries"]["label_accuracy"],
-            "ensemble plurality\n(no noise)": report["ensemble"]["plurality_accuracy"],
-            "student": (report["student"] or {}).get("accuracy"),
-            "DP-SGD": (report["dpsgd"] or {}).get("accuracy")}
+    left.yaxis.set_major_locator(MaxNLocator(integer=True))
+    left.set_title("Teacher accuracy spread (private)")
+    bars = {"answered labels\n(pool)": report["queries"]["label_accuracy"],
+            "ensemble plurality\n(pool, no noise)": report["ensemble"]["plurality_accuracy"],
+            "student\n(evaluation)": (report["student"] or {}).get("accuracy"),
+            "DP-SGD\n(evaluation)": (report["dpsgd"] or {}).get("accuracy")}
     bars = {k: v for k, v in bars.items() if v is not None}
     right.bar(list(bars), list(bars.values()), color="tab:cyan")
     for i, v in enumerate(bars.values()):
         right.text(i, v + 0.01, f"{v:.3f}", ha="center")
     right.set_ylim(0, 1.08)
     right.set_ylabel("Accuracy")
-    right.set_title("Accuracy")
+    right.set_title("Accuracies (private, except the student's)")
     fig.tight_layout()
     return fig
 
@@ -379,9 +389,8 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("epsilon_data_independent", "ε data-independent"),
                  ("epsilon_data_independent_expected", "ε data-independent, expected (private)"),
                  ("epsilon_data_dependent", "ε data-dependent, expected (private)"),
-                 ("epsilon_smooth_sensitivity", "ε smooth-sensitivity, released"),
-                 ("epsilon_smooth_sensitivity_expected",
-                  "ε smooth-sensitivity, before noise (private)"),
+                 ("epsilon_smooth_sensitivity", "ε sanitised (smooth sensitivity), released"),
+                 ("epsilon_smooth_sensitivity_expected", "ε sanitised, before noise (private)"),
                  ("epsilon_spent", "ε charged by the ledger"),
                  ("epsilon_bayesian", "ε Bayesian"), ("delta", "δ"),
                  ("accuracy", "Accuracy")]
@@ -450,15 +459,15 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                                                                   "sigma"))))
     detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
-    note = ('<p class="note">This report contains private statistics: the teachers\' vote '
-            "histogram, the columns marked private, and in the Details the teachers' and their "
-            "plurality's accuracies and the smooth-sensitivity release's order, β, SS and σ, "
-            "all computed from the private data or the votes. Share only the data-independent "
-            "ε, the smooth-sensitivity-sanitised ε and the student's accuracy. The "
-            "data-independent ε is that of the queries asked and of the teachers' answers, "
-            "counts the student holds anyway; the columns marked expected are PATE 2018's "
-            "Table 2 analysis, expectations over which queries the threshold lets through, and "
-            "depend on the votes.</p>")
+    note = ('<p class="note">This report contains private statistics, computed from the '
+            "private data or the votes: the columns marked private, every figure (each says "
+            "so in its title), and in the Details the teachers' and their plurality's "
+            "accuracies and the smooth-sensitivity release's order, β, SS and σ. Share only "
+            "the data-independent ε, the sanitised ε and the student's accuracy. The "
+            "data-independent ε depends only on how many queries were asked and how many the "
+            "teachers answered, counts the student holds anyway; the columns marked expected "
+            "are PATE 2018's Table 2 analysis, expectations over which queries the threshold "
+            "lets through, and depend on the votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("What these epsilons mean", meaning_html(report["epsilon_meaning"])),
             ("Details", f"<table>{detail_rows}</table>")]

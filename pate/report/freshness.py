@@ -12,8 +12,9 @@ from pate.rundir import RunDir
 # report.json's layout; a report of another (an older version's) is rebuilt, not reused. 2: the
 # table's data-independent epsilon is the realised one, the ledger's charge. 3: its sanitised
 # epsilon is the student's release, with noise; the analysis' figure before noise is private.
-# 4: what the publishable epsilons mean (epsilon_meaning).
-REPORT_FORMAT = 4
+# 4: what the publishable epsilons mean (epsilon_meaning). 5: the privacy-utility curve, which
+# holds DP-SGD's accuracies, is the owner-only page's alone.
+REPORT_FORMAT = 5
 
 
 def report_inputs(run: RunDir) -> list[Path]:

@@ -17,7 +17,7 @@ from analysis.interpretation import (
 # The false-positive rate at which the report states the best true-positive rate (Carlini et
 # al., "Membership Inference Attacks From First Principles", IEEE S&P 2022, argue for low rates).
 FALSE_POSITIVE_RATE = 0.01
-_PUBLISHABLE = (("epsilon_smooth_sensitivity", "smooth-sensitivity, released"),
+_PUBLISHABLE = (("epsilon_smooth_sensitivity", "sanitised, released"),
                 ("epsilon_data_independent", "data-independent"))
 
 
@@ -48,6 +48,12 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
     if not meaning:
         return "<p>No publishable epsilon yet: the student has asked nothing.</p>"
     delta = meaning[0]["delta"]
+    best = min(meaning, key=lambda m: m["value"])
+    weak = ("" if best["membership_accuracy"] < 0.99 else
+            f'<p class="note">At ε = {best["value"]:.3g} the guarantee rules out almost no '
+            "attack: a guess whether one record was in the data may be right "
+            f"{100 * best['membership_accuracy']:.1f} % of the time. An ε of a few units or "
+            "less is what a meaningful guarantee needs.</p>")
     fpr = f"{100 * FALSE_POSITIVE_RATE:g} %"
     rows = "".join(
         f"<tr><td>{html.escape(m['epsilon'])}</td><td>{m['value']:.3g}</td>"
@@ -63,8 +69,14 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
         "multiplies the chance of any outcome</th><th>best accuracy of a guess whether one "
         "record was in the data (even odds; 50 % is chance)</th><th>best share of members "
         f"caught at {fpr} false alarms</th></tr></thead><tbody>{rows}</tbody></table>"
-        "<p>Publish the released smooth-sensitivity ε and it is your guarantee (it includes the "
-        "cost of its own release); publish only the data-independent ε and that one is. Real "
+        f"{weak}<p>The data-independent ε holds whatever the votes were, but covers the "
+        "answers alone. The sanitised ε covers the answers and its own release, and is smaller "
+        "when the teachers agree; it carries noise, to which two of its standard deviations "
+        "are added, so that it bounds the exact data-dependent ε with probability 97.7 % (one "
+        "draw can sit well above it). <code>pate run</code> releases it in "
+        "<code>student/metrics.json</code>, a public file: once published, it is the figure "
+        "that covers everything published; the data-independent ε is the guarantee only where "
+        "the sanitised one never is. Real "
         "attacks usually reach far less than these bounds (<code>pate audit models</code> "
         "measures some). The bounds are the hypothesis-testing reading of differential privacy "
         "(Kairouz, Oh and Viswanath, ICML 2015, Theorem 2.1).</p>")

@@ -16,8 +16,17 @@ from pate.report.figures import format_value
 OWNER_NOTE = ('<p class="note"><b>Owner only: not for publication.</b> This page compares the '
               "published PATE student with models that read the private data: a non-private "
               "model and the teachers' plurality carry no privacy guarantee, and their accuracy "
-              "is a statistic of the private data. Publish the student, its sanitised or "
-              "data-independent ε, and the DP-SGD models' figures; keep this page.</p>")
+              "is a statistic of the private data. The DP-SGD models read the private data "
+              "outside the run's budget: publishing one of them, or its accuracy, adds its ε "
+              "to the student's. Publish the student and its sanitised or data-independent ε; "
+              "keep this page.</p>")
+
+# report.html's pointer to this page (the page is beside it, in ``report/``)
+OWNER_LINK = ("Owner-only evaluation",
+              '<p>The student beside DP-SGD at its ε, a model without privacy and the teachers\' '
+              'plurality, the privacy-utility curve, and any model audit\'s figures are in '
+              '<a href="owner-evaluation.html">owner-evaluation.html</a>, beside this page: '
+              "for the data holder only.</p>")
 
 _NAMES = {"sanitised": "smooth-sensitivity-sanitised", "data-independent": "data-independent"}
 
@@ -59,7 +68,7 @@ def owner_rows(report: dict[str, Any], comparison: dict[str, Any],
             "accuracy": nonprivate["accuracy"], "epsilon": "∞ (no privacy)",
             "training": (f"{nonprivate['model']}, {nonprivate['epochs']} epochs, batch "
                          f"{nonprivate['batch_size']}, {nonprivate['train_examples']} rows")})
-    rows.append({"model": "(d) teacher ensemble's plurality, no noise",
+    rows.append({"model": "(d) teacher ensemble's plurality on the evaluation data, no noise",
                  "accuracy": ensemble_eval_plurality, "epsilon": "∞ (no privacy)",
                  "training": f"{report.get('teachers')} teachers"})
     ours = student.get("accuracy")
@@ -104,5 +113,5 @@ def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str) -> list[tuple[
               "is trained to the student's ε at the run's δ (its noise multiplier calibrated "
               "by the project's sampled-Gaussian RDP accountant) on the private training data, "
               "and measured on the student's evaluation data.</p>")
-    return [("Owner-only evaluation", OWNER_NOTE + method
+    return [("The student against DP-SGD and models without privacy", OWNER_NOTE + method
              + f'<table id="owner"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')]

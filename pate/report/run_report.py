@@ -28,7 +28,13 @@ from pate.report.figures import (
     write_report,
 )
 from pate.report.freshness import REPORT_FORMAT, current_report
-from pate.report.owner import OWNER_NOTE, audit_section, owner_rows, owner_sections
+from pate.report.owner import (
+    OWNER_LINK,
+    OWNER_NOTE,
+    audit_section,
+    owner_rows,
+    owner_sections,
+)
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline, read_rounds, round_plan
 from teachers.checkpoints import teachers_source
@@ -190,29 +196,34 @@ def write_run_report(run_dir: str | Path) -> Path:
     run = RunDir(run_dir)
     data = load_run_data(run_dir)
     report, figures = build_report(data)
+    # the curve holds DP-SGD's accuracies: the owner-only page's (docs/design.md, rule 2)
+    curve = report.pop("privacy_utility", None), figures.pop("privacy_utility.png", None)
     audit = latest_models_audit(run)
     if audit is not None:  # the report says only that an audit ran and whether it passed
         report["audit"] = {"file": audit["file"], "passed": audit["passed"]}
+    owner = data.comparison is not None or audit is not None
+    sections = run_sections(report) + ([OWNER_LINK] if owner else [])
     path = write_report(report, figures, run.report,
-                        f"PATE privacy-utility report: {data.name}", run_sections(report),
-                        _private_writer)
-    if data.comparison is not None or audit is not None:
-        write_owner_evaluation(run, data, report, figures, audit)
+                        f"PATE privacy-utility report: {data.name}", sections, _private_writer)
+    if owner:
+        write_owner_evaluation(run, data, report, curve, audit)
     return path
 
 
 def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
-                           figures: dict[str, Any], audit: dict[str, Any] | None) -> None:
+                           curve: tuple[dict[str, Any] | None, Any], audit: dict[str, Any] | None
+                           ) -> None:
     """``report/owner-evaluation.html`` and ``.json`` (0600): the compare stage's comparison and
-    the curve, and the latest model audit's figures."""
+    the privacy-utility ``curve`` (its points and figure), and the latest model audit's
+    figures."""
     owner: dict[str, Any] = {"run": data.name, "note": "owner only: not for publication"}
     sections, shown = [], {}
     if data.comparison is not None:
         rows = owner_rows(report, data.comparison, _eval_plurality(run))
-        owner.update(rows=rows, privacy_utility=report["privacy_utility"],
+        owner.update(rows=rows, privacy_utility=curve[0],
                      dpsgd_hyperparameters=data.comparison["dpsgd_hyperparameters"])
         sections += owner_sections(rows, owner["dpsgd_hyperparameters"])
-        shown["privacy_utility.png"] = figures["privacy_utility.png"]
+        shown["privacy_utility.png"] = curve[1]
     else:
         sections.append(("Owner-only evaluation", OWNER_NOTE))
     if audit is not None:

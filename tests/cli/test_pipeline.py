@@ -158,12 +158,17 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     assert targets["data-independent"] == metrics["epsilon"]["data_independent"]
     for d in comparison["dpsgd"]:  # calibrated to the target from below
         assert 0.97 * targets[d["at"]] <= d["epsilon"] <= targets[d["at"]] * (1 + 1e-9)
-    curve = report["privacy_utility"]["pate"]
+    # the curve holds DP-SGD's accuracies: the owner-only page's, not the report's
+    curve = owner["privacy_utility"]["pate"]
     assert [p["fraction"] for p in curve] == [0.5, 1.0]
     assert curve[0]["epsilon_data_independent"] < curve[1]["epsilon_data_independent"]
     assert curve[1]["epsilon_data_independent"] == pytest.approx(
         metrics["epsilon"]["data_independent"], rel=1e-6)
-    assert "figures/privacy_utility.png" in report["figures"].values()
+    assert owner["figures"] == {"privacy_utility.png": "figures/privacy_utility.png"}
+    assert "privacy_utility" not in report
+    assert "privacy_utility.png" not in report["figures"]
+    page = (run / "report" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and 'href="owner-evaluation.html"' in page
 
 
 def test_a_budget_spent_by_the_first_round_does_not_stop_the_run(tmp_path: Path) -> None:

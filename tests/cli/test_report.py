@@ -116,8 +116,8 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") == 4
     # what the two publishable epsilons allow an attacker, at the run's delta
     meaning = {m["epsilon"]: m for m in report["epsilon_meaning"]}
-    assert set(meaning) == {"smooth-sensitivity, released", "data-independent"}
-    released = meaning["smooth-sensitivity, released"]
+    assert set(meaning) == {"sanitised, released", "data-independent"}
+    released = meaning["sanitised, released"]
     assert released["value"] == 6.5 and released["delta"] == a.delta
     assert released["likelihood_factor"] == pytest.approx(math.exp(6.5))
     assert released["membership_accuracy"] == pytest.approx(
@@ -126,6 +126,9 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
         1, math.exp(6.5) * 0.01 + a.delta, 1 - math.exp(-6.5) * (1 - a.delta - 0.01)))
     assert meaning["data-independent"]["value"] == row["epsilon_data_independent"]
     assert "What these epsilons mean" in page and "99.8 %" in page  # (e^6.5 + d) / (1 + e^6.5)
+    assert "rules out almost no attack" in page  # said where a guess is right 99 % of the time
+    assert "probability 97.7 %" in page
+    assert page.count("(private)</") >= 2  # the private columns; each figure says so too
     # a student that failed to train after its answers were charged: the charge is still said
     (run / "student" / "metrics.json").unlink()
     assert pate("report", "--run", str(run)).returncode == 0
