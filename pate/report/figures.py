@@ -397,11 +397,14 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
 
 
 def table_html(rows: list[dict[str, Any]], first_column: str | None = None) -> str:
+    """The summary table, without the columns no row has a value in."""
+    columns = [(key, title) for key, title in TABLE_COLUMNS
+               if any(r.get(key) is not None for r in rows)]
     head = (f"<th>{html.escape(first_column)}</th>" if first_column else "") + "".join(
-        f"<th>{html.escape(title)}</th>" for _, title in TABLE_COLUMNS)
+        f"<th>{html.escape(title)}</th>" for _, title in columns)
     body = "".join(
         "<tr>" + (f"<td>{html.escape(str(r.get('run', '')))}</td>" if first_column else "")
-        + "".join(f"<td>{format_value(r.get(key))}</td>" for key, _ in TABLE_COLUMNS) + "</tr>"
+        + "".join(f"<td>{format_value(r.get(key))}</td>" for key, _ in columns) + "</tr>"
         for r in rows)
     return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table></div>")
