@@ -48,8 +48,10 @@ from pate.aggregation.label_service import (
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.ledger_store import ledger_url
 from pate.aggregation.vote_pool import VotePool
+from pate.data.augment import AUGMENTATIONS
 from pate.data.preprocessing import as_features
 from pate.data.votes_file import check_votes
+from pate.devices import device_problem
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
@@ -87,6 +89,10 @@ def _features(x: ArrayLike) -> NDArray[np.float32]:
         if raw.ndim not in (2, 3, 4) or not len(raw):
             raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
                             f"got shape {list(raw.shape)}")
+        if raw.ndim == 4 and raw.shape[3] in (1, 3, 4) and raw.shape[1] not in (1, 3, 4):
+            warnings.warn(f"x of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
+                          "images are [n, C, H, W]: pass x.transpose(0, 3, 1, 2) if so",
+                          stacklevel=3)
         return np.ascontiguousarray(as_features(raw, "x"))
     except (TypeError, ValueError):
         raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
@@ -111,9 +117,23 @@ def _rate(name: str, value: object) -> float:
     return float(value)
 
 
-def _kind(x: NDArray[np.float32]) -> str:
-    """``tabular`` for feature rows, else ``image``."""
-    return "tabular" if x.ndim == 2 else "image"
+def _device(device: object) -> str:
+    """``device``, a torch device this machine has (``pate.devices.device_problem``)."""
+    if not isinstance(device, str):
+        raise UserError(f"device must be a name such as cpu or cuda, got {device!r}")
+    problem = device_problem(device)
+    if problem:
+        raise UserError(problem)
+    return device
+
+
+def _kind(x: NDArray[np.float32], augment: str = "none") -> str:
+    """``tabular`` for feature rows, else ``image``; ``UserError`` for an augmentation of
+    feature rows (it shifts and mirrors images)."""
+    kind = "tabular" if x.ndim == 2 else "image"
+    if kind == "tabular" and augment != "none":
+        raise UserError(f"augment {augment!r} shifts images; feature rows take augment='none'")
+    return kind
 
 
 def _labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
@@ -134,11 +154,14 @@ class Teachers:
     ``"package.module:factory"``, by default ``cnn`` on images and ``mlp`` on feature rows;
     ``n_classes`` is the label set's size (public schema: it is never read from the private
     labels). Feature rows are used unscaled: standardise them with the pool's statistics
-    first (see the module's docstring)."""
+    first (see the module's docstring). ``augment`` (``none``, ``shift``, ``shift-flip``) and
+    ``mixup`` (the alpha of its Beta distribution; 0: off) are as in ``pate run``'s
+    ``[teachers]``; ``device`` trains and votes there (``cuda`` on a GPU)."""
 
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
-                 seed: int = 0) -> None:
+                 augment: str = "none", mixup: float = 0.0, seed: int = 0,
+                 device: str = "cpu") -> None:
         if model is not None and not isinstance(model, str):
             raise UserError(f"model must be a name or package.module:factory, got {model!r}")
         self.n_teachers = _integer("n_teachers", n_teachers, 1)
@@ -148,7 +171,10 @@ class Teachers:
         self.config = TrainConfig(model=model or DEFAULT_MODEL["image"],
                                   epochs=_integer("epochs", epochs, 1),
                                   batch_size=_integer("batch_size", batch_size, 1),
-                                  lr=_rate("lr", lr), seed=_integer("seed", seed, 0, SEED_LIMIT))
+                                  lr=_rate("lr", lr), augment=augment,
+                                  mixup=0.0 if mixup == 0 else _rate("mixup", mixup),
+                                  seed=_integer("seed", seed, 0, SEED_LIMIT))
+        self.device = _device(device)
         self.ensemble_: Ensemble | None = None
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
@@ -157,20 +183,22 @@ class Teachers:
         if len(ys) != len(xs):
             raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
                             f"{len(xs)} rows")
+        kind = _kind(xs, self.config.augment)
         if self.model is None:
-            self.config = replace(self.config, model=DEFAULT_MODEL[_kind(xs)])
-        problem = model_data_problem(self.config.model, _kind(xs))
+            self.config = replace(self.config, model=DEFAULT_MODEL[kind])
+        problem = model_data_problem(self.config.model, kind)
         if problem:
             raise UserError(problem)
         check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)
         part = make_partition(len(xs), self.n_teachers, self.config.seed)
         min_size = int(part.sizes.min())
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
-                              part.parts(teachers), min_size, "cpu", torch.get_num_threads())
+                              part.parts(teachers), min_size, self.device,
+                              torch.get_num_threads())
                   for teachers in shard_ranges(self.n_teachers, self.shard_size)]
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
-                                  [{k: torch.from_numpy(v) for k, v in s.items()}
-                                   for s in shards])
+                                  [{k: torch.from_numpy(v).to(self.device) for k, v in s.items()}
+                                   for s in shards], device=self.device)
         return self
 
     def vote(self, x: ArrayLike) -> NDArray[np.int32]:
@@ -282,8 +310,7 @@ class PrivateLabels:
         got, exhausted = ask(self._source, index, probs, request_size)
         if exhausted and not len(got):
             raise BudgetExhausted("the privacy budget does not cover even one more query: "
-                                  "nothing was asked or spent (a larger epsilon_budget, or a new "
-                                  "ledger)")
+                                  f"nothing was asked or spent ({_spent_hint(self.ledger)})")
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])
@@ -346,20 +373,41 @@ class PrivateLabels:
         self.close()
 
 
+def _spent_hint(ledger: Ledger) -> str:
+    """What a refusal of the first query can suggest: a ledger that has charged nothing may be
+    made again with a larger budget; a spent budget is the private data's for good."""
+    if ledger.budget().queries:
+        return ("this private data's budget is spent: one body of private data has one "
+                "budget, and a new ledger for it would be a second")
+    return ("the budget is below one query's worst case: this ledger has charged nothing, so "
+            "it may be deleted and made again with a larger epsilon_budget")
+
+
 class Student:
     """The student: ``method`` ``vat`` (Miyato et al. 2018), ``supervised`` or ``gan``
     (Salimans et al. 2016), on ``arch`` (default per method; ``mlp`` suits features), trained
-    ``epochs`` passes over the public pool. ``seed`` seeds initialisation and order only."""
+    ``epochs`` passes over the public pool. ``augment`` (random shifts, and mirroring with
+    ``shift-flip``), ``vat_eps`` and ``entmin`` (VAT's perturbation size and entropy
+    minimisation) are ``pate student train``'s; ``device`` trains there. ``seed`` seeds
+    initialisation and order only."""
 
     def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
-                 batch_size: int = 32, lr: float | None = None, seed: int = 0) -> None:
+                 batch_size: int = 32, lr: float | None = None, augment: str = "none",
+                 vat_eps: float = 2.0, entmin: bool = False, seed: int = 0,
+                 device: str = "cpu") -> None:
         if arch is not None and not isinstance(arch, str):
             raise UserError(f"arch must be a name or package.module:factory, got {arch!r}")
+        if augment not in AUGMENTATIONS:
+            raise UserError(f"augment must be one of {', '.join(AUGMENTATIONS)}, "
+                            f"got {augment!r}")
         epochs, batch_size = _integer("epochs", epochs, 1), _integer("batch_size", batch_size, 1)
         self.arch, self.lr = arch, None if lr is None else _rate("lr", lr)
-        self.method = method_for_data("image", method, arch, lr=self.lr)
+        self.vat_eps, self.entmin = _rate("vat_eps", vat_eps), bool(entmin)
+        self.method = method_for_data("image", method, arch, lr=self.lr, vat_eps=self.vat_eps,
+                                      entmin=self.entmin)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
-                                    seed=_integer("seed", seed, 0, SEED_LIMIT))
+                                    augment=augment, seed=_integer("seed", seed, 0, SEED_LIMIT),
+                                    device=_device(device))
         self.model_: torch.nn.Module | None = None
         self.spec_: ModelSpec | None = None
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
@@ -368,6 +416,7 @@ class Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``)."""
         x = _features(x_public)
+        kind = _kind(x, self.fit_config.augment)
         n_classes = _integer("n_classes", n_classes, 2)
         if not isinstance(labels, Received):
             raise UserError("labels must be what PrivateLabels.ask returned (or .received)")
@@ -379,14 +428,15 @@ class Student:
                             f"classes up to {labels.label.max()}: x_public has {len(x)} rows "
                             f"and n_classes is {n_classes}")
         method = self.method
-        if _kind(x) == "tabular":  # the MLP unless an arch was named, and none made for images
-            method = method_for_data("tabular", method.method, self.arch, lr=self.lr)
+        if kind == "tabular":  # the MLP unless an arch was named, and none made for images
+            method = method_for_data("tabular", method.method, self.arch, lr=self.lr,
+                                     vat_eps=self.vat_eps, entmin=self.entmin)
         self.spec_ = method.spec(x.shape[1:], n_classes)
         self.schema_ = None  # fitted on arrays: it predicts on arrays
         # seeded here (torch.manual_seed seeds every CUDA device too), the caller's as it was
         with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
             seed_everything(self.fit_config.seed)
-            self.model_ = build_classifier(self.spec_)
+            self.model_ = build_classifier(self.spec_).to(self.fit_config.device)
             fit(build_learner(method, self.model_, self.spec_),
                 x[labels.pool_index[answered]], labels.label[answered], x, self.fit_config)
         return self
@@ -399,7 +449,7 @@ class Student:
         if tuple(rows.shape[1:]) != tuple(self.spec_.in_shape):
             raise UserError(f"x has rows of shape {list(rows.shape[1:])}; this student was "
                             f"trained on {list(self.spec_.in_shape)}")
-        return predict_proba(self.model_, rows)
+        return predict_proba(self.model_, rows, self.fit_config.device)
 
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
         """The most probable class of each row (rows preprocessed as the training rows were;

@@ -455,7 +455,11 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
         rounds = _with_round(run, rounds_before, record, got)  # as it ended (saved per request)
         if exhausted and not len(got) and (spent_is_final or not len(before)):
             hint = ("--queries 0 retrains on the answers so far" if len(before)
-                    else "a larger --budget-epsilon, or a new ledger")
+                    else "this private data's budget is spent: a new ledger for it would be "
+                         "a second budget" if session.source.budget()["queries"]
+                    else "the budget is below one query's worst case: this ledger has charged "
+                         "nothing, so it may be deleted and made again with a larger "
+                         "--budget-epsilon")
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
         budget = session.source.budget()

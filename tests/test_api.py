@@ -60,8 +60,10 @@ def test_labels_stop_at_the_budget_and_the_ledger_persists(tmp_path: Path) -> No
                           ledger=ledger)
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     assert len(again.ask(np.arange(300, 300))) == 0
-    with pytest.raises(BudgetExhausted, match="does not cover even one more query"):
-        again.ask(np.arange(len(got), 300))  # rows not yet asked: the budget is spent
+    # rows not yet asked: the budget is spent, and a new ledger is no way out
+    with pytest.raises(BudgetExhausted, match="does not cover even one more query.*budget is "
+                                              "spent.*a new ledger for it would be a second"):
+        again.ask(np.arange(len(got), 300))
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     again.close()
 
@@ -304,6 +306,43 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
                       private_records=600.5)
     with pytest.raises(UserError, match="lr must be a finite number > 0"):
         Student(lr=-1.0)
+    for call, message in ((lambda: Teachers(2, 2, device="cuda:7"), "device 'cuda:7'"),
+                          (lambda: Student(device=0), "device must be a name"),
+                          (lambda: Student(augment="rotate"), "augment must be one of"),
+                          (lambda: Teachers(2, 2, augment="rotate"), "augment must be one of"),
+                          (lambda: Teachers(2, 2, mixup=-1.0), "mixup"),
+                          (lambda: Student(vat_eps=0.0), "vat_eps must be"),
+                          (lambda: Teachers(2, 2, augment="shift").fit(
+                              np.zeros((20, 4)), np.arange(20) % 2), "feature rows take"),
+                          (lambda: Student(augment="shift").fit(
+                              np.zeros((20, 4)), Received.empty(), 2), "feature rows take")):
+        with pytest.raises(UserError, match=message):
+            call()
+
+
+def test_augmentation_mixup_and_vat_settings_are_used() -> None:
+    """The teachers' augmentation and mixup, and the student's augmentation, VAT eps and
+    entropy minimisation, change what is learnt (each is used, not only accepted); images laid
+    out channels-last are warned of."""
+    from pate.api import Teachers
+
+    rng = np.random.default_rng(0)
+    images = rng.random((60, 1, 8, 8)).astype(np.float32)
+    labels = rng.integers(0, 3, 60)
+    plain = Teachers(2, 3, epochs=2).fit(images, labels)
+    for changed in (Teachers(2, 3, epochs=2, augment="shift-flip"),
+                    Teachers(2, 3, epochs=2, mixup=0.4)):
+        changed.fit(images, labels)
+        assert changed.config.augment != "none" or changed.config.mixup > 0
+        assert not all(np.array_equal(a, b) for a, b in zip(
+            plain.ensemble_.shards[0].values(), changed.ensemble_.shards[0].values()))
+    got = Received(np.arange(30), labels[:30], np.zeros(30, np.int8))
+    probs = [Student("vat", epochs=1, **kw).fit(images, got, 3).predict_proba(images)
+             for kw in ({}, {"augment": "shift"}, {"vat_eps": 6.0}, {"entmin": True})]
+    for other in probs[1:]:
+        assert not np.allclose(probs[0], other)
+    with pytest.warns(UserWarning, match=r"looks channels-last \[n, H, W, C\]"):
+        Teachers(2, 3, epochs=1).fit(images.transpose(0, 2, 3, 1).repeat(3, axis=3), labels)
 
 
 def test_8_bit_images_are_scaled_as_image_files_are() -> None:

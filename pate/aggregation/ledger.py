@@ -293,14 +293,19 @@ class Ledger:
                     id=1, requests=0, queries=0, answered=0, epsilon_spent=0.0,
                     rdp_independent=zero, rdp_dependent=zero))
                 return
+            charged = conn.execute(sa.select(budget_table.c.requests)).scalar() or 0
         try:
             self.orders = np.asarray(json.loads(found["orders"]), np.float64)
         except (KeyError, ValueError):
             raise LedgerError("the ledger has no valid orders grid") from None
         for key, value in wanted.items():
             if key != "orders" and found.get(key) != value:
-                raise LedgerError(f"the ledger was created with {key} {found.get(key)}; reopen "
-                                  f"it with the same settings or start a new ledger")
+                raise LedgerError(
+                    f"the ledger was created with {key} {found.get(key)}; reopen it with the "
+                    "same settings" + (
+                        " (one body of private data has one budget: a new ledger for the same "
+                        "data would be a second one)" if charged else
+                        ", or delete it to start again with others: it has charged nothing"))
 
     def _sync_releases(self, conn: sa.Connection) -> None:
         """Add to ``_releases`` the replayable outcomes committed since the last sync (by this

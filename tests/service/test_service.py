@@ -395,7 +395,7 @@ def test_serve_refuses_a_ledger_of_other_settings_in_one_line(
     assert main(["serve", *args, "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pate: error: the ledger was created with epsilon_budget 5.0;")
-    assert err.count("\n") == 1
+    assert "it has charged nothing" in err and err.count("\n") == 1
 
 
 def test_inputs_retries_replay_and_conflict(inputs_server: str) -> None:
