@@ -129,8 +129,9 @@ def load_ensemble(run_dir: str | Path, device: str = "cpu") -> Ensemble:
 
 def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None = None,
                   batch_size: int | None = None) -> int:
-    """Write ``votes.npz`` (private: votes int32 [queries, classes], pool_index int64, and the
-    public ``pool_fingerprint`` of the pool they were cast on) for the public pool of
+    """Write ``votes.npz`` (private: votes int32 [queries, classes], pool_index int64, the
+    public ``pool_fingerprint`` of the pool they were cast on, the number of private records
+    and the private rows' fingerprint) for the public pool of
     ``run_dir`` and put the teachers' accuracy and their plurality's on the evaluation half,
     and the plurality's accuracy on the pool, into the manifest. Returns the number of
     queries."""
@@ -145,11 +146,14 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
                         "content, rows or label set changed since): its votes would not be "
                         "theirs; restore it, or train the teachers again in a new --run")
     votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
-    records = RunDir(run_dir).private_records()  # travels with the votes: the delta's bound
+    # travel with the votes: the delta's bound, and which data their ledgers charge
+    records = RunDir(run_dir).private_records()
+    private = manifest.get("private_fingerprint")
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
         pool_fingerprint=np.array(task.pool_fingerprint),
-        **({} if records is None else {"private_records": np.array(records, np.int64)})),
+        **({} if records is None else {"private_records": np.array(records, np.int64)}),
+        **({} if private is None else {"private_fingerprint": np.array(private)})),
         private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:

@@ -20,6 +20,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     faulthandler.enable()
 
 
+@pytest.fixture(autouse=True)
+def _own_budget_registry(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own registry of the ledgers per body of private data
+    (``pate.aggregation.budget_registry``; the processes it starts inherit it): the tests'
+    runs on one dataset would otherwise warn of each other, and write to the user's home."""
+    monkeypatch.setenv("PATE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture(scope="session")
 def digits() -> Dataset:
     return load_dataset("digits")

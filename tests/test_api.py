@@ -61,8 +61,8 @@ def test_labels_stop_at_the_budget_and_the_ledger_persists(tmp_path: Path) -> No
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     assert len(again.ask(np.arange(300, 300))) == 0
     # rows not yet asked: the budget is spent, and a new ledger is no way out
-    with pytest.raises(BudgetExhausted, match="does not cover even one more query.*budget is "
-                                              "spent.*a new ledger for it would be a second"):
+    with pytest.raises(BudgetExhausted, match=r"does not cover even one more query.*budget is "
+                                              r"spent.*a new ledger for it would be a second"):
         again.ask(np.arange(len(got), 300))
     assert again.ledger.budget().epsilon_spent == pytest.approx(labels.epsilon().ledger_spent)
     again.close()
@@ -335,7 +335,8 @@ def test_augmentation_mixup_and_vat_settings_are_used() -> None:
         changed.fit(images, labels)
         assert changed.config.augment != "none" or changed.config.mixup > 0
         assert not all(np.array_equal(a, b) for a, b in zip(
-            plain.ensemble_.shards[0].values(), changed.ensemble_.shards[0].values()))
+            plain.ensemble_.shards[0].values(), changed.ensemble_.shards[0].values(),
+            strict=True))
     got = Received(np.arange(30), labels[:30], np.zeros(30, np.int8))
     probs = [Student("vat", epochs=1, **kw).fit(images, got, 3).predict_proba(images)
              for kw in ({}, {"augment": "shift"}, {"vat_eps": 6.0}, {"entmin": True})]

@@ -22,6 +22,7 @@ import binascii
 import json
 import math
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -35,6 +36,7 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import Aggregator, Branch, check_student_probs
+from pate.aggregation.budget_registry import other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -321,7 +323,21 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         except BaseException:
             service.close()
             raise
+    if pool is not None and pool.private_fingerprint is not None:
+        _warn_of_other_budgets(pool.private_fingerprint, canonical_url(url), record is not None)
     return service
+
+
+def _warn_of_other_budgets(private_fingerprint: str, ledger: str, first_open: bool) -> None:
+    """Enter the ledger in the registry of the private data's ledgers, and warn when the
+    votes are first bound to it while other ledgers charge the same data: their budgets add
+    up (docs/design.md, privacy rule 5)."""
+    others = other_ledgers(private_fingerprint, ledger)
+    if first_open and others:
+        warnings.warn(f"the private data of these votes is also charged to {len(others)} "
+                      f"other ledger(s) ({', '.join(others)}): the budgets of one body of "
+                      "private data add up; to share one, give it as aggregator.ledger "
+                      "(--ledger)", stacklevel=3)
 
 
 def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,

@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from pate.data.votes_file import (
     load_pool_fingerprint,
+    load_private_fingerprint,
     load_private_records,
     load_votes_with_index,
 )
@@ -24,13 +25,16 @@ class VotePool:
     the rows of given pool indices in O(log rows) each (a sorted copy of the index).
     ``fingerprint``: the ``Task.pool_fingerprint`` of the pool the votes were cast on, if
     known; ``private_records``: the number of private records the teachers learnt from, if
-    known (the delta the votes may be charged at depends on it)."""
+    known (the delta the votes may be charged at depends on it); ``private_fingerprint``: the
+    private rows' (``Task.private_fingerprint``, PRIVATE), if known."""
 
     def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None,
-                 fingerprint: str | None = None, private_records: int | None = None) -> None:
+                 fingerprint: str | None = None, private_records: int | None = None,
+                 private_fingerprint: str | None = None) -> None:
         self.votes = np.asarray(votes, np.int64)
         self.fingerprint = fingerprint
         self.private_records = private_records
+        self.private_fingerprint = private_fingerprint
         index = (np.arange(len(self.votes)) if pool_index is None
                  else np.asarray(pool_index, np.int64))
         if index.shape != (len(self.votes),):
@@ -44,9 +48,9 @@ class VotePool:
     @classmethod
     def from_file(cls, path: str | Path) -> VotePool:
         """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index``,
-        ``pool_fingerprint`` and ``private_records`` (votes.npz)."""
+        ``pool_fingerprint``, ``private_records`` and ``private_fingerprint`` (votes.npz)."""
         return cls(*load_votes_with_index(path), load_pool_fingerprint(path),
-                   load_private_records(path))
+                   load_private_records(path), load_private_fingerprint(path))
 
     @functools.cached_property
     def digest(self) -> str:

@@ -134,6 +134,19 @@ def load_private_records(path: str | Path) -> int | None:
     return int(value)
 
 
+def load_private_fingerprint(path: str | Path) -> str | None:
+    """The fingerprint of the private rows the votes' teachers learnt from, as a run's
+    ``votes.npz`` records it (``Task.private_fingerprint``, PRIVATE: which ledgers charge the
+    same data, ``pate.aggregation.budget_registry``); None for a file without it."""
+    held, value = _npz_member(path, "private_fingerprint")
+    if not held:
+        return None
+    if (value is None or value.shape != () or value.dtype.kind != "U"
+            or len(str(value)) != 64):
+        raise UserError(f"{path}: private_fingerprint must be one sha256 in hex")
+    return str(value)
+
+
 def _npz_member(path: str | Path, key: str) -> tuple[bool, NDArray | None]:
     """Whether the ``.npz`` at ``path`` holds ``key``, and its value: None where it cannot be
     read (an object array, a damaged member), for the caller to refuse."""

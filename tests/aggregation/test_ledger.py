@@ -94,14 +94,14 @@ def test_reopening_with_other_settings_is_refused(tmp_path: Path, agg: Aggregato
     """Refused; the error says a ledger that has charged nothing may be deleted, and never
     suggests a new ledger for a budget in use (one body of private data has one budget)."""
     open_ledger(tmp_path / "ledger.db").close()
-    with pytest.raises(LedgerError, match="delta.*delete it to start again.*charged nothing"):
+    with pytest.raises(LedgerError, match=r"delta.*delete it to start again.*charged nothing"):
         Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS, 1e-6, 2.0)
     kept = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS[:50], 1e-5, 2.0)
     np.testing.assert_array_equal(kept.orders, ORDERS)  # a ledger keeps its own grid
     kept.record(charge(agg, "r1"))
     kept.close()
-    with pytest.raises(LedgerError, match="epsilon_budget.*a new ledger for the same data "
-                                          "would be a second one") as refused:
+    with pytest.raises(LedgerError, match=r"epsilon_budget.*a new ledger for the same data "
+                                          r"would be a second one") as refused:
         Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS, 1e-5, 3.0)
     assert "delete" not in str(refused.value)
 

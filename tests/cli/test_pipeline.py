@@ -14,6 +14,7 @@ from student_support import released
 
 from pate.cli.main import main
 from pate.config import RunConfig, dump_config, load_config, parse_config
+from pate.data.votes_file import load_private_fingerprint
 from pate.errors import UserError
 from pate.pipeline import _check_data, prepare_run_dir
 from pate.progress import quiet
@@ -392,7 +393,8 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path,
         pass
 
 
-def test_runs_on_one_private_dataset_can_share_one_budget(tmp_path: Path) -> None:
+def test_runs_on_one_private_dataset_can_share_one_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``aggregator.ledger`` (relative to the config file) names a ledger that two run
     directories on the same private data both charge: one budget, as ``pate status`` of
     either shows; each run records it beside its votes."""
@@ -412,7 +414,11 @@ def test_runs_on_one_private_dataset_can_share_one_budget(tmp_path: Path) -> Non
         assert main(["--quiet", "run", str(config), "--run", str(run)]) == 0
         assert not (run / "ledger.db").exists()
         assert (run / "ledger-url.txt").read_text().strip().endswith("/shared/ledger.db")
+        # the votes carry which private data they protect: the same for both runs
+        manifest = json.loads((run / "teachers" / "manifest.json").read_text())
+        assert load_private_fingerprint(run / "votes.npz") == manifest["private_fingerprint"]
         spent.append(run_status(run)["budget"])
     assert spent[1]["queries"] > spent[0]["queries"] > 0
     assert spent[1]["epsilon_spent"] > spent[0]["epsilon_spent"]
     assert run_status(tmp_path / "run0")["budget"] == spent[1]  # one budget, seen from both
+    assert "other ledger(s)" not in capsys.readouterr().err  # one ledger: nothing to warn of

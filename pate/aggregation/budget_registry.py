@@ -1,0 +1,78 @@
+"""Which ledgers charge each body of private data on this machine, so that a second budget for
+the same data does not start unnoticed (docs/design.md, privacy rule 5).
+
+A votes file records the fingerprint of the private rows its teachers learnt from
+(``Task.private_fingerprint``, PRIVATE); each ledger that charges such votes is entered under
+that fingerprint in one file per user, ``budgets.json`` in ``$PATE_STATE_DIR`` (default
+``$XDG_STATE_HOME/pate``, else ``~/.local/state/pate``), created 0600 in a 0700 folder and
+written atomically under a lock. The label service warns when the votes it opens are of data
+that other ledgers already charge: the budgets of one body of private data add up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pate.io import PRIVATE_FILE_MODE, ensure_dir, write_json_atomic
+
+REGISTRY_FILE = "budgets.json"
+_VERSION = 1
+
+
+def state_dir() -> Path:
+    """Where the registry lies: ``$PATE_STATE_DIR``, else ``$XDG_STATE_HOME/pate``, else
+    ``~/.local/state/pate``."""
+    named = os.environ.get("PATE_STATE_DIR")
+    if named:
+        return Path(named).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "pate"
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on the registry, across processes, for the ``with`` block."""
+    fd = os.open(folder / f"{REGISTRY_FILE}.lock", os.O_CREAT | os.O_RDWR, PRIVATE_FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read(path: Path) -> dict[str, list[str]]:
+    """The registry's entries, fingerprint -> ledger URLs; a missing or unreadable file is an
+    empty registry (it only warns: it may be deleted)."""
+    try:
+        found: Any = json.loads(path.read_text(encoding="utf-8"))
+        entries = found["data"] if found.get("version") == _VERSION else {}
+        return {str(k): [str(u) for u in v] for k, v in entries.items() if isinstance(v, list)}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def other_ledgers(private_fingerprint: str, ledger: str) -> list[str]:
+    """Enter ``ledger`` (a canonical URL: ``ledger_store.canonical_url``) under the private
+    data's fingerprint, and return the other ledgers entered under it before, in the order
+    they were. A registry that cannot be written (a read-only home) answers from what it
+    holds."""
+    folder = state_dir()
+    path = folder / REGISTRY_FILE
+    try:
+        ensure_dir(folder, private=True)
+        with _locked(folder):
+            entries = _read(path)
+            known = entries.setdefault(private_fingerprint, [])
+            others = [url for url in known if url != ledger]
+            if ledger not in known:
+                known.append(ledger)
+                write_json_atomic(path, {"version": _VERSION, "data": entries}, private=True)
+            return others
+    except OSError:
+        return [url for url in _read(path).get(private_fingerprint, []) if url != ledger]
