@@ -60,22 +60,24 @@ def log_binomial_moment(q: float, orders: ArrayLike, sigma: ArrayLike) -> NDArra
     s = np.asarray(sigma, np.float64)
     if np.any(s < 0):
         raise ValueError("sigma must be >= 0")
-    shape = np.broadcast_shapes(a.shape, s.shape)
-    a_b = np.broadcast_to(a, shape)[..., None]
     with np.errstate(divide="ignore"):
-        half_inv_var = np.broadcast_to(0.5 / s**2, shape)[..., None]
+        half_inv_var = (0.5 / s**2)[..., None]
         log_q, log_1mq = np.log(q), np.log1p(-q)
     k = np.arange(int(a.max(initial=0.0)) + 1, dtype=np.float64)
-    inside = k <= a_b
+    a_k = a[..., None]
+    inside = k <= a_k
     kk = np.where(inside, k, 0.0)
+    # the binomial's log-pmf depends on the order alone: computed once per order, not per sigma
+    # (the Bayesian accountant asks for thousands of sigmas at a handful of orders)
     with np.errstate(invalid="ignore"):
         # 0 * log 0 = 0: the k = 0 term when q = 0, the k = a term when q = 1.
-        log_pmf = (gammaln(a_b + 1.0) - gammaln(kk + 1.0) - gammaln(a_b - kk + 1.0)
+        log_pmf = (gammaln(a_k + 1.0) - gammaln(kk + 1.0) - gammaln(a_k - kk + 1.0)
                    + np.where(kk > 0, kk * log_q, 0.0)
-                   + np.where(a_b - kk > 0, (a_b - kk) * log_1mq, 0.0))
-        quad = np.where(kk * kk - kk > 0, (kk * kk - kk) * half_inv_var, 0.0)
+                   + np.where(a_k - kk > 0, (a_k - kk) * log_1mq, 0.0))
+        quad = np.where(k * k - k > 0, (k * k - k) * half_inv_var, 0.0)
     terms = np.where(inside, log_pmf + quad, -np.inf)
-    return logsumexp(terms, axis=-1)
+    return logsumexp(np.broadcast_to(terms, np.broadcast_shapes(a.shape, s.shape) + k.shape),
+                     axis=-1)
 
 
 def _log_a_fractional(q: float, sigma: float, orders: NDArray[np.float64]) -> NDArray[np.float64]:
