@@ -153,6 +153,7 @@ class Aggregator:
         self._lock = threading.Lock()
         self._memo_lock = threading.Lock()
         self._step_memo: dict[float, NDArray[np.float64]] = {}
+        self._step_table: NDArray[np.float64] | None = None  # inputs 0..N, once tabulated
         self._table: NDArray[np.float64] | None = None
         self._table_votes: NDArray[np.float64] | None = None
         select = self.steps.select
@@ -183,9 +184,7 @@ class Aggregator:
         teachers = int(v[0].sum()) if len(v) else 0
         if select is not None and teachers < _STEP_MEMO_LIMIT:
             every = np.arange(teachers + 1, dtype=np.float64)
-            rows = select.rdp_dependent(select.logpr_answered(every), self.orders)
-            with self._memo_lock:
-                self._step_memo.update(zip(every.tolist(), rows, strict=True))
+            self._step_table = select.rdp_dependent(select.logpr_answered(every), self.orders)
         if v.shape[0] * self.orders.size * 8 > TABLE_LIMIT_BYTES:
             return False
         self._table = self._answer_dependent(v)
@@ -287,8 +286,14 @@ class Aggregator:
 
     def _step_dependent(self, select: ThresholdStep,
                         step_in: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Data-dependent RDP of the selection for each distinct rounded input, memoised: the
-        input is an integer in [-N, N]."""
+        """Data-dependent RDP of the selection for each distinct rounded input (sorted, as
+        ``np.unique`` gives them): gathered from the table of 0..N that ``tabulate`` made, else
+        memoised (the input is an integer in [-N, N])."""
+        table = self._step_table
+        if table is not None and step_in.size and step_in[0] >= 0 and step_in[-1] < len(table):
+            at = step_in.astype(np.intp)
+            if np.array_equal(at, step_in):
+                return table[at]
         keys = step_in.tolist()
         with self._memo_lock:
             known = {x: self._step_memo[x] for x in keys if x in self._step_memo}

@@ -212,12 +212,22 @@ def test_a_tabulated_pool_has_every_selection_cost_in_advance(params: Mechanism)
     votes = np.random.default_rng(5).multinomial(250, np.full(10, 0.1), size=40)
     agg = Aggregator(params)
     assert agg.tabulate(votes)
-    assert sorted(agg._step_memo) == list(range(251))
+    assert agg._step_table is not None and agg._step_table.shape == (251, agg.orders.size)
     select = steps(params).select
     for x in (0, 37, 250):
         np.testing.assert_array_equal(
-            agg._step_memo[float(x)], select.rdp_dependent(select.logpr_answered([x]),
-                                                           agg.orders)[0])
+            agg._step_table[x], select.rdp_dependent(select.logpr_answered([x]),
+                                                     agg.orders)[0])
+    # a request gathers from the table (nothing new is costed) the costs computed afresh
+    rows = np.arange(40)
+    probs = (np.random.default_rng(6).dirichlet(np.ones(10), size=40)
+             if agg.takes_student_probs else None)
+    agg.answer(votes, probs, pool_rows=rows)
+    assert not agg._step_memo
+    baseline = None if probs is None else 250 * probs
+    step_in = np.unique(select.inputs(votes.astype(np.float64), baseline))
+    np.testing.assert_array_equal(agg._step_dependent(select, step_in),
+                                  Aggregator(params)._step_dependent(select, step_in))
 
 
 @pytest.mark.parametrize("params", [GNMax(sigma=40.0), LNMax(scale=20.0)])
