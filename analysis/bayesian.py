@@ -40,9 +40,6 @@ from analysis.sampled_gaussian import log_binomial_moment
 # lowest there is: a minimum over more moments is never larger, and a well-noised run often has its
 # optimum at moment 2, which would otherwise sit at the grid's end.
 DEFAULT_MOMENTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-# Steps whose pairs' moments ``accumulate_each`` evaluates at once (memory: steps x pairs x
-# moments x (largest moment + 2) floats, about 25 MB at 16 steps of 256 pairs).
-_STEPS_PER_EVALUATION = 16
 
 
 def _pair_log_moments(distances: NDArray[np.float64], noise_std: float, sampling_rate: float,
@@ -142,18 +139,18 @@ class BayesianAccountant:
     def accumulate_each(self, distances: ArrayLike, noise_std: float,
                         sampling_rate: float) -> None:
         """Add one step per row of ``distances`` ``[steps, pairs]`` (the pairs sampled at that
-        step, one estimate each), as ``accumulate`` row by row would, evaluated
-        ``_STEPS_PER_EVALUATION`` rows at a time (the moments of every pair of every step at
-        once would need memory in proportion to the steps)."""
+        step, one estimate each), as ``accumulate`` row by row would: a step at a time, each
+        vectorised over its pairs and moments (every step at once would need memory in
+        proportion to the steps, and blocks of steps ran no faster, out of the CPU's caches:
+        docs/benchmarks.md)."""
         d = np.asarray(distances, np.float64)
         if d.ndim != 2:
             raise ValueError(f"distances must be [steps, pairs], got shape {d.shape}")
         if self.steps + d.shape[0] > self.total_steps:
             raise ValueError(f"{self.steps + d.shape[0]} steps exceed total_steps="
                              f"{self.total_steps}: the Hölder correction would be wrong")
-        for start in range(0, d.shape[0], _STEPS_PER_EVALUATION):
-            rows = d[start:start + _STEPS_PER_EVALUATION]
-            self._cost = compose(self._cost, *self.step_cost(rows, noise_std, sampling_rate))
+        for row in d:
+            self._cost = compose(self._cost, self.step_cost(row, noise_std, sampling_rate))
         self.steps += d.shape[0]
         self.estimates += d.shape[0]
 

@@ -44,8 +44,8 @@ def test_step_cost_matches_the_naive_estimator() -> None:
 
 
 def test_steps_at_once_are_the_steps_one_by_one() -> None:
-    """``accumulate_each`` (evaluated a block of rows at a time, here over several blocks) adds
-    what ``accumulate`` row by row does, and counts as many steps and estimates."""
+    """``accumulate_each`` adds what ``accumulate`` row by row does, and counts as many steps
+    and estimates."""
     d = np.random.default_rng(2).uniform(0.0, 1.0, (37, 40))
     each, one_by_one = (BayesianAccountant((1, 2, 4), total_steps=40) for _ in range(2))
     each.accumulate_each(d, 1.2, 0.02)
