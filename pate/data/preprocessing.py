@@ -168,7 +168,7 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
     with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
         x = np.asarray(x, np.float32)
     if not np.isfinite(x).all():
-        raise UserError(f"{what}: x holds NaN, infinite or too large values")
+        raise UserError(f"{what}: its rows hold NaN, infinite or too large values")
     return x[:, None] if x.ndim == 3 else x
 
 
