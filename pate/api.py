@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +69,14 @@ from student.training import (
     save_model,
     seed_everything,
 )
+from teachers import checkpoints
 from teachers.choices import DEFAULT_MODEL, model_data_problem
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
 from teachers.models import check_user_model
 from teachers.partition import make_partition
 from teachers.rng import SEED_LIMIT
-from teachers.votes import Ensemble
+from teachers.votes import Ensemble, load_ensemble
 
 __all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_student"]
 
@@ -206,6 +207,44 @@ class Teachers:
         if self.ensemble_ is None:
             raise UserError("fit the teachers first")
         return self.ensemble_.vote(_features(x))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the fitted teachers under ``directory/teachers/`` as ``pate teachers train``
+        does (one safetensors file per shard and a manifest with their sha256), every file
+        0600 in 0700 folders: the weights are PRIVATE. ``Teachers.load`` reads them back."""
+        if self.ensemble_ is None:
+            raise UserError("fit the teachers first")
+        root = Path(directory)
+        if root.exists() and not root.is_dir():
+            raise UserError(f"{root}: not a folder; save writes the teachers into a folder")
+        ens = self.ensemble_
+        shards = {str(i): {"sha256": checkpoints.save_shard(
+                      root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
+                  for i, shard in enumerate(ens.shards)}
+        checkpoints.write_manifest(root, {
+            "model": self.config.model, "in_shape": list(ens.in_shape),
+            "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,
+            "train": asdict(self.config), "shards": shards, "done": True,
+            "saved_by": "pate.api.Teachers"})
+        return root
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> Teachers:
+        """Teachers written by ``save`` (or by ``pate run``, from its run directory), checked
+        against their recorded sha256, ready to ``vote`` on ``device``."""
+        device = _device(device)
+        manifest = checkpoints.read_manifest(Path(directory))
+        if manifest is None:
+            raise UserError(f"{directory}: no saved teachers (teachers/manifest.json)")
+        try:
+            teachers = cls(int(manifest["num_teachers"]), int(manifest["num_classes"]),
+                           model=manifest["model"], device=device)
+            teachers.config = TrainConfig(**manifest["train"])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{directory}: its teachers' manifest is not of this version "
+                            "(num_teachers, num_classes, model, train)") from None
+        teachers.ensemble_ = load_ensemble(directory, device)
+        return teachers
 
 
 @dataclass(frozen=True)

@@ -357,3 +357,34 @@ def test_8_bit_images_are_scaled_as_image_files_are() -> None:
     votes = [Teachers(2, 3, epochs=1).fit(x, labels).vote(x)
              for x in (images, images.astype(np.float32) / 255)]
     np.testing.assert_array_equal(*votes)
+
+
+def test_teachers_saved_and_loaded_vote_the_same_and_stay_private(tmp_path: Path) -> None:
+    """``Teachers.save`` writes the weights 0600 in 0700 folders with their digests;
+    ``Teachers.load`` gives the same votes, refuses a damaged shard, and reads a ``pate run``
+    directory's teachers too."""
+    import stat
+
+    from pate.api import Teachers
+
+    rng = np.random.default_rng(0)
+    x = rng.random((80, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 80)
+    teachers = Teachers(4, 3, epochs=1, shard_size=3).fit(x, y)
+    with pytest.raises(UserError, match="fit the teachers first"):
+        Teachers(4, 3).save(tmp_path / "none")
+    saved = teachers.save(tmp_path / "saved")
+    files = sorted((saved / "teachers").iterdir())
+    assert [f.name for f in files] == ["manifest.json", "shard-00000.safetensors",
+                                       "shard-00001.safetensors"]
+    assert stat.S_IMODE((saved / "teachers").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    loaded = Teachers.load(saved)
+    assert loaded.config == teachers.config and loaded.n_teachers == 4
+    np.testing.assert_array_equal(loaded.vote(x), teachers.vote(x))
+    with pytest.raises(UserError, match="no saved teachers"):
+        Teachers.load(tmp_path / "nothing")
+    damaged = saved / "teachers" / "shard-00001.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    with pytest.raises(UserError, match="missing or corrupt"):
+        Teachers.load(saved)

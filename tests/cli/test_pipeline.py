@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from student_support import released
 
+from pate.api import Teachers
 from pate.cli.main import main
 from pate.config import RunConfig, dump_config, load_config, parse_config
+from pate.data.datasets import load_dataset
 from pate.data.votes_file import load_private_fingerprint
 from pate.errors import UserError
 from pate.pipeline import _check_data, prepare_run_dir
@@ -44,6 +46,10 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
     with np.load(run / "votes.npz") as f:  # the delta's bound travels with the votes
         assert int(f["private_records"]) == RunDir(run).private_records() == 1297
+        votes = f["votes"]
+    # the run's teachers, from Python, vote as they did (the pool: the test split's first half)
+    pool = load_dataset("digits").test_x[:len(votes)]
+    np.testing.assert_array_equal(Teachers.load(run).vote(pool), votes)
 
     report = json.loads((run / "report" / "report.json").read_text())
     metrics = json.loads((run / "student" / "metrics.json").read_text())
