@@ -273,6 +273,8 @@ def _pool_indices(indices: ArrayLike) -> NDArray[np.int64]:
         raise UserError("indices must be a 1-d sequence of integer pool row numbers")
     if np.unique(a).size != a.size:
         raise UserError("indices must not repeat")
+    if a.size and a.min() < 0:
+        raise UserError(f"indices are pool row numbers, >= 0: got {int(a.min())}")
     return a.astype(np.int64)
 
 

@@ -178,6 +178,7 @@ def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
     for indices, message in (([[1, 2], [3, 4]], "1-d sequence of integer"),
                              ([1.5, 2.5], "1-d sequence of integer"),
                              ([12, 12], "must not repeat"),
+                             ([3, -1], "pool row numbers, >= 0: got -1"),
                              (np.arange(8, 14), "2 of these pool rows were asked already")):
         with pytest.raises(UserError, match=message):
             labels.ask(indices)

@@ -208,10 +208,16 @@ def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[st
                     "data (the label set is public schema, never read from the private labels)")
 
 
+# where the label set came from, as an error about the private labels says it
+_SET_FROM = {"config": "data.classes", "test": "the test data's labels",
+             "folders": "the private folder's class subfolders"}
+
+
 def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: str,
-                   private: bool) -> NDArray[np.int64]:
+                   private: bool, set_from: str = "") -> NDArray[np.int64]:
     """Labels as indices into ``classes``: integer labels are indices themselves when the set
-    came from the config (``indices``), otherwise every label is matched by its name."""
+    came from the config (``indices``), otherwise every label is matched by its name;
+    ``set_from`` says where the set came from, in the refusal of private labels outside it."""
     if not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "OUS"):
         raise UserError(f"{what}: labels must be integers or strings, got dtype {y.dtype}")
     if indices and np.issubdtype(y.dtype, np.integer):
@@ -223,8 +229,8 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
     if outside.any():
         if private:  # name no private value, nor how many there are
             raise UserError(f"{what}: labels outside the label set ({', '.join(classes[:10])}"
-                            f"{', ...' if len(classes) > 10 else ''}): give data.classes "
-                            "(--classes) that hold them all, or mend the file")
+                            f"{', ...' if len(classes) > 10 else ''}; from {set_from}): give "
+                            "data.classes (--classes) that hold them all, or mend the data")
         unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
         raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}")
     return codes
@@ -287,7 +293,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     if "private" in reads:
         private_x = reads["private"][0]
         private_y = _encode_labels(reads["private"][1], classes, indices, str(source.private),
-                                   True)
+                                   True, _SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
                 preprocessing)

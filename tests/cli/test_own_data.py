@@ -161,7 +161,8 @@ def test_a_new_runs_setting_its_format_has_no_use_for_is_one_line(
 @pytest.mark.parametrize(("change", "message"), [
     ({"label": None}, "needs data.label"),
     ({"label": "salary"}, "no label column 'salary'"),
-    ({"classes": ("<=50K", "unknown")}, "labels outside the label set (<=50K, unknown)"),
+    ({"classes": ("<=50K", "unknown")},
+     "labels outside the label set (<=50K, unknown; from data.classes)"),
     ({"classes": None}, "the label set is unknown"),
 ])
 def test_bad_files_are_one_line(tmp_path: Path, change: dict, message: str) -> None:
