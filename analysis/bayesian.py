@@ -149,8 +149,10 @@ class BayesianAccountant:
         if self.steps + d.shape[0] > self.total_steps:
             raise ValueError(f"{self.steps + d.shape[0]} steps exceed total_steps="
                              f"{self.total_steps}: the Hölder correction would be wrong")
+        cost = self._cost  # kept only once every step is costed: a bad row changes nothing
         for row in d:
-            self._cost = compose(self._cost, self.step_cost(row, noise_std, sampling_rate))
+            cost = compose(cost, self.step_cost(row, noise_std, sampling_rate))
+        self._cost = cost
         self.steps += d.shape[0]
         self.estimates += d.shape[0]
 

@@ -75,9 +75,9 @@ def log_binomial_moment(q: float, orders: ArrayLike, sigma: ArrayLike) -> NDArra
                    + np.where(kk > 0, kk * log_q, 0.0)
                    + np.where(a_k - kk > 0, (a_k - kk) * log_1mq, 0.0))
         quad = np.where(k * k - k > 0, (k * k - k) * half_inv_var, 0.0)
-    terms = np.where(inside, log_pmf + quad, -np.inf)
-    return logsumexp(np.broadcast_to(terms, np.broadcast_shapes(a.shape, s.shape) + k.shape),
-                     axis=-1)
+        # a term of probability 0 is 0, whatever its factor (q = 0 or 1 with sigma = 0)
+        terms = np.where(inside & (log_pmf > -np.inf), log_pmf + quad, -np.inf)
+    return logsumexp(terms, axis=-1)
 
 
 def _log_a_fractional(q: float, sigma: float, orders: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -42,14 +42,17 @@ from analysis.votes_analysis import (
 )
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_service import (
+    BUDGET_SPENT_HINT,
     InProcessLabels,
     LabelService,
+    note_ledger,
 )
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.ledger_store import ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.data.augment import AUGMENTATIONS
 from pate.data.preprocessing import as_features
+from pate.data.task import rows_fingerprint
 from pate.data.votes_file import check_votes
 from pate.devices import device_problem
 from pate.errors import BudgetExhausted, UserError
@@ -177,6 +180,9 @@ class Teachers:
                                   seed=_integer("seed", seed, 0, SEED_LIMIT))
         self.device = _device(device)
         self.ensemble_: Ensemble | None = None
+        # set by fit (or load): how many private rows, and their fingerprint (PRIVATE)
+        self.private_records_: int | None = None
+        self.private_fingerprint_: str | None = None
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
         """Partition the private rows among the teachers and train them."""
@@ -200,6 +206,7 @@ class Teachers:
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
                                   [{k: torch.from_numpy(v).to(self.device) for k, v in s.items()}
                                    for s in shards], device=self.device)
+        self.private_records_, self.private_fingerprint_ = len(ys), rows_fingerprint(xs, ys)
         return self
 
     def vote(self, x: ArrayLike) -> NDArray[np.int32]:
@@ -217,6 +224,8 @@ class Teachers:
         root = Path(directory)
         if root.exists() and not root.is_dir():
             raise UserError(f"{root}: not a folder; save writes the teachers into a folder")
+        if RunDir(root).manifest.exists():
+            raise UserError(f"{root} holds teachers already: save into another folder")
         ens = self.ensemble_
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
@@ -225,7 +234,8 @@ class Teachers:
             "model": self.config.model, "in_shape": list(ens.in_shape),
             "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,
             "train": asdict(self.config), "shards": shards, "done": True,
-            "saved_by": "pate.api.Teachers"})
+            "private_records": self.private_records_,
+            "private_fingerprint": self.private_fingerprint_, "saved_by": "pate.api.Teachers"})
         return root
 
     @classmethod
@@ -244,6 +254,9 @@ class Teachers:
             raise UserError(f"{directory}: its teachers' manifest is not of this version "
                             "(num_teachers, num_classes, model, train)") from None
         teachers.ensemble_ = load_ensemble(directory, device)
+        teachers.private_records_ = (manifest.get("private_records")
+                                     or RunDir(directory).private_records())
+        teachers.private_fingerprint_ = manifest.get("private_fingerprint")
         return teachers
 
 
@@ -287,7 +300,10 @@ class PrivateLabels:
     not fit the budget is refused (and asked again in halves by ``ask``). Given
     ``private_records``, the number of private rows the teachers learnt from, ``delta`` must be
     below 1/n (a ``UserError`` otherwise, unless ``allow_large_delta``; a warning above
-    1/(10 n)), as ``pate serve`` and ``pate run`` require.
+    1/(10 n)), as ``pate serve`` and ``pate run`` require. Given the ``teachers`` whose votes
+    these are, n is theirs, and the ledger is entered in the registry of the ledgers of their
+    private data (``pate.aggregation.budget_registry``): a ledger new to it while others
+    charge the same data is warned of, as their budgets add up.
 
     A pool row asked again of the same ledger, mechanism and votes, by a later object or
     another process, gets its first answer again, free (a release is a release); other votes
@@ -301,7 +317,8 @@ class PrivateLabels:
 
     def __init__(self, votes: ArrayLike, mechanism: Mechanism, *, epsilon_budget: float,
                  delta: float, ledger: str | Path, conversion: Conversion = "improved",
-                 private_records: int | None = None, allow_large_delta: bool = False) -> None:
+                 private_records: int | None = None, allow_large_delta: bool = False,
+                 teachers: Teachers | None = None) -> None:
         if not isinstance(mechanism, tuple(MECHANISMS.values())):
             raise UserError("mechanism must be one of analysis.mechanisms' "
                             f"{', '.join(c.__name__ for c in MECHANISMS.values())}, got "
@@ -313,6 +330,11 @@ class PrivateLabels:
         epsilon_budget, delta = _rate("epsilon_budget", epsilon_budget), _rate("delta", delta)
         if not isinstance(ledger, str | Path):
             raise UserError(f"ledger must be a file path or a URL, got {ledger!r}")
+        if teachers is not None and not isinstance(teachers, Teachers):
+            raise UserError(f"teachers must be the Teachers whose votes these are, got "
+                            f"{type(teachers).__name__}")
+        if teachers is not None and private_records is None:
+            private_records = teachers.private_records_
         if private_records is not None:
             private_records = _integer("private_records", private_records, 1)
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
@@ -323,6 +345,12 @@ class PrivateLabels:
                                              conversion=conversion)
         except ParameterError as exc:  # a threshold outside [0, the votes' teachers]
             raise UserError(str(exc)) from None
+        try:
+            note_ledger(None if teachers is None else teachers.private_fingerprint_,
+                        ledger_url(ledger))
+        except BaseException:
+            self.service.close()
+            raise
         self._source = InProcessLabels(self.service)
         self.received = Received.empty()
         self._probs: list[NDArray[np.float64]] = []
@@ -351,7 +379,7 @@ class PrivateLabels:
         got, exhausted = ask(self._source, index, probs, request_size)
         if exhausted and not len(got):
             raise BudgetExhausted("the privacy budget does not cover even one more query: "
-                                  f"nothing was asked or spent ({_spent_hint(self.ledger)})")
+                                  f"nothing was asked or spent ({BUDGET_SPENT_HINT})")
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])
@@ -412,16 +440,6 @@ class PrivateLabels:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _spent_hint(ledger: Ledger) -> str:
-    """What a refusal of the first query can suggest: a ledger that has charged nothing may be
-    made again with a larger budget; a spent budget is the private data's for good."""
-    if ledger.budget().queries:
-        return ("this private data's budget is spent: one body of private data has one "
-                "budget, and a new ledger for it would be a second")
-    return ("the budget is below one query's worst case: this ledger has charged nothing, so "
-            "it may be deleted and made again with a larger epsilon_budget")
 
 
 class Student:

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from analysis.mechanisms import mechanism_from_dict, mechanism_to_dict
 from pate.aggregation.label_requests import LabelSource
-from pate.aggregation.label_service import LabelService
+from pate.aggregation.label_service import BUDGET_SPENT_HINT, LabelService
 from pate.aggregation.vote_pool import VotePool
 from pate.data.augment import AUGMENTATIONS
 from pate.data.task import DataSource, Task, load_task, source_identity
@@ -455,11 +455,7 @@ def _ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stu
         rounds = _with_round(run, rounds_before, record, got)  # as it ended (saved per request)
         if exhausted and not len(got) and (spent_is_final or not len(before)):
             hint = ("--queries 0 retrains on the answers so far" if len(before)
-                    else "this private data's budget is spent: a new ledger for it would be "
-                         "a second budget" if session.source.budget()["queries"]
-                    else "the budget is below one query's worst case: this ledger has charged "
-                         "nothing, so it may be deleted and made again with a larger "
-                         "--budget-epsilon")
+                    else BUDGET_SPENT_HINT)
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
         budget = session.source.budget()

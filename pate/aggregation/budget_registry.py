@@ -5,8 +5,9 @@ A votes file records the fingerprint of the private rows its teachers learnt fro
 (``Task.private_fingerprint``, PRIVATE); each ledger that charges such votes is entered under
 that fingerprint in one file per user, ``budgets.json`` in ``$PATE_STATE_DIR`` (default
 ``$XDG_STATE_HOME/pate``, else ``~/.local/state/pate``), created 0600 in a 0700 folder and
-written atomically under a lock. The label service warns when the votes it opens are of data
-that other ledgers already charge: the budgets of one body of private data add up.
+written atomically under a lock. A ledger newly used for data that other ledgers already
+charge is warned of (``pate.aggregation.label_service.note_ledger``): the budgets of one body of
+private data add up.
 """
 
 from __future__ import annotations
@@ -57,22 +58,34 @@ def _read(path: Path) -> dict[str, list[str]]:
         return {}
 
 
-def other_ledgers(private_fingerprint: str, ledger: str) -> list[str]:
+def _still_there(url: str) -> bool:
+    """Whether a ledger entered before may still charge the data: an SQLite file that is gone
+    (deleted, or moved with its run directory and entered again under its new path) does
+    not; a server's database is taken to be there."""
+    prefix = "sqlite:///"
+    return not url.startswith(prefix) or Path(url[len(prefix):]).is_file()
+
+
+def enter_ledger(private_fingerprint: str, ledger: str) -> tuple[list[str], bool]:
     """Enter ``ledger`` (a canonical URL: ``ledger_store.canonical_url``) under the private
-    data's fingerprint, and return the other ledgers entered under it before, in the order
-    they were. A registry that cannot be written (a read-only home) answers from what it
-    holds."""
-    folder = state_dir()
+    data's fingerprint. Returns the other ledgers entered under it that are still there, in
+    the order they were entered (those gone are dropped), and whether ``ledger`` is new to
+    the registry. A registry that cannot be written (a read-only home, no home at all)
+    answers from what it holds, if anything, and never fails the caller: it only warns."""
+    try:
+        folder = state_dir()
+    except RuntimeError:  # no HOME and no passwd entry: nowhere to keep it
+        return [], False
     path = folder / REGISTRY_FILE
     try:
         ensure_dir(folder, private=True)
         with _locked(folder):
             entries = _read(path)
-            known = entries.setdefault(private_fingerprint, [])
-            others = [url for url in known if url != ledger]
-            if ledger not in known:
-                known.append(ledger)
-                write_json_atomic(path, {"version": _VERSION, "data": entries}, private=True)
-            return others
+            known = [url for url in entries.get(private_fingerprint, []) if _still_there(url)]
+            new = ledger not in known
+            entries[private_fingerprint] = known + ([ledger] if new else [])
+            write_json_atomic(path, {"version": _VERSION, "data": entries}, private=True)
     except OSError:
-        return [url for url in _read(path).get(private_fingerprint, []) if url != ledger]
+        known = [url for url in _read(path).get(private_fingerprint, []) if _still_there(url)]
+        new = False
+    return [url for url in known if url != ledger], new

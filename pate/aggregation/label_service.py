@@ -36,7 +36,7 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import Aggregator, Branch, check_student_probs
-from pate.aggregation.budget_registry import other_ledgers
+from pate.aggregation.budget_registry import enter_ledger
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -317,27 +317,36 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     service = LabelService.open(mechanism, pool, url, epsilon_budget=epsilon_budget, delta=delta,
                                 conversion=conversion, ensemble=ensemble, limits=limits,
                                 offline_seed=offline_seed)
-    if record is not None:
-        try:
+    try:
+        if record is not None:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
-        except BaseException:
-            service.close()
-            raise
-    if pool is not None and pool.private_fingerprint is not None:
-        _warn_of_other_budgets(pool.private_fingerprint, canonical_url(url), record is not None)
+        if pool is not None:
+            note_ledger(pool.private_fingerprint, url)
+    except BaseException:
+        service.close()
+        raise
     return service
 
 
-def _warn_of_other_budgets(private_fingerprint: str, ledger: str, first_open: bool) -> None:
-    """Enter the ledger in the registry of the private data's ledgers, and warn when the
-    votes are first bound to it while other ledgers charge the same data: their budgets add
-    up (docs/design.md, privacy rule 5)."""
-    others = other_ledgers(private_fingerprint, ledger)
-    if first_open and others:
+# what a refusal of a spent budget says of a way out: none, as a new ledger would be a second
+# budget for the same data (docs/design.md, privacy rule 5)
+BUDGET_SPENT_HINT = ("this private data's budget is spent: one body of private data has one "
+                     "budget, and a new ledger for it would be a second")
+
+
+def note_ledger(private_fingerprint: str | None, url: str) -> None:
+    """Enter the ledger at ``url`` in the registry of the ledgers of the private data whose
+    fingerprint the votes record (``budget_registry``; nothing where none is known), and warn
+    when it is new to the registry while other ledgers charge the same data: their budgets
+    add up (docs/design.md, privacy rule 5)."""
+    if private_fingerprint is None:
+        return
+    others, new = enter_ledger(private_fingerprint, canonical_url(url))
+    if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({', '.join(others)}): the budgets of one body of "
                       "private data add up; to share one, give it as aggregator.ledger "
-                      "(--ledger)", stacklevel=3)
+                      "(--ledger, ledger=)", stacklevel=3)
 
 
 def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,

@@ -305,7 +305,8 @@ class Ledger:
                     "same settings" + (
                         " (one body of private data has one budget: a new ledger for the same "
                         "data would be a second one)" if charged else
-                        ", or delete it to start again with others: it has charged nothing"))
+                        ", or, as it has charged nothing, remove it (and a ledger-url.txt that "
+                        "names it) to make it again"))
 
     def _sync_releases(self, conn: sa.Connection) -> None:
         """Add to ``_releases`` the replayable outcomes committed since the last sync (by this

@@ -39,6 +39,15 @@ from pate.errors import UserError
 MANY_NUMBER_CLASSES = 20  # more classes than this, all numbers: perhaps a numeric column
 
 
+def rows_fingerprint(x: NDArray, y: NDArray) -> str:
+    """sha256 (hex) of rows ``x`` (their shape, dtype and values) and labels ``y`` (as int64),
+    in order: ``Task.private_fingerprint``, and the Python API's teachers'."""
+    digest = hashlib.sha256(str((x.shape, x.dtype.str)).encode())
+    digest.update(np.ascontiguousarray(x).data)
+    digest.update(np.ascontiguousarray(y, np.int64).data)
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """A built-in dataset by name; ``pool_size`` rows of its test split are the public pool."""
@@ -153,10 +162,7 @@ class Task:
         order. PRIVATE: a function of the private data, kept in private files only."""
         if self.private_x is None or self.private_y is None:
             return None
-        digest = hashlib.sha256(str((self.private_x.shape, self.private_x.dtype.str)).encode())
-        digest.update(np.ascontiguousarray(self.private_x).data)
-        digest.update(np.ascontiguousarray(self.private_y, np.int64).data)
-        return digest.hexdigest()
+        return rows_fingerprint(self.private_x, self.private_y)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def load_private_fingerprint(path: str | Path) -> str | None:
     if not held:
         return None
     if (value is None or value.shape != () or value.dtype.kind != "U"
-            or len(str(value)) != 64):
+            or re.fullmatch("[0-9a-f]{64}", str(value)) is None):
         raise UserError(f"{path}: private_fingerprint must be one sha256 in hex")
     return str(value)
 

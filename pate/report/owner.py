@@ -21,12 +21,16 @@ OWNER_NOTE = ('<p class="note"><b>Owner only: not for publication.</b> This page
               "to the student's. Publish the student and its sanitised or data-independent ε; "
               "keep this page.</p>")
 
-# report.html's pointer to this page (the page is beside it, in ``report/``)
-OWNER_LINK = ("Owner-only evaluation",
-              '<p>The student beside DP-SGD at its ε, a model without privacy and the teachers\' '
-              'plurality, the privacy-utility curve, and any model audit\'s figures are in '
-              '<a href="owner-evaluation.html">owner-evaluation.html</a>, beside this page: '
-              "for the data holder only.</p>")
+def owner_link(comparison: bool, audit: bool) -> tuple[str, str]:
+    """report.html's section pointing to this page (beside it, in ``report/``), saying what
+    it holds: the compare stage's figures, the model audit's, or both."""
+    held = [what for what, there in (
+        ("the student beside DP-SGD at its ε, a model without privacy, the teachers' "
+         "plurality and the privacy-utility curve", comparison),
+        ("the model audit's figures", audit)) if there]
+    return ("Owner-only evaluation",
+            '<p><a href="owner-evaluation.html">owner-evaluation.html</a>, beside this page and '
+            f"for the data holder only, holds {html.escape('; and '.join(held))}.</p>")
 
 _NAMES = {"sanitised": "smooth-sensitivity-sanitised", "data-independent": "data-independent"}
 

@@ -29,9 +29,9 @@ from pate.report.figures import (
 )
 from pate.report.freshness import REPORT_FORMAT, current_report
 from pate.report.owner import (
-    OWNER_LINK,
     OWNER_NOTE,
     audit_section,
+    owner_link,
     owner_rows,
     owner_sections,
 )
@@ -202,7 +202,8 @@ def write_run_report(run_dir: str | Path) -> Path:
     if audit is not None:  # the report says only that an audit ran and whether it passed
         report["audit"] = {"file": audit["file"], "passed": audit["passed"]}
     owner = data.comparison is not None or audit is not None
-    sections = run_sections(report) + ([OWNER_LINK] if owner else [])
+    sections = run_sections(report) + (
+        [owner_link(data.comparison is not None, audit is not None)] if owner else [])
     path = write_report(report, figures, run.report,
                         f"PATE privacy-utility report: {data.name}", sections, _private_writer)
     if owner:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from analysis.mechanisms import GNMax
-from pate.aggregation.budget_registry import REGISTRY_FILE, other_ledgers, state_dir
+from pate.aggregation.budget_registry import REGISTRY_FILE, enter_ledger, state_dir
 from pate.aggregation.label_service import open_label_service
 
 SAME, OTHER = "a" * 64, "b" * 64
@@ -48,24 +48,94 @@ def test_a_second_ledger_for_the_same_private_data_is_warned_of(tmp_path: Path) 
     assert _open_and_close(_votes(tmp_path / "c", OTHER)) == []  # other data: no warning
     registry = state_dir() / REGISTRY_FILE
     assert stat.S_IMODE(registry.stat().st_mode) == 0o600
+    # a ledger that is gone (its run directory moved, say) is no longer named
+    (tmp_path / "a" / "ledger.db").unlink()
+    said = _open_and_close(_votes(tmp_path / "e", SAME))
+    assert len(said) == 1 and "also charged to 1 other ledger(s)" in said[0]
+    assert str(tmp_path / "b" / "ledger.db") in said[0]
+
+
+def test_the_registry_folder_is_made_private_and_no_home_is_no_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATE_STATE_DIR", str(tmp_path / "new" / "state"))
+    assert enter_ledger(SAME, "sqlite:///x") == ([], True)
     assert stat.S_IMODE(state_dir().stat().st_mode) == 0o700
+    assert stat.S_IMODE((state_dir() / REGISTRY_FILE).stat().st_mode) == 0o600
+    for name in ("PATE_STATE_DIR", "XDG_STATE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(
+        RuntimeError("Could not determine home directory."))))
+    assert enter_ledger(SAME, "sqlite:///y") == ([], False)  # nowhere to keep it: no failure
+
+
+def test_the_python_api_enters_its_ledgers_under_the_teachers_data(tmp_path: Path) -> None:
+    """``PrivateLabels(teachers=...)``: the teachers' private data, as a run's votes record it;
+    a second ledger for it is warned of, the same one is not."""
+    from pate.api import PrivateLabels, Teachers
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((60, 1, 8, 8)).astype(np.float32), rng.integers(0, 3, 60)
+    teachers = Teachers(3, 3, epochs=1).fit(x, y)
+    again = Teachers(3, 3, epochs=1, seed=1).fit(x, y)  # other teachers, the same data
+    assert teachers.private_fingerprint_ == again.private_fingerprint_
+    assert teachers.private_records_ == 60
+
+    def labels(owner: Teachers, ledger: str) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            PrivateLabels(owner.vote(x), GNMax(sigma=5.0), epsilon_budget=50.0, delta=1e-5,
+                          ledger=tmp_path / ledger, teachers=owner).close()
+        return [str(w.message) for w in caught if "other ledger" in str(w.message)]
+
+    assert labels(teachers, "one.db") == []
+    assert labels(again, "one.db") == []  # one budget: nothing to warn of
+    said = labels(again, "two.db")
+    assert len(said) == 1 and str(tmp_path / "one.db") in said[0]
 
 
 def test_the_registry_keeps_the_order_and_survives_a_damaged_or_unwritable_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert other_ledgers(SAME, "sqlite:///x") == []
-    assert other_ledgers(SAME, "sqlite:///y") == ["sqlite:///x"]
-    assert other_ledgers(SAME, "sqlite:///z") == ["sqlite:///x", "sqlite:///y"]
-    assert other_ledgers(OTHER, "sqlite:///x") == []
+    ledgers = [f"postgresql://db/{name}" for name in "xyzw"]  # servers: taken to be there
+    assert enter_ledger(SAME, ledgers[0]) == ([], True)
+    assert enter_ledger(SAME, ledgers[1]) == (ledgers[:1], True)
+    assert enter_ledger(SAME, ledgers[2]) == (ledgers[:2], True)
+    assert enter_ledger(SAME, ledgers[0]) == (ledgers[1:3], False)
+    assert enter_ledger(OTHER, ledgers[0]) == ([], True)
     (state_dir() / REGISTRY_FILE).write_text("{not json")
-    assert other_ledgers(SAME, "sqlite:///x") == []  # it only warns: it starts again
-    assert other_ledgers(SAME, "sqlite:///y") == ["sqlite:///x"]
+    assert enter_ledger(SAME, ledgers[0]) == ([], True)  # it only warns: it starts again
+    assert enter_ledger(SAME, ledgers[1]) == (ledgers[:1], True)
     if os.geteuid() != 0:  # root writes anywhere
         state_dir().chmod(0o500)
         try:
-            assert other_ledgers(SAME, "sqlite:///w") == ["sqlite:///x", "sqlite:///y"]
+            assert enter_ledger(SAME, ledgers[3]) == (ledgers[:2], False)
         finally:
             state_dir().chmod(0o700)
     monkeypatch.delenv("PATE_STATE_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert state_dir() == tmp_path / "xdg" / "pate"
+
+
+def test_the_command_line_says_it_in_one_warning_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``pate student train --votes``: the second folder's votes, of the same private data,
+    are charged to their own ledger with one ``pate: warning:`` line naming the first."""
+    from pate.cli.main import main
+
+    rng = np.random.default_rng(1)
+    votes = rng.multinomial(20, np.full(10, 0.1), size=250)  # the digits pool: 250 rows
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        np.savez(tmp_path / folder / "votes.npz", votes=votes,
+                 private_fingerprint=np.array(SAME))
+    warned = []
+    for folder in ("a", "b"):
+        assert main(["--quiet", "student", "train", "--run", str(tmp_path / f"run-{folder}"),
+                     "--votes", str(tmp_path / folder / "votes.npz"), "--dataset", "digits",
+                     "--method", "supervised", "--mechanism", "gnmax", "--sigma", "4",
+                     "--delta", "1e-5", "--budget-epsilon", "50", "--queries", "20",
+                     "--epochs", "1"]) == 0
+        warned.append([line for line in capsys.readouterr().err.splitlines()
+                       if "other ledger(s)" in line])
+    assert warned[0] == []
+    assert len(warned[1]) == 1 and warned[1][0].startswith("pate: warning: the private data")
+    assert str(tmp_path / "a" / "ledger.db") in warned[1][0]

@@ -94,7 +94,7 @@ def test_reopening_with_other_settings_is_refused(tmp_path: Path, agg: Aggregato
     """Refused; the error says a ledger that has charged nothing may be deleted, and never
     suggests a new ledger for a budget in use (one body of private data has one budget)."""
     open_ledger(tmp_path / "ledger.db").close()
-    with pytest.raises(LedgerError, match=r"delta.*delete it to start again.*charged nothing"):
+    with pytest.raises(LedgerError, match=r"delta.*as it has charged nothing, remove it"):
         Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS, 1e-6, 2.0)
     kept = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS[:50], 1e-5, 2.0)
     np.testing.assert_array_equal(kept.orders, ORDERS)  # a ledger keeps its own grid
@@ -103,7 +103,7 @@ def test_reopening_with_other_settings_is_refused(tmp_path: Path, agg: Aggregato
     with pytest.raises(LedgerError, match=r"epsilon_budget.*a new ledger for the same data "
                                           r"would be a second one") as refused:
         Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS, 1e-5, 3.0)
-    assert "delete" not in str(refused.value)
+    assert "remove it" not in str(refused.value)
 
 
 def test_tampered_totals_are_detected(tmp_path: Path, agg: Aggregator) -> None:

@@ -55,6 +55,13 @@ def test_steps_at_once_are_the_steps_one_by_one() -> None:
     assert (each.steps, each.estimates) == (one_by_one.steps, one_by_one.estimates) == (37, 37)
     with pytest.raises(ValueError, match="exceed total_steps"):
         each.accumulate_each(d, 1.2, 0.02)
+    # a bad row part of the way: nothing of the array is kept
+    fresh = BayesianAccountant((1, 2, 4), total_steps=40)
+    bad = d[:3].copy()
+    bad[2, 0] = np.nan
+    with pytest.raises(ValueError):
+        fresh.accumulate_each(bad, 1.2, 0.02)
+    assert (fresh.steps, fresh.estimates) == (0, 0) and not np.any(fresh.cost)
 
 
 def test_one_pair_at_the_clipping_bound_is_the_classical_bound() -> None:

@@ -20,6 +20,7 @@ from analysis.rdp import epsilon_from_rdp
 from pate.config import dump_config, load_config
 from pate.data.datasets import load_dataset, public_split
 from pate.data.synthetic import synthetic_votes
+from pate.report.figures import PRIVATE_TABLE_KEYS, public_rows
 
 
 def make_run(run_dir: Path, rounds: bool) -> dict:
@@ -85,6 +86,9 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert report["privacy"] == json.loads(analysed.stdout)
     row, dpsgd = report["table"]
     assert (dpsgd["epsilon_data_independent"], dpsgd["epsilon_bayesian"]) == (3.0, 1.2)
+    # what pate run prints: no private column, nor the DP-SGD model's (private) accuracy
+    assert [r["student"] for r in public_rows(report["table"])] == [row["student"]]
+    assert PRIVATE_TABLE_KEYS.isdisjoint(public_rows(report["table"])[0])
     assert row["epsilon_data_independent_expected"] == \
         report["privacy"]["data_independent"]["epsilon"]
     # the publishable data-independent epsilon is that of the counts asked and answered
