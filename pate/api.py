@@ -333,6 +333,8 @@ class PrivateLabels:
         if teachers is not None and not isinstance(teachers, Teachers):
             raise UserError(f"teachers must be the Teachers whose votes these are, got "
                             f"{type(teachers).__name__}")
+        if teachers is not None and teachers.ensemble_ is None:
+            raise UserError("fit the teachers first")
         if teachers is not None and private_records is None:
             private_records = teachers.private_records_
         if private_records is not None:

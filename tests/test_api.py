@@ -312,6 +312,12 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
                           (lambda: Student(augment="rotate"), "augment must be one of"),
                           (lambda: Teachers(2, 2, augment="rotate"), "augment must be one of"),
                           (lambda: Teachers(2, 2, mixup=-1.0), "mixup"),
+                          (lambda: PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0,
+                                                 delta=1e-5, ledger=ledger,
+                                                 teachers=Teachers(2, 3)), "fit the teachers"),
+                          (lambda: PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0,
+                                                 delta=1e-5, ledger=ledger, teachers="t"),
+                           "teachers must be the Teachers"),
                           (lambda: Student(vat_eps=0.0), "vat_eps must be"),
                           (lambda: Teachers(2, 2, augment="shift").fit(
                               np.zeros((20, 4)), np.arange(20) % 2), "feature rows take"),
