@@ -436,6 +436,30 @@ _CLASSES_FROM = {"config": "the config's classes", "test": "the test data's labe
                  "folders": "the image folder's class subfolders", "dataset": "the dataset"}
 
 
+def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The Details' rows that say on what the epsilons rest (all public): delta against the
+    number of private records, the aggregator's parameters, the conversion from RDP, and the
+    evaluation rows the accuracy is measured on."""
+    rows: list[tuple[str, Any]] = []
+    n, delta = report.get("private_records"), report["delta"]
+    if n:
+        rows.append(("Private records n, and δ against them",
+                     f"{n}; δ = {delta:g} = {delta * n:.2g} / n (1/n or more is refused)"))
+    aggregator = (report.get("config") or {}).get("aggregator")
+    if aggregator:
+        rows.append(("Aggregator parameters", ", ".join(
+            f"{name} = {aggregator[key]:g}" for key, name in (
+                ("threshold", "T"), ("sigma1", "σ1"), ("sigma2", "σ2"),
+                ("interactive_threshold", "interactive T"),
+                ("interactive_sigma1", "interactive σ1"),
+                ("interactive_sigma2", "interactive σ2")) if aggregator.get(key) is not None)))
+    if report["privacy"]:
+        rows.append(("RDP to (ε, δ) conversion", report["privacy"]["conversion"]))
+    if (report["student"] or {}).get("eval_size"):
+        rows.append(("Evaluation rows (the student's accuracy)", report["student"]["eval_size"]))
+    return rows
+
+
 def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     q, privacy = report["queries"], report["privacy"]
     details = [("Dataset", report["dataset"]), ("Teachers", report["teachers"]),
@@ -446,6 +470,7 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                ("Label accuracy of answered queries", q["label_accuracy"]),
                ("Ensemble plurality accuracy on the pool (no noise)",
                 report["ensemble"]["plurality_accuracy"])]
+    details += _assumptions(report)
     if report["student"] and report["student"].get("accuracy") is None:
         details.append(("Student accuracy", "not measured: no test data was given (accuracy "
                                             "is never measured on private data)"))

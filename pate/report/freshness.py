@@ -13,8 +13,9 @@ from pate.rundir import RunDir
 # table's data-independent epsilon is the realised one, the ledger's charge. 3: its sanitised
 # epsilon is the student's release, with noise; the analysis' figure before noise is private.
 # 4: what the publishable epsilons mean (epsilon_meaning). 5: the privacy-utility curve, which
-# holds DP-SGD's accuracies, is the owner-only page's alone.
-REPORT_FORMAT = 5
+# holds DP-SGD's accuracies, is the owner-only page's alone. 6: the number of private records
+# (the Details say what the epsilons rest on).
+REPORT_FORMAT = 6
 
 
 def report_inputs(run: RunDir) -> list[Path]:

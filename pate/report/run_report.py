@@ -15,7 +15,7 @@ import numpy as np
 from analysis.costs import steps
 from pate.config import AggregatorConfig, parse_config
 from pate.data.task import Benchmark, DataSource, Task, load_task
-from pate.data.votes_file import load_votes_with_index
+from pate.data.votes_file import load_private_records, load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
 from pate.report.figures import (
@@ -153,7 +153,8 @@ def load_run_data(run_dir: str | Path) -> RunData:
         dpsgd=_dpsgd_metrics(run),
         comparison=run.read_json(run.comparison_metrics),
         classes_from=None if task is None else task.classes_from,
-        extra={} if facts.config is None else {"config": facts.config})
+        extra={"private_records": load_private_records(run.votes),
+               **({} if facts.config is None else {"config": facts.config})})
 
 
 def _dpsgd_metrics(run: RunDir) -> dict[str, Any] | None:

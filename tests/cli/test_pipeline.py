@@ -176,6 +176,9 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     assert "privacy_utility.png" not in report["figures"]
     page = (run / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and 'href="owner-evaluation.html"' in page
+    # what the epsilons rest on, in the Details
+    assert report["private_records"] == 1297 and "1297; δ = 1e-05 = 0.013 / n" in page
+    assert "T = 6, σ1 = 2, σ2 = 1" in page and "<td>improved</td>" in page
 
 
 def test_a_budget_spent_by_the_first_round_does_not_stop_the_run(tmp_path: Path) -> None:
