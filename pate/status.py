@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from analysis.orders import default_orders
+from pate.aggregation.budget_registry import ledgers_of
 from pate.aggregation.label_service import recorded_ledger
 from pate.aggregation.ledger import Ledger
-from pate.aggregation.ledger_store import stored_settings
+from pate.aggregation.ledger_store import canonical_url, stored_settings
 from pate.config import RunConfig, parse_config
+from pate.data.votes_file import load_private_fingerprint
 from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report
 from pate.rundir import RunDir
@@ -80,7 +82,17 @@ def _budget(run: RunDir) -> dict[str, Any] | None:
         return {"ledger": url, "unreadable": str(exc)}
     return {"ledger": url, "epsilon_budget": b.epsilon_budget, "epsilon_spent": b.epsilon_spent,
             "epsilon_left": max(0.0, b.epsilon_budget - b.epsilon_spent), "delta": b.delta,
-            "basis": b.basis, "queries": b.queries, "answered": b.answered}
+            "basis": b.basis, "queries": b.queries, "answered": b.answered,
+            "other_ledgers": _other_ledgers(run, url)}
+
+
+def _other_ledgers(run: RunDir, url: str) -> list[str]:
+    """The other ledgers that charge the private data of the run's votes, as the registry of
+    this user holds them (``budget_registry``; their budgets add up with this one's)."""
+    private = load_private_fingerprint(run.votes) if run.votes.is_file() else None
+    if private is None:
+        return []
+    return [other for other in ledgers_of(private) if other != canonical_url(url)]
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:

@@ -66,6 +66,16 @@ def _still_there(url: str) -> bool:
     return not url.startswith(prefix) or Path(url[len(prefix):]).is_file()
 
 
+def ledgers_of(private_fingerprint: str) -> list[str]:
+    """The ledgers entered under the private data's fingerprint that are still there, in the
+    order they were entered; reads only (nothing where there is no registry)."""
+    try:
+        path = state_dir() / REGISTRY_FILE
+    except RuntimeError:  # no home: no registry
+        return []
+    return [url for url in _read(path).get(private_fingerprint, []) if _still_there(url)]
+
+
 def enter_ledger(private_fingerprint: str, ledger: str) -> tuple[list[str], bool]:
     """Enter ``ledger`` (a canonical URL: ``ledger_store.canonical_url``) under the private
     data's fingerprint. Returns the other ledgers entered under it that are still there, in

@@ -40,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  budget: epsilon {b['epsilon_spent']:.4g} spent of {b['epsilon_budget']:g}, "
               f"{b['epsilon_left']:.4g} left, at delta {b['delta']:g} (data-independent); "
               f"{b['queries']} queries, {b['answered']} answered")
+        if b["other_ledgers"]:
+            print(f"  the same private data is also charged to {len(b['other_ledgers'])} other "
+                  f"ledger(s), whose budgets add up with this one: "
+                  f"{', '.join(b['other_ledgers'])}")
     if status["last_log"]:
         print(f"  last: {status['last_log']}")
     return 0

@@ -118,7 +118,8 @@ def test_the_registry_keeps_the_order_and_survives_a_damaged_or_unwritable_file(
 def test_the_command_line_says_it_in_one_warning_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``pate student train --votes``: the second folder's votes, of the same private data,
-    are charged to their own ledger with one ``pate: warning:`` line naming the first."""
+    are charged to their own ledger with one ``pate: warning:`` line naming the first; ``pate
+    status`` of either names the other's ledger."""
     from pate.cli.main import main
 
     rng = np.random.default_rng(1)
@@ -128,8 +129,8 @@ def test_the_command_line_says_it_in_one_warning_line(
         np.savez(tmp_path / folder / "votes.npz", votes=votes,
                  private_fingerprint=np.array(SAME))
     warned = []
-    for folder in ("a", "b"):
-        assert main(["--quiet", "student", "train", "--run", str(tmp_path / f"run-{folder}"),
+    for folder in ("a", "b"):  # each folder the run directory of its votes
+        assert main(["--quiet", "student", "train", "--run", str(tmp_path / folder),
                      "--votes", str(tmp_path / folder / "votes.npz"), "--dataset", "digits",
                      "--method", "supervised", "--mechanism", "gnmax", "--sigma", "4",
                      "--delta", "1e-5", "--budget-epsilon", "50", "--queries", "20",
@@ -139,3 +140,8 @@ def test_the_command_line_says_it_in_one_warning_line(
     assert warned[0] == []
     assert len(warned[1]) == 1 and warned[1][0].startswith("pate: warning: the private data")
     assert str(tmp_path / "a" / "ledger.db") in warned[1][0]
+    # pate status of either says the other budget
+    for folder, other in (("a", "b"), ("b", "a")):
+        assert main(["status", "--run", str(tmp_path / folder)]) == 0
+        said = [line for line in capsys.readouterr().out.splitlines() if "other ledger" in line]
+        assert len(said) == 1 and str(tmp_path / other / "ledger.db") in said[0], said
