@@ -421,11 +421,32 @@ text-align:right}th{background:#eef}td:first-child,th:first-child{text-align:lef
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}code{background:#f4f4f4}"""
 
 
+# what each figure shows, as its caption and its image's text (a screen reader's)
+FIGURE_CAPTIONS = {
+    "epsilon_vs_answered.png": "ε against the queries answered over the whole pool's votes: "
+                               "the run's mechanism, and LNMax and GNMax on the same votes "
+                               "(PATE 2018, Figure 4). Private.",
+    "plurality_histogram.png": "How many teachers voted for the plurality, for the queries "
+                               "asked and those answered (PATE 2018, Figure 5, left). Private.",
+    "epsilon_split.png": "Each round's data-dependent ε, split between selecting the queries, "
+                         "answering them and the conversion's δ term (PATE 2018, Figure 5, "
+                         "right). Private.",
+    "accuracy.png": "The teachers' accuracies, and the answered labels', the plurality's, the "
+                    "student's and DP-SGD's. Private, except the student's.",
+    "privacy_utility.png": "Accuracy against ε: the student, students on parts of its answers, "
+                           "and DP-SGD trained to the student's ε. Owner only.",
+    "tradeoff.png": "Each run's accuracy against its ε (sanitised, else data-independent).",
+}
+
+
 def render_html(title: str, sections: list[tuple[str, str]], pngs: dict[str, bytes]) -> str:
-    """A self-contained page: inline CSS, figures embedded as base64 PNG, no script, no network."""
+    """A self-contained page: inline CSS, figures embedded as base64 PNG with their captions,
+    no script, no network."""
     figs = "".join(
-        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
-        f'{base64.b64encode(png).decode()}"></figure>' for name, png in pngs.items())
+        f'<figure><img alt="{html.escape(FIGURE_CAPTIONS.get(name, name))}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f"<figcaption>{html.escape(FIGURE_CAPTIONS.get(name, name))}</figcaption></figure>"
+        for name, png in pngs.items())
     body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"

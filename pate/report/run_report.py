@@ -206,10 +206,18 @@ def write_run_report(run_dir: str | Path) -> Path:
     sections = run_sections(report) + (
         [owner_link(data.comparison is not None, audit is not None)] if owner else [])
     path = write_report(report, figures, run.report,
-                        f"PATE privacy-utility report: {data.name}", sections, _private_writer)
+                        f"PATE privacy-utility report: {_title(data)}", sections,
+                        _private_writer)
     if owner:
         write_owner_evaluation(run, data, report, curve, audit)
     return path
+
+
+def _title(data: RunData) -> str:
+    """The run as a page's title names it: its folder, and its config's name where that
+    differs (``runs/x`` of the preset ``fashion-mnist-small``)."""
+    name = (data.extra.get("config") or {}).get("name")
+    return data.name if name in (None, data.name) else f"{data.name} ({name})"
 
 
 def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
@@ -231,7 +239,7 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
     if audit is not None:
         owner["audit"] = audit
         sections.append(audit_section(audit))
-    write_report(owner, shown, run.report, f"Owner-only evaluation: {data.name}", sections,
+    write_report(owner, shown, run.report, f"Owner-only evaluation: {_title(data)}", sections,
                  _private_writer, stem="owner-evaluation")
 
 

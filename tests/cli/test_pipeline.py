@@ -179,6 +179,8 @@ def check_owner_evaluation(run: Path, report: dict, metrics: dict) -> None:
     # what the epsilons rest on, in the Details
     assert report["private_records"] == 1297 and "1297; δ = 1e-05 = 0.013 / n" in page
     assert "T = 6, σ1 = 2, σ2 = 1" in page and "<td>improved</td>" in page
+    assert "<title>PATE privacy-utility report: run (digits-tiny)</title>" in page
+    assert page.count("<figcaption>") == 4 and "(PATE 2018, Figure 4). Private." in page
 
 
 def test_a_budget_spent_by_the_first_round_does_not_stop_the_run(tmp_path: Path) -> None:
