@@ -341,15 +341,15 @@ class PrivateLabels:
             private_records = _integer("private_records", private_records, 1)
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         self.mechanism = mechanism
+        url = ledger_url(ledger)
         try:
-            self.service = LabelService.open(mechanism, self.pool, ledger_url(ledger),
+            self.service = LabelService.open(mechanism, self.pool, url,
                                              epsilon_budget=epsilon_budget, delta=delta,
                                              conversion=conversion)
         except ParameterError as exc:  # a threshold outside [0, the votes' teachers]
             raise UserError(str(exc)) from None
         try:
-            note_ledger(None if teachers is None else teachers.private_fingerprint_,
-                        ledger_url(ledger))
+            note_ledger(None if teachers is None else teachers.private_fingerprint_, url)
         except BaseException:
             self.service.close()
             raise

@@ -91,11 +91,12 @@ def enter_ledger(private_fingerprint: str, ledger: str) -> tuple[list[str], bool
         ensure_dir(folder, private=True)
         with _locked(folder):
             entries = _read(path)
-            known = [url for url in entries.get(private_fingerprint, []) if _still_there(url)]
+            entered = entries.get(private_fingerprint, [])
+            known = [url for url in entered if _still_there(url)]
             new = ledger not in known
-            entries[private_fingerprint] = known + ([ledger] if new else [])
-            write_json_atomic(path, {"version": _VERSION, "data": entries}, private=True)
+            if new or known != entered:  # written only when it changes
+                entries[private_fingerprint] = known + ([ledger] if new else [])
+                write_json_atomic(path, {"version": _VERSION, "data": entries}, private=True)
     except OSError:
-        known = [url for url in _read(path).get(private_fingerprint, []) if _still_there(url)]
-        new = False
+        known, new = ledgers_of(private_fingerprint), False
     return [url for url in known if url != ledger], new
