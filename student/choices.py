@@ -4,11 +4,12 @@ ARCHITECTURES: tuple[str, ...] = ("cnn", "cnn-hog", "cnn-hog-simclr", "mlp", "wn
 METHODS: tuple[str, ...] = ("vat", "gan", "supervised")
 SELECTIONS: tuple[str, ...] = ("first", "random", "uncertainty")
 # DP-SGD's networks (student.dpsgd.dpsgd_network): Papernot et al.'s tempered-sigmoid CNN, a
-# linear softmax on fixed HOG features (the ``hog`` teachers' network), both for images, or a
-# linear softmax on the inputs themselves (any data; tabular data's default).
-DPSGD_MODELS: tuple[str, ...] = ("tempered-cnn", "hog-linear", "linear")
+# linear softmax on fixed wavelet scattering features (Tramer & Boneh's), or on fixed HOG
+# features (the ``hog`` teachers' network), all for images, or a linear softmax on the inputs
+# themselves (any data; tabular data's default).
+DPSGD_MODELS: tuple[str, ...] = ("tempered-cnn", "scatter-linear", "hog-linear", "linear")
 DEFAULT_DPSGD_MODEL: dict[str, str] = {"image": "tempered-cnn", "tabular": "linear"}
-_IMAGE_ONLY_DPSGD = frozenset({"tempered-cnn", "hog-linear"})
+_IMAGE_ONLY_DPSGD = frozenset({"tempered-cnn", "scatter-linear", "hog-linear"})
 
 
 def dpsgd_model_for(name: str | None, kind: str) -> str:

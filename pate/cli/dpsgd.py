@@ -41,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     noise.add_argument("--noise-multiplier", type=float, metavar="S")
     train.add_argument("--model", choices=DPSGD_MODELS, default=None,
                        help="the network: the tempered-sigmoid CNN (images' default), a linear "
-                            "softmax on HOG features (images), or a linear softmax on the "
-                            "inputs (feature rows' default)")
+                            "softmax on wavelet scattering or HOG features (images), or a "
+                            "linear softmax on the inputs (feature rows' default)")
     train.add_argument("--epochs", type=int, default=40)
     train.add_argument("--delta", type=float, default=1e-5)
     train.add_argument("--allow-large-delta", action="store_true",

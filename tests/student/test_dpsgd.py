@@ -22,6 +22,7 @@ from student.dpsgd import (
     train_dpsgd,
 )
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
+from student.scattering import Scattering, scattering_size
 from student.training import accuracy
 from teachers.hog import HOG, hog_size
 
@@ -78,20 +79,25 @@ def test_tiny_run_is_accounted_by_our_core(digits) -> None:
     assert m["accuracy"] > 0.5  # chance is 0.1
 
 
-@pytest.mark.parametrize("encoded", [False, True])
-def test_hog_linear_trains_only_the_linear_layer_on_fixed_features(digits, encoded) -> None:
-    """The HOG map is applied once to every example and never trained: the published model is
-    HOG then the one trained linear layer, and its accuracy on raw inputs is the one reported."""
+@pytest.mark.parametrize(("model", "fixed_map", "size", "encoded"), [
+    ("hog-linear", HOG, hog_size, False), ("hog-linear", HOG, hog_size, True),
+    ("scatter-linear", Scattering, scattering_size, False)])
+def test_a_linear_model_on_fixed_features_trains_only_its_linear_layer(
+        digits, model, fixed_map, size, encoded) -> None:
+    """The HOG or scattering map is applied once to every example and never trained: the
+    published model is the map then the one trained linear layer, and its accuracy on raw inputs
+    is the one reported."""
     ds, ((pool_x, _), (eval_x, eval_y)) = digits
     config = DPSGDConfig(epochs=4, expected_batch_size=128, lr=2.0, target_epsilon=8.0,
-                         bayesian_pairs=8, init_seed=0, model="hog-linear")
+                         bayesian_pairs=8, init_seed=0, model=model)
     norm = (float(pool_x.mean()), float(pool_x.std()))
     result = (train_encoded_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, 10, config,
                                   EncodingConfig(encode=16), norm) if encoded
               else train_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, 10, config, norm))
-    hog, linear = result.model
-    assert isinstance(hog, HOG) and isinstance(linear, torch.nn.Linear)
-    assert linear.in_features == hog_size(ds.train_x.shape[1:])
+    features, linear = result.model
+    assert isinstance(features, fixed_map) and isinstance(linear, torch.nn.Linear)
+    assert linear.in_features == size(ds.train_x.shape[1:])
+    assert not list(features.parameters())
     assert 7.9 < result.metrics["epsilon"] <= 8.0
     assert result.metrics["accuracy"] == accuracy(result.model, eval_x, eval_y, batch_size=4096)
     assert result.metrics["accuracy"] > 0.5  # chance is 0.1

@@ -1,0 +1,117 @@
+"""Teachers that are linear softmax experts on fixed features: HOG, wavelet scattering, and the
+pair (issue 27: can a better fixed feature lift the teachers' plurality?).
+
+The private rows are split as ``pate teachers train`` splits them (``make_partition``, seed 0).
+Each of the ``--teachers`` teachers gets a linear softmax per feature map, all trained at once as
+one batched tensor (full batch, Adam, ``--steps`` steps, an L2 penalty ``--weight-decay`` on the
+weights), on HOG features (``teachers.hog``) and on scattering features
+(``student.scattering``: order 2, J = 2, L = 8, each group of three maps normalised by the
+example itself). A teacher of the pair votes with the mean of its two experts' probabilities,
+as ``teachers.models.Experts`` does. For each it prints the teachers' mean accuracy on the
+evaluation half and their plurality's accuracy there and on the pool, one JSON line each,
+appended to results/bench_linear_experts.jsonl.
+
+It reads the pool's true labels: an offline experiment to choose a teacher network, not a step of
+any release.
+
+    python scripts/bench_linear_experts.py --dataset fashion-mnist --teachers 250
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from bench_common import emit
+
+from pate.cli.data_flags import add_data_flags, source_from_flags
+from pate.data.task import load_task
+from student.scattering import Scattering
+from teachers.hog import hog_features
+from teachers.partition import make_partition
+
+
+def features(fixed: torch.nn.Module | None, x: np.ndarray, batch: int = 2000) -> torch.Tensor:
+    """HOG (``fixed`` None) or ``fixed``'s map of every row of ``x``."""
+    with torch.no_grad():
+        return torch.cat([(hog_features if fixed is None else fixed)(
+            torch.as_tensor(np.ascontiguousarray(x[i:i + batch]), dtype=torch.float32))
+            for i in range(0, len(x), batch)])
+
+
+def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr: float,
+                  weight_decay: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights ``[T, F, C]`` and biases ``[T, 1, C]`` of T linear softmax experts, expert t on
+    rows ``x[t] [m, F]`` with labels ``y[t] [m]``."""
+    t, _, f = x.shape
+    weights = torch.zeros(t, f, classes, requires_grad=True)
+    bias = torch.zeros(t, 1, classes, requires_grad=True)
+    opt = torch.optim.Adam([weights, bias], lr=lr)
+    for _ in range(steps):
+        logits = x @ weights + bias
+        loss = (torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+                + weight_decay * (weights * weights).sum() / t)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return weights.detach(), bias.detach()
+
+
+def probabilities(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``[T, n, C]``: every expert's class probabilities on the rows ``x [n, F]``."""
+    return torch.stack([torch.softmax(x @ w + b, -1) for w, b in zip(weights, bias, strict=True)])
+
+
+def scores(p_eval: torch.Tensor, p_pool: torch.Tensor, eval_y: torch.Tensor,
+           pool_y: torch.Tensor) -> dict[str, float]:
+    def plurality(p: torch.Tensor, y: torch.Tensor) -> float:
+        votes = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)
+        return float((votes.argmax(-1) == y).float().mean())
+
+    return {"mean_accuracy": round(float((p_eval.argmax(-1) == eval_y).float().mean()), 4),
+            "plurality_eval": round(plurality(p_eval, eval_y), 4),
+            "plurality_pool": round(plurality(p_pool, pool_y), 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_data_flags(parser)
+    parser.add_argument("--teachers", type=int, default=250)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--weight-decay", type=float, default=1e-2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_linear_experts.jsonl"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    task = load_task(source_from_flags(args))
+    assert task.pool_y is not None and task.eval_y is not None, "needs a labelled benchmark"
+    assignment = make_partition(len(task.private_y), args.teachers, seed=0).assignment
+    per_teacher = np.bincount(assignment).min()
+    parts = np.stack([np.flatnonzero(assignment == t)[:per_teacher]
+                      for t in range(args.teachers)])
+    y = torch.as_tensor(task.private_y)[parts]
+    eval_y, pool_y = torch.as_tensor(task.eval_y), torch.as_tensor(task.pool_y)
+    scatter = Scattering(tuple(task.pool_x.shape[1:]))
+    probs = {}
+    for name, fixed in (("hog", None), ("scattering", scatter)):
+        start = time.perf_counter()
+        private = features(fixed, task.private_x)
+        weights, bias = train_experts(private[parts], y, len(task.classes), args.steps, args.lr,
+                                      args.weight_decay)
+        probs[name] = (probabilities(features(fixed, task.eval_x), weights, bias),
+                       probabilities(features(fixed, task.pool_x), weights, bias))
+        emit({"experts": name, "teachers": args.teachers, "rows_each": int(per_teacher),
+              **scores(*probs[name], eval_y, pool_y),
+              "seconds": round(time.perf_counter() - start, 1)}, args.out, threads=args.threads)
+    pair = [(a + b) / 2 for a, b in zip(probs["hog"], probs["scattering"], strict=True)]
+    emit({"experts": "hog+scattering (mean of probabilities)", "teachers": args.teachers,
+          "rows_each": int(per_teacher), **scores(*pair, eval_y, pool_y)}, args.out,
+         threads=args.threads)
+
+
+if __name__ == "__main__":
+    main()
