@@ -4,7 +4,8 @@
 process), ``PrivateLabels`` answers the student's queries with a PATE mechanism against a
 privacy budget, charging the same durable ledger as ``pate serve`` (no HTTP), ``Student`` learns
 from the public pool and the answers, and ``PrivateLabels.epsilon`` gives the epsilons you may
-publish. ``load_student`` reads back the student of a ``pate run`` directory (or of
+publish; ``DPSGD`` (:mod:`pate.api_dpsgd`) is the baseline to compare the student with at
+the same epsilon. ``load_student`` reads back the student of a ``pate run`` directory (or of
 ``Student.save``); such a student also scores raw files (``Student.predict_file``). The
 README's example is run by the test suite (``tests/test_api.py``).
 
@@ -19,8 +20,6 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -50,11 +49,18 @@ from pate.aggregation.label_service import (
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.ledger_store import ledger_url
 from pate.aggregation.vote_pool import VotePool
+from pate.api_checks import (
+    checked_device,
+    checked_integer,
+    checked_labels,
+    checked_rate,
+    checked_rows,
+    data_kind,
+)
+from pate.api_dpsgd import DPSGD
 from pate.data.augment import AUGMENTATIONS
-from pate.data.preprocessing import as_features
 from pate.data.task import rows_fingerprint
 from pate.data.votes_file import check_votes
-from pate.devices import device_problem
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
@@ -81,73 +87,7 @@ from teachers.partition import make_partition
 from teachers.rng import SEED_LIMIT
 from teachers.votes import Ensemble, load_ensemble
 
-__all__ = ["PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_student"]
-
-
-def _features(x: ArrayLike) -> NDArray[np.float32]:
-    """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
-    features ``[n, d]``. Integer images are scaled to [0, 1] (pixels in [0, 255]), as the
-    built-in datasets, image files and ``.npz`` data are (``as_features``)."""
-    try:
-        raw = np.asarray(x)
-        if raw.ndim not in (2, 3, 4) or not len(raw):
-            raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
-                            f"got shape {list(raw.shape)}")
-        if raw.ndim == 4 and raw.shape[3] in (1, 3, 4) and raw.shape[1] not in (1, 3, 4):
-            warnings.warn(f"x of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
-                          "images are [n, C, H, W]: pass x.transpose(0, 3, 1, 2) if so",
-                          stacklevel=3)
-        return np.ascontiguousarray(as_features(raw, "x"))
-    except (TypeError, ValueError):
-        raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
-                        "text columns first)") from None
-
-
-def _integer(name: str, value: object, least: int, below: int | None = None) -> int:
-    """``value``, an integer of at least ``least`` (and below ``below``); ``UserError``
-    otherwise, a bool, float or string included."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least
-            or (below is not None and value >= below)):
-        bound = f">= {least}" if below is None else f"in [{least}, {below})"
-        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
-    return int(value)
-
-
-def _rate(name: str, value: object) -> float:
-    """``value``, a finite number > 0 (a learning rate); ``UserError`` otherwise."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not (math.isfinite(value) and value > 0)):
-        raise UserError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _device(device: object) -> str:
-    """``device``, a torch device this machine has (``pate.devices.device_problem``)."""
-    if not isinstance(device, str):
-        raise UserError(f"device must be a name such as cpu or cuda, got {device!r}")
-    problem = device_problem(device)
-    if problem:
-        raise UserError(problem)
-    return device
-
-
-def _kind(x: NDArray[np.float32], augment: str = "none") -> str:
-    """``tabular`` for feature rows, else ``image``; ``UserError`` for an augmentation of
-    feature rows (it shifts and mirrors images)."""
-    kind = "tabular" if x.ndim == 2 else "image"
-    if kind == "tabular" and augment != "none":
-        raise UserError(f"augment {augment!r} shifts images; feature rows take augment='none'")
-    return kind
-
-
-def _labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
-    """Class indices in [0, n_classes), one per row (the label set is the caller's, public)."""
-    a = np.asarray(y)
-    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) or a.size == 0 or \
-            a.min() < 0 or a.max() >= n_classes:
-        raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row "
-                        "(map names to indices first)")
-    return a.astype(np.int64)
+__all__ = ["DPSGD", "PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_student"]
 
 
 class Teachers:
@@ -168,17 +108,17 @@ class Teachers:
                  device: str = "cpu") -> None:
         if model is not None and not isinstance(model, str):
             raise UserError(f"model must be a name or package.module:factory, got {model!r}")
-        self.n_teachers = _integer("n_teachers", n_teachers, 1)
-        self.n_classes = _integer("n_classes", n_classes, 2)
-        self.shard_size = _integer("shard_size", shard_size, 1)
+        self.n_teachers = checked_integer("n_teachers", n_teachers, 1)
+        self.n_classes = checked_integer("n_classes", n_classes, 2)
+        self.shard_size = checked_integer("shard_size", shard_size, 1)
         self.model = model
         self.config = TrainConfig(model=model or DEFAULT_MODEL["image"],
-                                  epochs=_integer("epochs", epochs, 1),
-                                  batch_size=_integer("batch_size", batch_size, 1),
-                                  lr=_rate("lr", lr), augment=augment,
-                                  mixup=0.0 if mixup == 0 else _rate("mixup", mixup),
-                                  seed=_integer("seed", seed, 0, SEED_LIMIT))
-        self.device = _device(device)
+                                  epochs=checked_integer("epochs", epochs, 1),
+                                  batch_size=checked_integer("batch_size", batch_size, 1),
+                                  lr=checked_rate("lr", lr), augment=augment,
+                                  mixup=0.0 if mixup == 0 else checked_rate("mixup", mixup),
+                                  seed=checked_integer("seed", seed, 0, SEED_LIMIT))
+        self.device = checked_device(device)
         self.ensemble_: Ensemble | None = None
         # set by fit (or load): how many private rows, and their fingerprint (PRIVATE)
         self.private_records_: int | None = None
@@ -186,11 +126,11 @@ class Teachers:
 
     def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
         """Partition the private rows among the teachers and train them."""
-        xs, ys = _features(x), _labels(y, self.n_classes)
+        xs, ys = checked_rows(x), checked_labels(y, self.n_classes)
         if len(ys) != len(xs):
             raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
                             f"{len(xs)} rows")
-        kind = _kind(xs, self.config.augment)
+        kind = data_kind(xs, self.config.augment)
         if self.model is None:
             self.config = replace(self.config, model=DEFAULT_MODEL[kind])
         problem = model_data_problem(self.config.model, kind)
@@ -213,7 +153,7 @@ class Teachers:
         """The teachers' vote histograms ``[rows, n_classes]`` on public rows (PRIVATE)."""
         if self.ensemble_ is None:
             raise UserError("fit the teachers first")
-        return self.ensemble_.vote(_features(x))
+        return self.ensemble_.vote(checked_rows(x))
 
     def save(self, directory: str | Path) -> Path:
         """Write the fitted teachers under ``directory/teachers/`` as ``pate teachers train``
@@ -242,7 +182,7 @@ class Teachers:
     def load(cls, directory: str | Path, device: str = "cpu") -> Teachers:
         """Teachers written by ``save`` (or by ``pate run``, from its run directory), checked
         against their recorded sha256, ready to ``vote`` on ``device``."""
-        device = _device(device)
+        device = checked_device(device)
         manifest = checkpoints.read_manifest(Path(directory))
         if manifest is None:
             raise UserError(f"{directory}: no saved teachers (teachers/manifest.json)")
@@ -327,7 +267,8 @@ class PrivateLabels:
             self.pool = VotePool(check_votes(np.asarray(votes)))
         except (TypeError, ValueError):  # ragged rows, not numbers
             raise UserError("votes must be a 2-d array of counts [queries, classes]") from None
-        epsilon_budget, delta = _rate("epsilon_budget", epsilon_budget), _rate("delta", delta)
+        epsilon_budget = checked_rate("epsilon_budget", epsilon_budget)
+        delta = checked_rate("delta", delta)
         if not isinstance(ledger, str | Path):
             raise UserError(f"ledger must be a file path or a URL, got {ledger!r}")
         if teachers is not None and not isinstance(teachers, Teachers):
@@ -338,7 +279,7 @@ class PrivateLabels:
         if teachers is not None and private_records is None:
             private_records = teachers.private_records_
         if private_records is not None:
-            private_records = _integer("private_records", private_records, 1)
+            private_records = checked_integer("private_records", private_records, 1)
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         self.mechanism = mechanism
         url = ledger_url(ledger)
@@ -377,7 +318,7 @@ class PrivateLabels:
             probs = None if student_probs is None else np.asarray(student_probs, np.float64)
         except (TypeError, ValueError):
             raise UserError("student_probs must be numbers [queries, classes]") from None
-        request_size = _integer("request_size", request_size, 1)
+        request_size = checked_integer("request_size", request_size, 1)
         got, exhausted = ask(self._source, index, probs, request_size)
         if exhausted and not len(got):
             raise BudgetExhausted("the privacy budget does not cover even one more query: "
@@ -461,14 +402,16 @@ class Student:
         if augment not in AUGMENTATIONS:
             raise UserError(f"augment must be one of {', '.join(AUGMENTATIONS)}, "
                             f"got {augment!r}")
-        epochs, batch_size = _integer("epochs", epochs, 1), _integer("batch_size", batch_size, 1)
-        self.arch, self.lr = arch, None if lr is None else _rate("lr", lr)
-        self.vat_eps, self.entmin = _rate("vat_eps", vat_eps), bool(entmin)
+        epochs = checked_integer("epochs", epochs, 1)
+        batch_size = checked_integer("batch_size", batch_size, 1)
+        self.arch, self.lr = arch, None if lr is None else checked_rate("lr", lr)
+        self.vat_eps, self.entmin = checked_rate("vat_eps", vat_eps), bool(entmin)
         self.method = method_for_data("image", method, arch, lr=self.lr, vat_eps=self.vat_eps,
                                       entmin=self.entmin)
         self.fit_config = FitConfig(epochs, batch_size, lr=self.method.learning_rate,
-                                    augment=augment, seed=_integer("seed", seed, 0, SEED_LIMIT),
-                                    device=_device(device))
+                                    augment=augment,
+                                    seed=checked_integer("seed", seed, 0, SEED_LIMIT),
+                                    device=checked_device(device))
         self.model_: torch.nn.Module | None = None
         self.spec_: ModelSpec | None = None
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
@@ -476,9 +419,9 @@ class Student:
     def fit(self, x_public: ArrayLike, labels: Received, n_classes: int) -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``)."""
-        x = _features(x_public)
-        kind = _kind(x, self.fit_config.augment)
-        n_classes = _integer("n_classes", n_classes, 2)
+        x = checked_rows(x_public)
+        kind = data_kind(x, self.fit_config.augment)
+        n_classes = checked_integer("n_classes", n_classes, 2)
         if not isinstance(labels, Received):
             raise UserError("labels must be what PrivateLabels.ask returned (or .received)")
         answered = labels.answered
@@ -506,7 +449,7 @@ class Student:
         """Class probabilities ``[rows, classes]``."""
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit or load the student first")
-        rows = _features(x)
+        rows = checked_rows(x)
         if tuple(rows.shape[1:]) != tuple(self.spec_.in_shape):
             raise UserError(f"x has rows of shape {list(rows.shape[1:])}; this student was "
                             f"trained on {list(self.spec_.in_shape)}")

@@ -54,6 +54,8 @@ LAYER_OF: Mapping[str, int] = {
     "pate.presets": 4,
     "pate.audit": 4,
     "pate.api": 4,
+    "pate.api_checks": 4,
+    "pate.api_dpsgd": 4,
     "pate.status": 4,
     "pate.analyze": 4,
     "pate.__main__": 4,

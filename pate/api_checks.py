@@ -1,0 +1,81 @@
+"""Validation at the edge of the Python API (:mod:`pate.api`): each check turns what a caller
+passed into what the library takes, or raises one clear ``UserError``."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from pate.data.preprocessing import as_features
+from pate.devices import device_problem
+from pate.errors import UserError
+
+
+def checked_rows(x: ArrayLike) -> NDArray[np.float32]:
+    """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
+    features ``[n, d]``. Integer images are scaled to [0, 1] (pixels in [0, 255]), as the
+    built-in datasets, image files and ``.npz`` data are (``as_features``)."""
+    try:
+        raw = np.asarray(x)
+        if raw.ndim not in (2, 3, 4) or not len(raw):
+            raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
+                            f"got shape {list(raw.shape)}")
+        if raw.ndim == 4 and raw.shape[3] in (1, 3, 4) and raw.shape[1] not in (1, 3, 4):
+            warnings.warn(f"x of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
+                          "images are [n, C, H, W]: pass x.transpose(0, 3, 1, 2) if so",
+                          stacklevel=3)
+        return np.ascontiguousarray(as_features(raw, "x"))
+    except (TypeError, ValueError):
+        raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
+                        "text columns first)") from None
+
+
+def checked_integer(name: str, value: object, least: int, below: int | None = None) -> int:
+    """``value``, an integer of at least ``least`` (and below ``below``); ``UserError``
+    otherwise, a bool, float or string included."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least
+            or (below is not None and value >= below)):
+        bound = f">= {least}" if below is None else f"in [{least}, {below})"
+        raise UserError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
+def checked_rate(name: str, value: object) -> float:
+    """``value``, a finite number > 0 (a learning rate); ``UserError`` otherwise."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value > 0)):
+        raise UserError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def checked_device(device: object) -> str:
+    """``device``, a torch device this machine has (``pate.devices.device_problem``)."""
+    if not isinstance(device, str):
+        raise UserError(f"device must be a name such as cpu or cuda, got {device!r}")
+    problem = device_problem(device)
+    if problem:
+        raise UserError(problem)
+    return device
+
+
+def data_kind(x: NDArray[np.float32], augment: str = "none") -> str:
+    """``tabular`` for feature rows, else ``image``; ``UserError`` for an augmentation of
+    feature rows (it shifts and mirrors images)."""
+    kind = "tabular" if x.ndim == 2 else "image"
+    if kind == "tabular" and augment != "none":
+        raise UserError(f"augment {augment!r} shifts images; feature rows take augment='none'")
+    return kind
+
+
+def checked_labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
+    """Class indices in [0, n_classes), one per row (the label set is the caller's, public)."""
+    a = np.asarray(y)
+    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) or a.size == 0 or \
+            a.min() < 0 or a.max() >= n_classes:
+        raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row "
+                        "(map names to indices first)")
+    return a.astype(np.int64)

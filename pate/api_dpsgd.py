@@ -1,0 +1,124 @@
+"""DP-SGD from Python: the baseline a PATE student should beat at the same epsilon.
+
+``DPSGD(epsilon, delta=...)`` trains a network on the private rows with DP-SGD (Abadi et al.,
+CCS 2016, Algorithm 1; :mod:`student.dpsgd`), its noise multiplier calibrated to ``epsilon`` by
+the project's sampled-Gaussian RDP accountant (docs/privacy-math.md), the same learner as
+``pate dpsgd train`` and ``pate run``'s compare stage. The defaults are Tramèr & Boneh's
+Fashion-MNIST settings (ICLR 2021: expected batch 2 048, lr 4, momentum 0.9, clipping C = 0.1,
+40 epochs). ``model`` is ``scatter-linear`` (their recipe, a linear softmax on wavelet scattering
+features; the strongest measured on images), ``hog-linear``, ``tempered-cnn`` (images) or
+``linear`` (any rows, feature rows' default). Fix them in advance or choose them on public data:
+tuning them on the private data costs privacy of its own.
+
+Privacy: the fitted model is differentially private at (``epsilon_``, ``delta``) for the rows it
+was trained on, a budget of its own. Publishing it beside a PATE student of the same data adds
+the two epsilons. ``metrics_`` also holds the Bayesian accountant's epsilon, which depends on the
+private gradients: it is for the data's owner, not for publication.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike, NDArray
+
+from pate.aggregation.delta_policy import check_delta
+from pate.api_checks import checked_integer, checked_labels, checked_rate, checked_rows
+from pate.errors import UserError
+from student.dpsgd import DPSGDConfig, train_dpsgd, with_model
+from student.training import predict_proba
+
+
+class DPSGD:
+    """DP-SGD to a target ``epsilon`` at ``delta``; ``model``, ``epochs``, ``batch_size`` (the
+    expected Poisson batch), ``lr``, ``momentum`` and ``max_grad_norm`` as ``pate dpsgd
+    train``'s flags. ``seed`` seeds the weights' initialisation only: sampling and noise always
+    come from the operating system's entropy. A delta of 1/n or more (n the private rows) is
+    refused unless ``allow_large_delta``."""
+
+    def __init__(self, epsilon: float, *, delta: float = 1e-5, model: str | None = None,
+                 epochs: int = 40, batch_size: int = 2048, lr: float = 4.0,
+                 momentum: float = 0.9, max_grad_norm: float = 0.1,
+                 allow_large_delta: bool = False, seed: int | None = None) -> None:
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+            raise UserError(f"momentum must be a number in [0, 1), got {momentum!r}")
+        try:
+            self.config = DPSGDConfig(
+                epochs=checked_integer("epochs", epochs, 1),
+                expected_batch_size=checked_integer("batch_size", batch_size, 1),
+                lr=checked_rate("lr", lr), momentum=float(momentum),
+                max_grad_norm=checked_rate("max_grad_norm", max_grad_norm),
+                target_epsilon=checked_rate("epsilon", epsilon),
+                delta=checked_rate("delta", delta),
+                model=model,
+                init_seed=None if seed is None else checked_integer("seed", seed, 0))
+        except (TypeError, ValueError) as e:
+            raise UserError(str(e)) from None
+        self.allow_large_delta = bool(allow_large_delta)
+        self.model_: torch.nn.Module | None = None
+        self.in_shape_: tuple[int, ...] | None = None
+        self.metrics_: dict[str, Any] | None = None
+
+    def fit(self, x_private: ArrayLike, y_private: ArrayLike, n_classes: int, *,
+            x_public: ArrayLike | None = None) -> DPSGD:
+        """Train on the private rows ``(x_private, y_private)``, labels in ``[0, n_classes)``.
+        ``x_public`` (rows of the same shape that are not private, such as the student's pool)
+        gives the mean and deviation that ``tempered-cnn`` and ``linear`` standardise inputs
+        with; without it they take the inputs as they are. The scattering and HOG maps normalise
+        each example by itself."""
+        n_classes = checked_integer("n_classes", n_classes, 2)
+        x, y = checked_rows(x_private), checked_labels(y_private, n_classes)
+        if len(x) != len(y):
+            raise UserError(f"x_private has {len(x)} rows and y_private {len(y)} labels")
+        norm = (0.0, 1.0)
+        if x_public is not None:
+            public = checked_rows(x_public)
+            if public.shape[1:] != x.shape[1:]:
+                raise UserError(f"x_public has rows of shape {list(public.shape[1:])}, "
+                                f"x_private {list(x.shape[1:])}")
+            norm = (float(public.mean()), float(public.std()) or 1.0)
+        check_delta(self.config.delta, len(y), self.allow_large_delta, "allow_large_delta=True")
+        try:
+            config = with_model(self.config, x)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        result = train_dpsgd(x, y, None, None, n_classes, config, norm)
+        self.model_, self.in_shape_ = result.model, tuple(x.shape[1:])
+        self.metrics_ = {k: v for k, v in result.metrics.items()
+                         if k not in ("accuracy", "eval_examples")}
+        self.config = replace(self.config, model=config.model)
+        return self
+
+    @property
+    def epsilon_(self) -> float:
+        """The epsilon the fitted model is private at (RDP accountant, at ``delta``): the
+        target, or just under it."""
+        if self.metrics_ is None:
+            raise UserError("fit the model first")
+        return float(self.metrics_["epsilon"])
+
+    def predict_proba(self, x: ArrayLike) -> NDArray[np.float64]:
+        """Class probabilities ``[rows, classes]``."""
+        if self.model_ is None:
+            raise UserError("fit the model first")
+        rows = checked_rows(x)
+        if tuple(rows.shape[1:]) != self.in_shape_:
+            raise UserError(f"x has rows of shape {list(rows.shape[1:])}; this model was "
+                            f"trained on {list(self.in_shape_ or ())}")
+        return predict_proba(self.model_, rows)
+
+    def predict(self, x: ArrayLike) -> NDArray[np.int64]:
+        """The most probable class of each row."""
+        return self.predict_proba(x).argmax(axis=1)
+
+    def score(self, x: ArrayLike, y: ArrayLike) -> float:
+        """Accuracy on labelled rows (measure it on a test set, never on the private data)."""
+        probs = self.predict_proba(x)
+        truth = checked_labels(y, probs.shape[1])
+        if len(truth) != len(probs):
+            raise UserError(f"y has {len(truth)} labels for {len(probs)} rows of x")
+        return float(np.mean(probs.argmax(axis=1) == truth))

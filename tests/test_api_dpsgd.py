@@ -1,0 +1,70 @@
+"""DP-SGD from Python (``pate.api.DPSGD``): it trains to its epsilon, predicts, and refuses bad
+input with one clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pate.api import DPSGD
+from pate.data.datasets import load_dataset
+from pate.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def digits():
+    ds = load_dataset("digits")
+    return ds.train_x, ds.train_y, ds.test_x, ds.test_y
+
+
+@pytest.mark.parametrize("model", ["scatter-linear", "tempered-cnn"])
+def test_it_learns_at_its_epsilon(digits, model) -> None:
+    x, y, test_x, test_y = digits
+    dp = DPSGD(8.0, model=model, epochs=4, batch_size=128, lr=2.0, seed=0)
+    assert dp.fit(x, y, 10, x_public=test_x[:200]) is dp
+    assert 7.9 < dp.epsilon_ <= 8.0
+    assert dp.config.model == model
+    assert "accuracy" not in dp.metrics_  # no evaluation data was given to fit
+    accuracy = dp.score(test_x, test_y)
+    assert accuracy > 0.5  # chance is 0.1
+    assert np.array_equal(dp.predict(test_x), dp.predict_proba(test_x).argmax(1))
+    assert np.allclose(dp.predict_proba(test_x[:5]).sum(1), 1.0)
+
+
+def test_feature_rows_take_the_linear_model_and_refuse_an_image_one() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    dp = DPSGD(4.0, epochs=3, batch_size=256, lr=1.0).fit(x, y, 2)
+    assert dp.config.model == "linear" and dp.score(x[:500], y[:500]) > 0.7
+    with pytest.raises(UserError, match="'hog-linear' is for images"):
+        DPSGD(4.0, model="hog-linear").fit(x, y, 2)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"epsilon": 0}, "epsilon must be a finite number > 0"),
+    ({"epsilon": 1.0, "model": "resnet"}, "model must be one of"),
+    ({"epsilon": 1.0, "momentum": 1.5}, "momentum in \\[0, 1\\)"),
+    ({"epsilon": 1.0, "momentum": "high"}, "momentum must be a number"),
+    ({"epsilon": 1.0, "epochs": 0}, "epochs must be an integer >= 1"),
+    ({"epsilon": 1.0, "delta": 2.0}, "delta must be in"),
+])
+def test_bad_settings_are_refused_in_one_line(kwargs, message) -> None:
+    with pytest.raises(UserError, match=message):
+        DPSGD(**kwargs)
+
+
+def test_bad_data_is_refused_before_any_training(digits) -> None:
+    x, y, test_x, _ = digits
+    with pytest.raises(UserError, match="y must be integer class indices"):
+        DPSGD(1.0).fit(x, y + 10, 10)
+    with pytest.raises(UserError, match="rows and y_private"):
+        DPSGD(1.0).fit(x, y[:-1], 10)
+    with pytest.raises(UserError, match="at least 1/n"):
+        DPSGD(1.0, delta=1e-2).fit(x, y, 10)
+    with pytest.raises(UserError, match="x_public has rows of shape"):
+        DPSGD(1.0).fit(x, y, 10, x_public=test_x[:, :, :4])
+    with pytest.raises(UserError, match="fit the model first"):
+        DPSGD(1.0).predict(test_x)
+    with pytest.raises(UserError, match="fit the model first"):
+        _ = DPSGD(1.0).epsilon_
