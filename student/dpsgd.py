@@ -17,7 +17,7 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
   Private Learning Needs Better Features", §3) do for their end-to-end CNN baseline. Or
   (``model = "scatter-linear"``) their handcrafted-features model (§3): a linear softmax on
   wavelet scattering features (:mod:`student.scattering`), computed once per example; or
-  (``model = "hog-linear"``) the same with HOG in place of the scattering, four times faster and
+  (``model = "hog-linear"``) the same with HOG in place of the scattering, three times faster and
   about a point weaker. Or (``model = "linear"``, the default for feature rows) a linear softmax
   on the inputs, for any data.
 """
