@@ -50,11 +50,13 @@ from pate.aggregation.ledger import Ledger
 from pate.aggregation.ledger_store import ledger_url
 from pate.aggregation.vote_pool import VotePool
 from pate.api_checks import (
+    accuracy_of,
     checked_device,
     checked_integer,
     checked_labels,
     checked_rate,
     checked_rows,
+    checked_rows_of,
     data_kind,
 )
 from pate.api_dpsgd import DPSGD
@@ -449,10 +451,7 @@ class Student:
         """Class probabilities ``[rows, classes]``."""
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit or load the student first")
-        rows = checked_rows(x)
-        if tuple(rows.shape[1:]) != tuple(self.spec_.in_shape):
-            raise UserError(f"x has rows of shape {list(rows.shape[1:])}; this student was "
-                            f"trained on {list(self.spec_.in_shape)}")
+        rows = checked_rows_of(x, self.spec_.in_shape, "this student")
         return predict_proba(self.model_, rows, self.fit_config.device)
 
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
@@ -474,15 +473,9 @@ class Student:
     def score(self, x: ArrayLike, y: ArrayLike) -> float:
         """Accuracy on labelled rows (measure it on data you may: a test set, never the
         private data)."""
-        predicted, truth = self.predict(x), np.asarray(y)
+        predicted = self.predict(x)
         assert self.spec_ is not None
-        classes = self.spec_.num_classes
-        if truth.shape != predicted.shape or not np.issubdtype(truth.dtype, np.integer) or \
-                truth.min() < 0 or truth.max() >= classes:
-            raise UserError(f"y must be class indices in [0, {classes}), one per row of x: got "
-                            f"shape {list(truth.shape)} of {truth.dtype} for {len(predicted)} "
-                            "rows")
-        return float(np.mean(predicted == truth))
+        return accuracy_of(predicted, y, self.spec_.num_classes)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``model.safetensors`` and ``model.json`` (the network) into ``directory``, and

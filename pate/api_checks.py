@@ -15,23 +15,45 @@ from pate.devices import device_problem
 from pate.errors import UserError
 
 
-def checked_rows(x: ArrayLike) -> NDArray[np.float32]:
+def checked_rows(x: ArrayLike, name: str = "x") -> NDArray[np.float32]:
     """Rows as float32: images ``[n, C, H, W]`` (or ``[n, H, W]``, given a channel) or
     features ``[n, d]``. Integer images are scaled to [0, 1] (pixels in [0, 255]), as the
-    built-in datasets, image files and ``.npz`` data are (``as_features``)."""
+    built-in datasets, image files and ``.npz`` data are (``as_features``). ``name`` is the
+    caller's name for the argument, in the messages."""
     try:
         raw = np.asarray(x)
         if raw.ndim not in (2, 3, 4) or not len(raw):
-            raise UserError(f"x must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
+            raise UserError(f"{name} must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
                             f"got shape {list(raw.shape)}")
         if raw.ndim == 4 and raw.shape[3] in (1, 3, 4) and raw.shape[1] not in (1, 3, 4):
-            warnings.warn(f"x of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
-                          "images are [n, C, H, W]: pass x.transpose(0, 3, 1, 2) if so",
+            warnings.warn(f"{name} of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
+                          f"images are [n, C, H, W]: pass {name}.transpose(0, 3, 1, 2) if so",
                           stacklevel=3)
-        return np.ascontiguousarray(as_features(raw, "x"))
+        return np.ascontiguousarray(as_features(raw, name))
     except (TypeError, ValueError):
-        raise UserError("x must be numbers: images [n, C, H, W] or feature rows [n, d] (encode "
-                        "text columns first)") from None
+        raise UserError(f"{name} must be numbers: images [n, C, H, W] or feature rows [n, d] "
+                        "(encode text columns first)") from None
+
+
+def checked_rows_of(x: ArrayLike, in_shape: tuple[int, ...], fitted: str) -> NDArray[np.float32]:
+    """:func:`checked_rows` of the shape ``in_shape`` the ``fitted`` model (its name in the
+    message) was trained on."""
+    rows = checked_rows(x)
+    if tuple(rows.shape[1:]) != tuple(in_shape):
+        raise UserError(f"x has rows of shape {list(rows.shape[1:])}; {fitted} was trained on "
+                        f"{list(in_shape)}")
+    return rows
+
+
+def accuracy_of(predicted: NDArray[np.int64], y: ArrayLike, classes: int) -> float:
+    """The share of ``predicted`` classes equal to the labels ``y``: class indices in
+    ``[0, classes)``, one per row."""
+    truth = np.asarray(y)
+    if truth.shape != predicted.shape or not np.issubdtype(truth.dtype, np.integer) or \
+            truth.min() < 0 or truth.max() >= classes:
+        raise UserError(f"y must be class indices in [0, {classes}), one per row of x: got "
+                        f"shape {list(truth.shape)} of {truth.dtype} for {len(predicted)} rows")
+    return float(np.mean(predicted == truth))
 
 
 def checked_integer(name: str, value: object, least: int, below: int | None = None) -> int:

@@ -19,7 +19,6 @@ private gradients: it is for the data's owner, not for publication.
 from __future__ import annotations
 
 import numbers
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,18 +26,30 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from pate.aggregation.delta_policy import check_delta
-from pate.api_checks import checked_integer, checked_labels, checked_rate, checked_rows
+from pate.api_checks import (
+    accuracy_of,
+    checked_integer,
+    checked_labels,
+    checked_rate,
+    checked_rows,
+    checked_rows_of,
+)
 from pate.errors import UserError
-from student.dpsgd import DPSGDConfig, train_dpsgd, with_model
+from student.baseline import fit_dpsgd, public_norm, split_bayesian
+from student.dpsgd import DPSGDConfig
 from student.training import predict_proba
+from teachers.rng import SEED_LIMIT
 
 
 class DPSGD:
     """DP-SGD to a target ``epsilon`` at ``delta``; ``model``, ``epochs``, ``batch_size`` (the
     expected Poisson batch), ``lr``, ``momentum`` and ``max_grad_norm`` as ``pate dpsgd
-    train``'s flags. ``seed`` seeds the weights' initialisation only: sampling and noise always
-    come from the operating system's entropy. A delta of 1/n or more (n the private rows) is
-    refused unless ``allow_large_delta``."""
+    train``'s flags (``model`` None: ``tempered-cnn`` for images, ``linear`` for feature rows).
+    ``seed`` seeds the weights' initialisation only: sampling and noise always come from the
+    operating system's entropy. A delta of 1/n or more (n the private rows) is refused unless
+    ``allow_large_delta``. After ``fit``: ``model_name_`` (the network trained), ``metrics_``
+    (epsilon, noise multiplier, steps: public) and ``bayesian_`` (the Bayesian accountant's
+    epsilon, computed from the private gradients: for the data's owner only)."""
 
     def __init__(self, epsilon: float, *, delta: float = 1e-5, model: str | None = None,
                  epochs: int = 40, batch_size: int = 2048, lr: float = 4.0,
@@ -46,6 +57,9 @@ class DPSGD:
                  allow_large_delta: bool = False, seed: int | None = None) -> None:
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
             raise UserError(f"momentum must be a number in [0, 1), got {momentum!r}")
+        if not isinstance(allow_large_delta, bool):
+            raise UserError(f"allow_large_delta must be True or False, got "
+                            f"{allow_large_delta!r}")
         try:
             self.config = DPSGDConfig(
                 epochs=checked_integer("epochs", epochs, 1),
@@ -53,15 +67,16 @@ class DPSGD:
                 lr=checked_rate("lr", lr), momentum=float(momentum),
                 max_grad_norm=checked_rate("max_grad_norm", max_grad_norm),
                 target_epsilon=checked_rate("epsilon", epsilon),
-                delta=checked_rate("delta", delta),
-                model=model,
-                init_seed=None if seed is None else checked_integer("seed", seed, 0))
+                delta=checked_rate("delta", delta), model=model,
+                init_seed=None if seed is None else checked_integer("seed", seed, 0, SEED_LIMIT))
         except (TypeError, ValueError) as e:
             raise UserError(str(e)) from None
-        self.allow_large_delta = bool(allow_large_delta)
+        self.allow_large_delta = allow_large_delta
         self.model_: torch.nn.Module | None = None
-        self.in_shape_: tuple[int, ...] | None = None
+        self.model_name_: str | None = None
+        self.in_shape_: tuple[int, ...] = ()
         self.metrics_: dict[str, Any] | None = None
+        self.bayesian_: dict[str, Any] | None = None
 
     def fit(self, x_private: ArrayLike, y_private: ArrayLike, n_classes: int, *,
             x_public: ArrayLike | None = None) -> DPSGD:
@@ -71,26 +86,24 @@ class DPSGD:
         with; without it they take the inputs as they are. The scattering and HOG maps normalise
         each example by itself."""
         n_classes = checked_integer("n_classes", n_classes, 2)
-        x, y = checked_rows(x_private), checked_labels(y_private, n_classes)
+        x = checked_rows(x_private, "x_private")
+        y = checked_labels(y_private, n_classes)
         if len(x) != len(y):
             raise UserError(f"x_private has {len(x)} rows and y_private {len(y)} labels")
         norm = (0.0, 1.0)
         if x_public is not None:
-            public = checked_rows(x_public)
+            public = checked_rows(x_public, "x_public")
             if public.shape[1:] != x.shape[1:]:
                 raise UserError(f"x_public has rows of shape {list(public.shape[1:])}, "
                                 f"x_private {list(x.shape[1:])}")
-            norm = (float(public.mean()), float(public.std()) or 1.0)
+            norm = public_norm(public)
         check_delta(self.config.delta, len(y), self.allow_large_delta, "allow_large_delta=True")
-        try:
-            config = with_model(self.config, x)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        result = train_dpsgd(x, y, None, None, n_classes, config, norm)
+        result = fit_dpsgd(x, y, None, None, n_classes, self.config, norm)
+        metrics = {k: v for k, v in result.metrics.items()
+                   if k not in ("accuracy", "eval_examples")}
+        self.metrics_, self.bayesian_ = split_bayesian(metrics)
         self.model_, self.in_shape_ = result.model, tuple(x.shape[1:])
-        self.metrics_ = {k: v for k, v in result.metrics.items()
-                         if k not in ("accuracy", "eval_examples")}
-        self.config = replace(self.config, model=config.model)
+        self.model_name_ = self.metrics_["config"]["model"]
         return self
 
     @property
@@ -105,11 +118,7 @@ class DPSGD:
         """Class probabilities ``[rows, classes]``."""
         if self.model_ is None:
             raise UserError("fit the model first")
-        rows = checked_rows(x)
-        if tuple(rows.shape[1:]) != self.in_shape_:
-            raise UserError(f"x has rows of shape {list(rows.shape[1:])}; this model was "
-                            f"trained on {list(self.in_shape_ or ())}")
-        return predict_proba(self.model_, rows)
+        return predict_proba(self.model_, checked_rows_of(x, self.in_shape_, "this model"))
 
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
         """The most probable class of each row."""
@@ -118,7 +127,4 @@ class DPSGD:
     def score(self, x: ArrayLike, y: ArrayLike) -> float:
         """Accuracy on labelled rows (measure it on a test set, never on the private data)."""
         probs = self.predict_proba(x)
-        truth = checked_labels(y, probs.shape[1])
-        if len(truth) != len(probs):
-            raise UserError(f"y has {len(truth)} labels for {len(probs)} rows of x")
-        return float(np.mean(probs.argmax(axis=1) == truth))
+        return accuracy_of(probs.argmax(axis=1), y, probs.shape[1])

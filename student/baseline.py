@@ -18,12 +18,43 @@ from pate.data.task import DataSource, load_task
 from pate.errors import UserError
 from pate.io import write_with_atomic
 from pate.rundir import RunDir
-from student.dpsgd import DPSGDConfig, train_dpsgd
+from student.dpsgd import DPSGDConfig, DPSGDResult, train_dpsgd
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 
 # The Bayesian accountant's figures: computed from the private gradients' distances, so kept
 # apart from the public metrics.json (in the private bayesian.json).
 BAYESIAN_KEYS = ("epsilon_bayesian", "bayesian_moment")
+
+
+def public_norm(public_x: np.ndarray) -> tuple[float, float]:
+    """The (mean, std) DP-SGD's ``tempered-cnn`` and ``linear`` standardise inputs with, from
+    public rows (no privacy cost); a std of 1 for rows that are all one value."""
+    return float(public_x.mean()), float(public_x.std()) or 1.0
+
+
+def fit_dpsgd(private_x: np.ndarray, private_y: np.ndarray, eval_x: np.ndarray | None,
+              eval_y: np.ndarray | None, num_classes: int, config: DPSGDConfig,
+              norm: tuple[float, float], progress: Callable[[int, int], None] | None = None,
+              encoding: EncodingConfig | None = None) -> DPSGDResult:
+    """``student.dpsgd.train_dpsgd``, or ``student.encoded_dpsgd`` for a non-plain
+    ``encoding`` (which needs evaluation rows); what the learner refuses (an epsilon no noise
+    reaches, a network that does not suit the data) as one ``UserError``."""
+    try:
+        if encoding is None or encoding.plain:
+            return train_dpsgd(private_x, private_y, eval_x, eval_y, num_classes, config, norm,
+                               progress)
+        assert eval_x is not None and eval_y is not None
+        return train_encoded_dpsgd(private_x, private_y, eval_x, eval_y, num_classes, config,
+                                   encoding, norm, progress)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def split_bayesian(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``metrics`` as (public, private): the Bayesian accountant's figures (``BAYESIAN_KEYS``)
+    apart."""
+    return ({k: v for k, v in metrics.items() if k not in BAYESIAN_KEYS},
+            {k: metrics[k] for k in BAYESIAN_KEYS if k in metrics})
 
 
 def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
@@ -49,18 +80,12 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
     assert task.private_x is not None and task.private_y is not None
     if allow_large_delta is not None:
         check_delta(config.delta, len(task.private_y), allow_large_delta)
-    norm = (float(task.pool_x.mean()), float(task.pool_x.std()))
-    try:
-        result = (train_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
-                              task.num_classes, config, norm, progress)
-                  if encoding is None or encoding.plain else
-                  train_encoded_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
-                                      task.num_classes, config, encoding, norm, progress))
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    metrics = {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
-               **result.metrics}
-    bayesian = {k: metrics.pop(k) for k in BAYESIAN_KEYS if k in metrics}
+    norm = public_norm(task.pool_x)
+    result = fit_dpsgd(task.private_x, task.private_y, task.eval_x, task.eval_y,
+                       task.num_classes, config, norm, progress, encoding)
+    metrics, bayesian = split_bayesian(
+        {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
+         **result.metrics})
     folder = run.private_dir(out or run.dpsgd)
     private = run.baseline_is_private(folder)
     write_with_atomic(folder / run.dpsgd_distances.name,

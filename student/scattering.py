@@ -47,8 +47,8 @@ class Scattering(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         maps = self.transform(x.contiguous())  # [n, C, 81, h, w]
         maps = maps.flatten(1, 2)
-        # a tiny eps: order-2 maps of a [0, 1] image vary by about 1e-5, which GroupNorm's
-        # default eps (1e-5, added to the variance) would halve
+        # a tiny eps: a group of order-2 maps of a [0, 1] image has a variance of about 1e-5,
+        # which GroupNorm's default eps (1e-5, added to the variance) would halve
         return F.group_norm(maps, self.channels * MAPS // GROUP_MAPS, eps=1e-10).flatten(1)
 
 

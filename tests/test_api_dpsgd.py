@@ -23,8 +23,11 @@ def test_it_learns_at_its_epsilon(digits, model) -> None:
     dp = DPSGD(8.0, model=model, epochs=4, batch_size=128, lr=2.0, seed=0)
     assert dp.fit(x, y, 10, x_public=test_x[:200]) is dp
     assert 7.9 < dp.epsilon_ <= 8.0
-    assert dp.config.model == model
+    assert dp.model_name_ == model and dp.metrics_["config"]["model"] == model
     assert "accuracy" not in dp.metrics_  # no evaluation data was given to fit
+    # the Bayesian accountant's epsilon comes from the private gradients: kept apart
+    assert set(dp.bayesian_) == {"epsilon_bayesian", "bayesian_moment"}
+    assert not set(dp.bayesian_) & set(dp.metrics_)
     accuracy = dp.score(test_x, test_y)
     assert accuracy > 0.5  # chance is 0.1
     assert np.array_equal(dp.predict(test_x), dp.predict_proba(test_x).argmax(1))
@@ -36,9 +39,19 @@ def test_feature_rows_take_the_linear_model_and_refuse_an_image_one() -> None:
     x = rng.normal(size=(3000, 5)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     dp = DPSGD(4.0, epochs=3, batch_size=256, lr=1.0).fit(x, y, 2)
-    assert dp.config.model == "linear" and dp.score(x[:500], y[:500]) > 0.7
+    assert dp.model_name_ == "linear" and dp.score(x[:500], y[:500]) > 0.7
     with pytest.raises(UserError, match="'hog-linear' is for images"):
         DPSGD(4.0, model="hog-linear").fit(x, y, 2)
+
+
+def test_a_second_fit_takes_the_default_of_its_own_data(digits) -> None:
+    """The network left unnamed is chosen per fit, from the data of that fit."""
+    images, labels, _, _ = digits
+    rows = images.reshape(len(images), -1)
+    dp = DPSGD(8.0, epochs=1, batch_size=256, allow_large_delta=False)
+    assert dp.fit(images, labels, 10).model_name_ == "tempered-cnn"
+    assert dp.fit(rows, labels, 10).model_name_ == "linear"
+    assert dp.config.model is None
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -48,12 +61,15 @@ def test_feature_rows_take_the_linear_model_and_refuse_an_image_one() -> None:
     ({"epsilon": 1.0, "momentum": "high"}, "momentum must be a number"),
     ({"epsilon": 1.0, "epochs": 0}, "epochs must be an integer >= 1"),
     ({"epsilon": 1.0, "delta": 2.0}, "delta must be in"),
+    ({"epsilon": 1.0, "seed": 2 ** 70}, "seed must be an integer in"),
+    ({"epsilon": 1.0, "allow_large_delta": "no"}, "allow_large_delta must be True or False"),
 ])
 def test_bad_settings_are_refused_in_one_line(kwargs, message) -> None:
     with pytest.raises(UserError, match=message):
         DPSGD(**kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:optimal Rényi order")  # the unreachable epsilon's search
 def test_bad_data_is_refused_before_any_training(digits) -> None:
     x, y, test_x, _ = digits
     with pytest.raises(UserError, match="y must be integer class indices"):
@@ -64,6 +80,14 @@ def test_bad_data_is_refused_before_any_training(digits) -> None:
         DPSGD(1.0, delta=1e-2).fit(x, y, 10)
     with pytest.raises(UserError, match="x_public has rows of shape"):
         DPSGD(1.0).fit(x, y, 10, x_public=test_x[:, :, :4])
+    with pytest.raises(UserError, match="x_private must be numbers"):
+        DPSGD(1.0).fit(np.array([["a"] * 4] * 3), [0, 1, 0], 2)
+    with pytest.raises(UserError, match="'scatter-linear' needs images of at least 4x4"):
+        DPSGD(1.0, model="scatter-linear").fit(np.zeros((50, 1, 3, 3)), np.arange(50) % 2, 2)
+    with pytest.raises(UserError, match="'hog-linear' needs images of at least 8x8"):
+        DPSGD(1.0, model="hog-linear").fit(np.zeros((50, 1, 6, 6)), np.arange(50) % 2, 2)
+    with pytest.raises(UserError, match="no noise multiplier"):
+        DPSGD(1e-6, epochs=1).fit(x, y, 10)
     with pytest.raises(UserError, match="fit the model first"):
         DPSGD(1.0).predict(test_x)
     with pytest.raises(UserError, match="fit the model first"):
