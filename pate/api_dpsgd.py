@@ -12,7 +12,7 @@ tuning them on the private data costs privacy of its own.
 
 Privacy: the fitted model is differentially private at (``epsilon_``, ``delta``) for the rows it
 was trained on, a budget of its own. Publishing it beside a PATE student of the same data adds
-the two epsilons. ``metrics_`` also holds the Bayesian accountant's epsilon, which depends on the
+the two epsilons. ``bayesian_`` holds the Bayesian accountant's epsilon, which depends on the
 private gradients: it is for the data's owner, not for publication.
 """
 

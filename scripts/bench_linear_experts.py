@@ -62,7 +62,7 @@ def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr
 
 def probabilities(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``[T, n, C]``: every expert's class probabilities on the rows ``x [n, F]``."""
-    return torch.stack([torch.softmax(x @ w + b, -1) for w, b in zip(weights, bias, strict=True)])
+    return torch.softmax(torch.einsum("nf,tfc->tnc", x, weights) + bias, -1)
 
 
 def scores(p_eval: torch.Tensor, p_pool: torch.Tensor, eval_y: torch.Tensor,

@@ -8,7 +8,7 @@ subsamples by 2^J. At J = 2 scales, L = 8 orientations and order 2 it gives, per
 28x28 image. It is computed by Kymatio (M. Andreux et al., "Kymatio: Scattering Transforms in
 Python", JMLR 21, 2020).
 
-E. Tramèr, D. Boneh ("Differentially Private Learning Needs Better Features (or Much More
+F. Tramèr, D. Boneh ("Differentially Private Learning Needs Better Features (or Much More
 Data)", ICLR 2021, §3) train a linear model on these features with DP-SGD and find it better than
 any end-to-end CNN at small epsilon. They normalise the maps, among other options, by group
 normalisation without a learnt scale (Y. Wu, K. He, ECCV 2018): each example's own mean and
