@@ -89,10 +89,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     task = load_task(source_from_flags(args))
     assert task.pool_y is not None and task.eval_y is not None, "needs a labelled benchmark"
-    assignment = make_partition(len(task.private_y), args.teachers, seed=0).assignment
-    per_teacher = np.bincount(assignment).min()
-    parts = np.stack([np.flatnonzero(assignment == t)[:per_teacher]
-                      for t in range(args.teachers)])
+    partition = make_partition(len(task.private_y), args.teachers, seed=0)
+    per_teacher = int(partition.sizes.min())  # as many rows each, to stack them in one tensor
+    parts = np.stack([rows[:per_teacher] for rows in partition.parts()])
     y = torch.as_tensor(task.private_y)[parts]
     eval_y, pool_y = torch.as_tensor(task.eval_y), torch.as_tensor(task.pool_y)
     scatter = Scattering(tuple(task.pool_x.shape[1:]))
@@ -104,12 +103,12 @@ def main() -> None:
                                       args.weight_decay)
         probs[name] = (probabilities(features(fixed, task.eval_x), weights, bias),
                        probabilities(features(fixed, task.pool_x), weights, bias))
-        emit({"experts": name, "teachers": args.teachers, "rows_each": int(per_teacher),
+        emit({"experts": name, "teachers": args.teachers, "rows_each": per_teacher,
               **scores(*probs[name], eval_y, pool_y),
               "seconds": round(time.perf_counter() - start, 1)}, args.out, threads=args.threads)
     pair = [(a + b) / 2 for a, b in zip(probs["hog"], probs["scattering"], strict=True)]
     emit({"experts": "hog+scattering (mean of probabilities)", "teachers": args.teachers,
-          "rows_each": int(per_teacher), **scores(*pair, eval_y, pool_y)}, args.out,
+          "rows_each": per_teacher, **scores(*pair, eval_y, pool_y)}, args.out,
          threads=args.threads)
 
 
