@@ -48,7 +48,8 @@ from analysis.mechanisms import ConfidentGNMax, GNMax, LNMax
 from analysis.votes_analysis import analyze_votes
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
-from pate.report.figures import figure_png, render_html
+from pate.report.figures import figure_png
+from pate.report.page import render_html
 from student.rounds import Received, analyze_rounds
 
 

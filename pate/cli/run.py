@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pate.config import load_config
     from pate.pipeline import run_pipeline
-    from pate.report.figures import public_rows
+    from pate.report.content import public_rows
     from pate.rundir import RunDir
 
     config = load_config(args.config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from pate.report.figures import format_value
+from pate.report.page import format_value
 
 OWNER_NOTE = ('<p class="note"><b>Owner only: not for publication.</b> This page compares the '
               "published PATE student with models that read the private data: a non-private "

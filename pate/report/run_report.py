@@ -1,4 +1,4 @@
-"""Read a run directory into ``pate.report.figures.RunData`` and write its report (the run
+"""Read a run directory into ``pate.report.run_data.RunData`` and write its report (the run
 directory of docs/design.md: config.toml, votes.npz, labels.npz, teachers/manifest.json,
 student/rounds.json, student/metrics.json, dpsgd/metrics.json -> report/)."""
 
@@ -18,15 +18,7 @@ from pate.data.task import Benchmark, DataSource, Task, load_task
 from pate.data.votes_file import load_private_records, load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
-from pate.report.figures import (
-    RunData,
-    Segment,
-    build_report,
-    compare_runs,
-    run_sections,
-    table_html,
-    write_report,
-)
+from pate.report.content import build_report, compare_runs
 from pate.report.freshness import REPORT_FORMAT, current_report
 from pate.report.owner import (
     OWNER_NOTE,
@@ -35,6 +27,8 @@ from pate.report.owner import (
     owner_rows,
     owner_sections,
 )
+from pate.report.page import run_sections, table_html, write_report
+from pate.report.run_data import RunData, Segment
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline, read_rounds, round_plan
 from teachers.checkpoints import teachers_source

@@ -20,7 +20,7 @@ from analysis.rdp import epsilon_from_rdp
 from pate.config import dump_config, load_config
 from pate.data.datasets import load_dataset, public_split
 from pate.data.synthetic import synthetic_votes
-from pate.report.figures import PRIVATE_TABLE_KEYS, public_rows
+from pate.report.content import PRIVATE_TABLE_KEYS, public_rows
 
 
 def make_run(run_dir: Path, rounds: bool) -> dict:
