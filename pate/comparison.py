@@ -28,7 +28,8 @@ from pate.rundir import RunDir
 from student.baseline import train_dpsgd_baseline
 from student.dpsgd import DPSGDConfig
 from student.encoded_dpsgd import EncodingConfig
-from student.workflow import StudentOptions, train_on_prefixes
+from student.options import StudentOptions
+from student.workflow import train_on_prefixes
 from teachers.nonprivate import train_nonprivate
 
 _DPSGD_CHOICE = ("fixed in advance (the [dpsgd] section of the run's config), not tuned on the "

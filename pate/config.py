@@ -175,7 +175,7 @@ class AggregatorConfig(_Section):
 
 
 class StudentConfig(_Section):
-    """``pate student train``'s settings (student.workflow.StudentOptions), the same for
+    """``pate student train``'s settings (student.options.StudentOptions), the same for
     every round."""
 
     method: Literal["vat", "gan", "supervised"] = "vat"

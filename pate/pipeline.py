@@ -41,10 +41,12 @@ from pate.report.run_report import write_run_report
 from pate.rundir import RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
+from student.asking import AggregatorSession
 from student.baseline import train_dpsgd_baseline
 from student.choices import dpsgd_model_for
 from student.models import check_network
-from student.workflow import AggregatorSession, StudentOptions, train_student
+from student.options import StudentOptions
+from student.workflow import train_student
 from teachers.choices import model_data_problem
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, train_config_for

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pate.aggregation.vote_pool import VotePool
-    from student.workflow import AggregatorSession
+    from student.asking import AggregatorSession
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -142,7 +142,7 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     the ledger opens."""
     from pate.aggregation.label_service import InProcessLabels, open_label_service
     from pate.service.client import LabelClient
-    from student.workflow import AggregatorSession
+    from student.asking import AggregatorSession
 
     if args.server:
         given = given_parameters(args)
@@ -178,7 +178,8 @@ def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
-    from student.workflow import StudentOptions, train_student
+    from student.options import StudentOptions
+    from student.workflow import train_student
     from teachers.checkpoints import teachers_source
 
     if args.threads is not None:

@@ -200,7 +200,7 @@ def test_the_student_section_reaches_the_student_workflow() -> None:
 
     from pate.config import StudentConfig
     from pate.pipeline import _student_options
-    from student.workflow import StudentOptions
+    from student.options import StudentOptions
 
     head = ("name = 'x'\n[aggregator]\nthreshold = 200\nsigma1 = 150\nsigma2 = 40\n"
             "budget_epsilon = 9\ndelta = 1e-5\n[student]\nepochs = 7\nvat_eps = 3.5\n")
