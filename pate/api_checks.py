@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -13,6 +15,18 @@ from numpy.typing import ArrayLike, NDArray
 from pate.data.preprocessing import as_features
 from pate.devices import device_problem
 from pate.errors import UserError
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the function that calls this one that
+    names the first line outside ``pate/``: the caller's own, whichever API method (``fit``,
+    ``predict``, ``score``) the rows came through."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def checked_rows(x: ArrayLike, name: str = "x") -> NDArray[np.float32]:
@@ -28,7 +42,7 @@ def checked_rows(x: ArrayLike, name: str = "x") -> NDArray[np.float32]:
         if raw.ndim == 4 and raw.shape[3] in (1, 3, 4) and raw.shape[1] not in (1, 3, 4):
             warnings.warn(f"{name} of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
                           f"images are [n, C, H, W]: pass {name}.transpose(0, 3, 1, 2) if so",
-                          stacklevel=3)
+                          stacklevel=_user_stacklevel())
         return np.ascontiguousarray(as_features(raw, name))
     except (TypeError, ValueError):
         raise UserError(f"{name} must be numbers: images [n, C, H, W] or feature rows [n, d] "

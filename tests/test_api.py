@@ -3,6 +3,7 @@ their contracts (the ledger is charged before labels are returned, the student r
 
 from __future__ import annotations
 
+import contextlib
 import re
 import runpy
 import sqlite3
@@ -349,8 +350,15 @@ def test_augmentation_mixup_and_vat_settings_are_used() -> None:
              for kw in ({}, {"augment": "shift"}, {"vat_eps": 6.0}, {"entmin": True})]
     for other in probs[1:]:
         assert not np.allclose(probs[0], other)
-    with pytest.warns(UserWarning, match=r"looks channels-last \[n, H, W, C\]"):
-        Teachers(2, 3, epochs=1).fit(images.transpose(0, 2, 3, 1).repeat(3, axis=3), labels)
+    channels_last = images.transpose(0, 2, 3, 1).repeat(3, axis=3)
+    student = Student("supervised", epochs=1).fit(images, got, 3)
+    for call in (lambda: Teachers(2, 3, epochs=1).fit(channels_last, labels),
+                 lambda: student.predict(channels_last), lambda: student.score(channels_last,
+                                                                              labels)):
+        with pytest.warns(UserWarning, match=r"looks channels-last \[n, H, W, C\]") as caught, \
+                contextlib.suppress(UserError):  # the student then refuses the shape
+            call()
+        assert caught[0].filename == __file__  # the caller's line, not the library's
 
 
 def test_8_bit_images_are_scaled_as_image_files_are() -> None:
