@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ from pate.data.preprocessing import as_features
 from pate.devices import device_problem
 from pate.errors import UserError
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = str(Path(__file__).parent) + os.sep  # as the frames of its modules name them
 
 
 def _user_stacklevel() -> int:
