@@ -100,6 +100,11 @@ def error_response(exc: PateError) -> JSONResponse:
     return _json_error(exc.status, exc.error, exc.detail, headers)
 
 
+class _FixedFailure(PateError):
+    """A failure answered with a fixed public detail (``_fail_closed``): nothing of the
+    exception's message leaves the process."""
+
+
 @contextlib.contextmanager
 def _fail_closed(what: str, detail: str) -> Iterator[None]:
     """Refusals (a ``PateError`` below 500) pass; any other failure becomes a 500 with the fixed
@@ -111,7 +116,7 @@ def _fail_closed(what: str, detail: str) -> Iterator[None]:
         if isinstance(exc, PateError) and exc.status < 500:
             raise
         log.error("%s (%s)", what, type(exc).__name__)
-        raise PateError(detail) from None
+        raise _FixedFailure(detail) from None
 
 
 async def _settled(future: Future[Any]) -> None:
@@ -205,6 +210,8 @@ class _Guard:
                 return b"".join(chunks)
 
 
+_INTERNAL = "internal error: nothing released"
+
 _bearer = HTTPBearer(auto_error=False, description="one of the tokens of --token-file")
 
 
@@ -225,7 +232,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         409: "request_id reused with a different body", 413: "body or batch too large",
         415: "body not sent as application/json", 422: "invalid request",
         429: "over the client's rate limit (see Retry-After)",
-        500: "internal error: nothing released"}.items()}
+        500: _INTERNAL}.items()}
 
 
 def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) -> FastAPI:
@@ -250,6 +257,9 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
 
     @app.exception_handler(PateError)
     async def _refused(_request: Request, exc: PateError) -> JSONResponse:
+        if exc.status >= 500 and not isinstance(exc, _FixedFailure):  # not by _fail_closed
+            log.error("request failed, nothing released (%s)", type(exc).__name__)
+            exc = _FixedFailure(_INTERNAL)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -275,7 +285,8 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
     def mechanism(_client_id: ClientId) -> dict[str, Any]:
         """The aggregator's mechanism and its parameters: public, as the privacy analysis of
         the answers needs them."""
-        return service.mechanism()
+        with _fail_closed("mechanism unavailable", _INTERNAL):
+            return service.mechanism()
 
     @app.get("/v1/pool", response_model=PoolDescription, responses=_ERRORS, tags=["labels"])
     def pool(_client_id: ClientId) -> dict[str, Any]:
@@ -283,7 +294,8 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
         they cover, the first and last pool index, the number of teachers and classes, and the
         fingerprint of the pool they were cast on (null if unknown), so that a student can
         check, before it asks, that they are its pool's."""
-        return service.describe_pool()
+        with _fail_closed("pool description unavailable", _INTERNAL):
+            return service.describe_pool()
 
     @app.post("/v1/labels", response_model=LabelsResponse, responses=_ERRORS, tags=["labels"],
               openapi_extra={"requestBody": {"required": True, "content": {
@@ -295,11 +307,12 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
         index answered before gets its first answer again (``replayed``), free, unless the
         request asks for ``fresh`` noise (charged)."""
         raw = await request.body()
-        if len(raw) > _PARSE_IN_THREAD_BYTES:
-            async with heavy_work:
-                body = await run_in_threadpool(service.parse, raw)
-        else:
-            body = service.parse(raw)
+        with _fail_closed("request not read, nothing released", _INTERNAL):
+            if len(raw) > _PARSE_IN_THREAD_BYTES:
+                async with heavy_work:
+                    body = await run_in_threadpool(service.parse, raw)
+            else:
+                body = service.parse(raw)
         n = len(body.indices) if body.indices is not None else body.inputs.shape[0]
         rates.admit_labels(client_id, n)
         with _fail_closed("request failed, nothing released",

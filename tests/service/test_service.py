@@ -30,6 +30,7 @@ from pate.errors import (
     AuthenticationError,
     BatchTooLarge,
     BudgetExhausted,
+    LedgerError,
     RequestConflict,
     UserError,
 )
@@ -456,3 +457,39 @@ def test_a_server_in_this_process_leaves_its_logging_alone(tmp_path: Path) -> No
         server.close()
         logging.getLogger("a-caller").removeHandler(probe)
     assert not probe.closed
+
+
+def test_a_failure_anywhere_answers_a_fixed_500_and_logs_its_class_only(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Whatever fails while a route works (the pool's description, the mechanism, reading a
+    request; a ``PateError`` of status 500 raised outside the routes' own guards too), the
+    client gets the fixed JSON 500 and the log the exception's class: never its message, which
+    may carry private values."""
+    np.savez(tmp_path / "votes.npz", votes=synthetic_votes(20))
+    server = open_server(GNMax(sigma=10.0), token_file=write_tokens(tmp_path / "tokens"),
+                         epsilon_budget=50.0, delta=1e-5, votes_path=tmp_path / "votes.npz",
+                         port=0)
+
+    def leak(*_args: object) -> None:
+        raise RuntimeError("votes=[250, 0, 0] of the private rows")
+
+    def leak_refusal(*_args: object) -> None:
+        raise LedgerError("votes=[250, 0, 0] of the private rows")
+
+    try:
+        with server.running() as url, caplog.at_level(logging.INFO):
+            for name, route, fault in (("describe_pool", "GET /v1/pool", leak),
+                                       ("mechanism", "GET /v1/mechanism", leak_refusal),
+                                       ("parse", "POST /v1/labels", leak)):
+                setattr(server.service, name, fault)
+                method, path = route.split()
+                got = httpx.request(method, f"{url}{path}", headers=auth(TOKENS[0]),
+                                    json={"request_id": "r1", "indices": [0]})
+                assert (got.status_code, got.json()["error"]) == (500, "internal_error"), route
+                assert "votes" not in got.text and "private" not in got.text
+            assert httpx.get(f"{url}/healthz").status_code == 200  # still serving
+    finally:
+        server.close()
+    logged = caplog.text
+    assert "RuntimeError" in logged and "LedgerError" in logged
+    assert "votes=" not in logged
