@@ -86,7 +86,7 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
         return
     if recorded is not None and made:  # the same run, placed elsewhere or mended ahead
         changed = config_differences(recorded, config)
-        run.write_text(run.config, dump_config(config))
+        run.write_config(dump_config(config))
         run.append_log(f"config.toml: {', '.join(changed)} changed, for the stages not finished"
                        if changed else "config.toml: where the stages run changed (workers, "
                        "device, GPU share or Ray cluster)")
@@ -94,7 +94,7 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     if recorded is not None:
         run.append_log("config.toml replaced: the last attempt stopped before any stage made "
                        "anything")
-    run.write_text(run.config, dump_config(config))
+    run.write_config(dump_config(config))
 
 
 def _token(run: RunDir) -> Path:

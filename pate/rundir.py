@@ -272,9 +272,10 @@ class RunDir:
             raise UserError(f"{self.partition}: no num_rows: this run directory is damaged "
                             "(restore the file, or start a new --run directory)") from None
 
-    def write_text(self, path: Path, text: str) -> None:
-        """Write a public text file atomically (``config.toml``)."""
-        write_bytes_atomic(path, text.encode())
+    def write_config(self, text: str) -> None:
+        """Write ``config.toml`` atomically, private: it names the private data's file (its path
+        may say what the data is) and the ledger's URL (which may hold a password)."""
+        write_bytes_atomic(self.config, text.encode(), private=True)
 
     def finished_stages(self) -> dict[str, float]:
         """The stages of ``pate run`` finished so far, with their seconds."""

@@ -41,7 +41,7 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
                  "student/metrics.json", "student/schema.json", "report/report.json",
                  "report/report.html", "stages.json"):
         assert (run / name).is_file(), name
-    for private in ("votes.npz", "ledger.db", "service.token"):
+    for private in ("votes.npz", "ledger.db", "service.token", "config.toml"):
         assert stat.S_IMODE((run / private).stat().st_mode) == 0o600, private
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
     with np.load(run / "votes.npz") as f:  # the delta's bound travels with the votes
@@ -286,7 +286,7 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     written = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(
         update={"model": "tempered-cnn"})})
     unset = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(update={"model": None})})
-    RunDir(run).write_text(RunDir(run).config, dump_config(written))
+    RunDir(run).write_config(dump_config(written))
     prepare_run_dir(unset, RunDir(run))
     for change, message in (('dataset = "digits"\npool_size = 100000',
                              "the pool size (--pool-size, data.pool_size) must be"),

@@ -20,7 +20,7 @@ from pate.rundir import RunDir
 def test_status_mid_run_and_after(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = load_config("digits-tiny")
     run = RunDir(tmp_path / "run").create()
-    run.write_text(run.config, dump_config(config))
+    run.write_config(dump_config(config))
     run.finish_stage("teachers", 3.5)
     run.append_log("teachers: finished in 3.5 s")
     run.append_log("votes: started")
