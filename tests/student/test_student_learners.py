@@ -78,3 +78,29 @@ def test_a_network_its_inputs_are_too_small_for_is_refused_before_any_query() ->
     with pytest.raises(UserError, match=r"network 'cnn' cannot take inputs of shape \[1, 1, 1\]"):
         check_network(ModelSpec("cnn", (1, 1, 1), 3))
     check_network(ModelSpec("cnn", (1, 8, 8), 3))  # digits' size is fine
+
+
+def test_a_short_training_leaves_batch_norm_settled_on_the_pool(digits: Dataset) -> None:
+    """After only a few steps, evaluation mode uses the batch-norm statistics of the whole pool
+    (not the running averages that still hold their start): the first layer's mean is the mean
+    of its inputs over the pool's rows, and the student scores in evaluation mode as it does
+    with batch statistics."""
+    seed_everything(0)
+    method = MethodConfig("supervised", "mlp")
+    spec = method.spec(digits.train_x.shape[1:], digits.num_classes)
+    model = build_classifier(spec)
+    pool = digits.train_x[:257]  # a last batch of one row, left out
+    fit(build_learner(method, model, spec), pool[:100], digits.train_y[:100], pool,
+        FitConfig(epochs=1, unlabelled_batch_size=64))
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    inputs = []
+    handle = first.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
+    with torch.no_grad():
+        model.eval()(torch.as_tensor(pool[:256]))
+    handle.remove()
+    assert torch.allclose(first.running_mean, inputs[0].mean(0), atol=1e-4)
+    evaluated = accuracy(model, pool, digits.train_y[:257])
+    with torch.no_grad():
+        batch_stats = float((model.train()(torch.as_tensor(pool)).argmax(1).numpy()
+                             == digits.train_y[:257]).mean())
+    assert abs(evaluated - batch_stats) < 0.05, (evaluated, batch_stats)
