@@ -256,7 +256,7 @@ def _check_data(config: RunConfig) -> None:
     a = config.aggregator
     confident, orders = a.round_mechanism("confident"), default_orders()
     covered = worst_case_queries(confident, a.budget_epsilon, a.delta, orders)
-    if covered < 2:  # the fewest labels a student learns from (one makes batches of one row)
+    if covered < 2:  # the fewest labels a student learns from (one teaches it one class)
         two = epsilon_from_rdp(realised_rdp_independent(confident, 2, 2, orders), orders,
                                a.delta)[0]
         raise UserError(f"aggregator.budget_epsilon {a.budget_epsilon:g} does not cover two "

@@ -205,10 +205,12 @@ def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarra
     yl = torch.as_tensor(y_lab, dtype=torch.int64, device=device)
     xu = torch.as_tensor(x_unl, dtype=torch.float32, device=device)
     ub = min(config.unlabelled_batch_size, len(xu))
-    lb = min(config.batch_size, len(lab_pool))
-    if min(lb, ub) < 2:  # a batch of one row (one answer, or batch_size 1): batch norm fails
+    # a single answer is drawn twice per batch: batch norm cannot train on a batch of one row,
+    # and a round that bought one answer must not leave a run that can never go on
+    lb = min(config.batch_size, max(2, len(lab_pool)))
+    if min(lb, ub) < 2:  # batch_size 1, or a pool of one row
         check_trains_on(learner.model, 1, tuple(xl.shape[1:]), "the student's network", device,
-                        "a batch size of at least 2, and at least 2 answered labels")
+                        "a batch size of at least 2, and a pool of at least 2 rows")
     steps = len(xu) // ub
     total = steps * config.epochs
     lab_order = torch.empty(0, dtype=torch.int64)
@@ -219,7 +221,7 @@ def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarra
         perm = torch.randperm(len(xu), generator=gen)
         sums: dict[str, float] = {}
         for i in range(steps):
-            if len(lab_order) < lb:  # a fresh random order of the labelled set, as needed
+            while len(lab_order) < lb:  # a fresh random order of the labelled set, as needed
                 lab_order = torch.cat([lab_order,
                                        lab_pool[torch.randperm(len(lab_pool), generator=gen)]])
             li, lab_order = lab_order[:lb], lab_order[lb:]
