@@ -4,6 +4,7 @@ aggregator and against a real ``pate serve`` (Confident-GNMax, then Interactive-
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -366,3 +367,18 @@ def test_round_plan_reads_each_rounds_mechanism_and_rows() -> None:
         round_plan([{"mechanism": confident, "queries": 4}], received)
     with pytest.raises(UserError, match=r"^student/rounds\.json: "):
         round_plan([{"mechanism": {**confident, "sigma1": -1.0}, "queries": 5}], received)
+
+
+def test_classes_no_answer_is_of_are_warned_of(run_dir: Path, digits: Dataset,
+                                              capsys: pytest.CaptureFixture) -> None:
+    """A round whose answers leave out classes (6 pool rows cannot hold all 10 digits) says
+    which, by name, in one warning line: the student will not predict them."""
+    assert main(["student", "train", "--run", str(run_dir), "--budget-epsilon", "1e9",
+                 *TRAIN, *CONFIDENT, "--queries", "6", "--select", "first"]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "no answered label" in x)
+    answered = set(Received.load(run_dir / "labels.npz").label.tolist()) - {-1}
+    named = re.search(r"class\(es\) ([\d, ]+?)(?: and (\d+) more)?, of 10:", line)
+    assert line.startswith("pate: warning: ") and named, line
+    shown = {int(k) for k in named.group(1).split(", ")}
+    assert not shown & answered
+    assert len(shown) + int(named.group(2) or 0) == 10 - len(answered)
