@@ -263,6 +263,8 @@ def _check_data(config: RunConfig) -> None:
                         f"queries, the fewest a student can learn from: their worst case is "
                         f"epsilon {two:.3g} at delta {a.delta:g} (a larger budget, or larger "
                         "sigma1 and sigma2)")
+    say(f"pate run: the budget (epsilon {a.budget_epsilon:g} at delta {a.delta:g}) covers at "
+        f"least {covered} answered queries, whatever the votes; declined ones cost less")
     st = config.student
     asked = st.queries + st.active_queries + st.interactive_queries
     if asked > len(task.pool_x):
