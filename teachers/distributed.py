@@ -208,6 +208,21 @@ def _restore_sigterm(handler: Any) -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+def _changed_settings(recorded: dict, settings: dict) -> list[str]:
+    """The names of the ``settings`` (``TrainJob.settings``) that differ from those ``recorded``
+    in the manifest, a section's by key (``train.epochs``, ``data.private``); names only, never
+    values (the data files' are private paths)."""
+    changed = []
+    for key, value in settings.items():
+        old = recorded.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            changed += [f"{key}.{k}" for k in sorted(value.keys() | old.keys())
+                        if value.get(k) != old.get(k)]
+        elif old != value:
+            changed.append(key)
+    return changed
+
+
 def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     """Load the data, record or verify the partition, and read or create the manifest."""
     data = load_task(job.source)
@@ -233,9 +248,9 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
                     "in_shape": list(data.input_shape), "num_classes": data.num_classes,
                     "classes": list(data.classes), "min_size": int(part.sizes.min()),
                     "shards": {}, "done": False}
-    elif {k: manifest.get(k) for k in settings} != settings:
-        raise UserError("this run's teachers were trained with other settings (see "
-                        "teachers/manifest.json); repeat them or use a new --run directory")
+    elif changed := _changed_settings(manifest, settings):
+        raise UserError(f"this run's teachers were trained with other settings (other "
+                        f"{', '.join(changed)}); repeat them or use a new --run directory")
     elif checkpoints.pool_changed(manifest, data):
         raise UserError("the public pool is not the one this run's teachers were trained beside "
                         "(its content, rows or label set changed since): restore it, or use a "

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +88,11 @@ def test_train_checkpoint_and_resume(tmp_path, ray_running):
     assert train_teachers(run, JOB, Cluster(workers=1)) == {"trained": [1], "skipped": [0, 2]}
     assert _shas(run) == before
 
-    with pytest.raises(UserError, match="other settings"):
+    with pytest.raises(UserError, match=r"other settings \(other shard_size\)"):
         train_teachers(run, TrainJob("digits", 12, 6, CFG), Cluster())
+    with pytest.raises(UserError, match=r"other settings \(other train\.epochs, train\.lr\)"):
+        train_teachers(run, TrainJob("digits", 12, 4, replace(CFG, epochs=CFG.epochs + 1,
+                                                              lr=CFG.lr / 2)), Cluster())
 
 
 def test_missing_gpus_are_refused_before_the_pool_encoder_trains(tmp_path, ray_running):
