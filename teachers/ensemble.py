@@ -90,8 +90,11 @@ class TrainConfig:
             raise UserError(f"model {problem}")
         if is_import_path(self.model):
             load_factory(self.model)
-        if min(self.epochs, self.batch_size) < 1 or not (math.isfinite(self.lr) and self.lr > 0):
-            raise UserError("epochs and batch size must be at least 1 and lr a finite number > 0")
+        for name, count in (("epochs", self.epochs), ("batch_size", self.batch_size)):
+            if count < 1:
+                raise UserError(f"{name} must be at least 1, got {count}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"lr must be a finite number > 0, got {self.lr!r}")
         if not 0 <= self.seed < rng.SEED_LIMIT:
             raise UserError(f"the seed must be in [0, 2^63), got {self.seed}")
 

@@ -311,7 +311,8 @@ def test_student_flags_out_of_range_are_one_line(
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--lr", "nan"], "lr a finite number > 0"),
+    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+    (["--epochs", "0"], "epochs must be at least 1, got 0"),
     (["--seed", "-1"], "the seed must be in [0, 2^63)")])
 def test_teacher_flags_out_of_range_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str) -> None:
