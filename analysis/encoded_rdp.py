@@ -205,17 +205,21 @@ class EncodedAccountant:
 
     def epsilon(self, q: float, noise_multiplier: float, steps: int, delta: float,
                 conversion: Conversion = "improved",
-                orders: ArrayLike | None = None) -> tuple[float, float]:
+                orders: ArrayLike | None = None, *, warn_at_edge: bool = True
+                ) -> tuple[float, float]:
         """(epsilon, optimal order) by ``analysis.rdp.epsilon_from_rdp``."""
         a = self.default_orders() if orders is None else as_orders(orders)
-        return epsilon_from_rdp(self.rdp(q, noise_multiplier, steps, a), a, delta, conversion)
+        return epsilon_from_rdp(self.rdp(q, noise_multiplier, steps, a), a, delta, conversion,
+                                warn_at_edge=warn_at_edge)
 
     def noise_multiplier_for_epsilon(self, epsilon: float, q: float, steps: int, delta: float,
                                      conversion: Conversion = "improved",
                                      rtol: float = 1e-4) -> float:
-        """The smallest noise multiplier (standard deviation / C) reaching ``epsilon``."""
+        """The smallest noise multiplier (standard deviation / C) reaching ``epsilon`` (the
+        trial ones' optimal orders not warned of at the grid's ends)."""
         return smallest_noise_for_epsilon(
-            lambda s: self.epsilon(q, s, steps, delta, conversion)[0], epsilon, rtol)
+            lambda s: self.epsilon(q, s, steps, delta, conversion, warn_at_edge=False)[0],
+            epsilon, rtol)
 
 
 def encoded_accountant(noise: str, dof: float, encode: int | None, dimension: int, seed: int,

@@ -185,11 +185,13 @@ def noise_multiplier_for_epsilon(epsilon: float, q: float, steps: int, delta: fl
                                  orders: ArrayLike | None = None,
                                  rtol: float = 1e-4) -> float:
     """The smallest noise multiplier (to relative tolerance ``rtol``, rounded up) whose
-    ``dpsgd_epsilon`` is at most ``epsilon``: bisection, epsilon being decreasing in sigma."""
+    ``dpsgd_epsilon`` is at most ``epsilon``: bisection, epsilon being decreasing in sigma. The
+    trial sigmas' optimal orders are not warned of at the grid's ends (the one chosen is, where
+    its epsilon is computed)."""
     a = as_orders(orders)
     return smallest_noise_for_epsilon(
         lambda sigma: epsilon_from_rdp(sampled_gaussian_rdp(q, sigma, a, steps), a, delta,
-                                       conversion)[0], epsilon, rtol)
+                                       conversion, warn_at_edge=False)[0], epsilon, rtol)
 
 
 def smallest_noise_for_epsilon(epsilon_of: Callable[[float], float], epsilon: float,
