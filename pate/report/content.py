@@ -175,9 +175,10 @@ PRIVATE_TABLE_KEYS = frozenset({"epsilon_data_dependent", "epsilon_data_independ
 
 
 def public_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The summary table without its private columns, nor the DP-SGD baseline's row (a model
-    trained on the private data outside the ledger's budget: its accuracy is private,
-    docs/design.md, rule 2): what may be printed or logged."""
+    """The summary table without its private columns (docs/design.md, rule 2), and without the
+    DP-SGD baseline's row: what ``pate run`` prints, the PATE student's release. The baseline is
+    a release of its own (``dpsgd/metrics.json``, DP at its own epsilon, which no ledger
+    charges): publishing both spends both."""
     return [{k: v for k, v in row.items() if k not in PRIVATE_TABLE_KEYS} for row in rows
             if row.get("student") != "dpsgd"]
 
