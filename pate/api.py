@@ -11,8 +11,9 @@ README's example is run by the test suite (``tests/test_api.py``).
 
 Feature rows are used as given, unscaled (``pate run`` on a CSV file scales them for you):
 standardise them first, with statistics of public rows (the pool), never of the private ones,
-whose mean and spread would be a statistic of the private data. Integer images are scaled to
-[0, 1].
+whose mean and spread would be a statistic of the private data; ``TableEncoder``
+(:mod:`pate.api_tables`) does it for data frames as ``pate run`` does for a CSV file. Integer
+images are scaled to [0, 1].
 
 Privacy: the votes, the ledger and the private arrays stay private; publish the student and
 the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
@@ -60,6 +61,7 @@ from pate.api_checks import (
     data_kind,
 )
 from pate.api_dpsgd import DPSGD
+from pate.api_tables import TableEncoder
 from pate.data.augment import AUGMENTATIONS
 from pate.data.task import rows_fingerprint
 from pate.data.votes_file import check_votes
@@ -89,7 +91,8 @@ from teachers.partition import make_partition
 from teachers.rng import SEED_LIMIT
 from teachers.votes import Ensemble, load_ensemble
 
-__all__ = ["DPSGD", "PrivateLabels", "PublishableEpsilon", "Student", "Teachers", "load_student"]
+__all__ = ["DPSGD", "PrivateLabels", "PublishableEpsilon", "Student", "TableEncoder", "Teachers",
+           "load_student"]
 
 
 class Teachers:

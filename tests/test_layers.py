@@ -56,6 +56,7 @@ LAYER_OF: Mapping[str, int] = {
     "pate.api": 4,
     "pate.api_checks": 4,
     "pate.api_dpsgd": 4,
+    "pate.api_tables": 4,
     "pate.status": 4,
     "pate.analyze": 4,
     "pate.__main__": 4,

@@ -1,0 +1,65 @@
+"""Tables from Python: feature rows of pandas data frames, encoded as ``pate run`` encodes a
+CSV file (:class:`pate.data.preprocessing.TabularEncoder`), for :mod:`pate.api`.
+
+The encoder is fitted on the public pool alone: number columns standardised with the pool's mean
+and deviation, text columns one-hot over the pool's values plus one slot for any other value.
+Fitting it on the private rows would make their statistics part of every model's input, a
+release of them (docs/design.md, "Your own data").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from pate.data.preprocessing import TabularEncoder
+from pate.errors import UserError
+
+
+def _as_text(frame: Any, name: str) -> pd.DataFrame:
+    """``frame``'s cells as a CSV file's are read: text without surrounding spaces, ``NaN``
+    where missing (so a column is of numbers exactly when every value is one, whatever its
+    dtype)."""
+    if not isinstance(frame, pd.DataFrame) or frame.empty:
+        raise UserError(f"{name} must be a pandas DataFrame with rows and columns, got "
+                        f"{type(frame).__name__}")
+    return frame.astype(object).map(lambda v: v if pd.isna(v) else str(v).strip())
+
+
+class TableEncoder:
+    """Feature rows ``float32 [n, d]`` of data frames, fitted on the public pool: ``fit(public)``
+    then ``transform(frame)`` for the private rows, the pool and new rows alike (the label
+    column left out of each). ``columns_`` and ``width_`` (d) say what it learnt."""
+
+    def __init__(self) -> None:
+        self.encoder_: TabularEncoder | None = None
+
+    def fit(self, public: pd.DataFrame) -> TableEncoder:
+        """Learn the columns, the number columns' means and deviations and the text columns'
+        values from the public pool."""
+        self.encoder_ = TabularEncoder.fit(_as_text(public, "public"))
+        return self
+
+    def transform(self, frame: pd.DataFrame) -> NDArray[np.float32]:
+        """The rows of ``frame`` (the pool's columns, in any order) as features; a missing
+        number is the pool's mean, a missing or unseen text value the "other" slot."""
+        if self.encoder_ is None:
+            raise UserError("this TableEncoder is not fitted: call fit(public) first")
+        return self.encoder_.transform(_as_text(frame, "frame"), "frame")
+
+    def fit_transform(self, public: pd.DataFrame) -> NDArray[np.float32]:
+        return self.fit(public).transform(public)
+
+    @property
+    def columns_(self) -> dict[str, Any]:
+        """The encoding, as ``student/schema.json`` records it (public)."""
+        if self.encoder_ is None:
+            raise UserError("this TableEncoder is not fitted: call fit(public) first")
+        return self.encoder_.describe()
+
+    @property
+    def width_(self) -> int:
+        return int(self.columns_["features"])

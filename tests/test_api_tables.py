@@ -1,0 +1,58 @@
+"""``pate.api.TableEncoder``: data frames encoded as ``pate run`` encodes the same CSV files,
+fitted on the public pool alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pate.api import TableEncoder
+from pate.data.task import DataFiles, load_task
+from pate.errors import UserError
+
+
+def _frame(rows: int, seed: int, shift: float) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({"age": rng.normal(40 + shift, 9, rows).round(1),
+                          "visits": rng.integers(0, 9, rows),
+                          "ward": rng.choice(["north", "south", " east "], rows),
+                          "label": rng.choice(["ill", "well"], rows)})
+    frame.loc[::7, "age"] = np.nan
+    frame.loc[::5, "ward"] = None
+    return frame
+
+
+def test_frames_are_encoded_as_pate_run_encodes_their_csv_files(tmp_path: Path) -> None:
+    """The same features as ``pate run``'s own reading of the files, private rows included
+    (encoded with the pool's statistics: their own mean, 100 higher, moves nothing)."""
+    private, public = _frame(300, 1, 100.0), _frame(120, 2, 0.0)
+    private.loc[3, "ward"] = "west"  # a value the pool lacks: the "other" slot
+    private.to_csv(tmp_path / "private.csv", index=False)
+    public.to_csv(tmp_path / "public.csv", index=False)
+    task = load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                               label="label", classes=("ill", "well")))
+    read = {name: pd.read_csv(tmp_path / f"{name}.csv").drop(columns="label")
+            for name in ("private", "public")}
+    encoder = TableEncoder().fit(read["public"])
+    np.testing.assert_allclose(encoder.transform(read["public"]), task.pool_x, atol=1e-6)
+    np.testing.assert_allclose(encoder.transform(read["private"]), task.private_x, atol=1e-6)
+    assert encoder.width_ == task.pool_x.shape[1] == 2 + 3 + 1
+    assert encoder.columns_["categorical"] == [{"column": "ward",
+                                                "values": ["east", "north", "south"]}]
+    assert encoder.columns_["means"][0] == pytest.approx(read["public"]["age"].mean())
+
+
+def test_bad_frames_are_refused_in_one_line() -> None:
+    public = _frame(20, 3, 0.0).drop(columns="label")
+    with pytest.raises(UserError, match="not fitted"):
+        TableEncoder().transform(public)
+    with pytest.raises(UserError, match="public must be a pandas DataFrame"):
+        TableEncoder().fit(public.to_numpy())
+    encoder = TableEncoder().fit(public)
+    with pytest.raises(UserError, match="missing ward; not in the public data: label"):
+        encoder.transform(_frame(5, 4, 0.0).drop(columns="ward"))
+    with pytest.raises(UserError, match="column age is numeric in the public data"):
+        encoder.transform(public.assign(age="old"))
