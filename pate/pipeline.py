@@ -211,7 +211,7 @@ def _report(run: RunDir) -> None:
     say(f"pate run: report: {write_run_report(run.root)}")
 
 
-def _check_data(config: RunConfig) -> None:
+def _check_data(config: RunConfig) -> int:
     """Before a new run directory is made or a teacher trained, what would otherwise fail only
     after hours of training: the data loads (a wrong column, a missing file); delta suits its
     number of private records (``check_delta``; its warning is left to the student's stage,
@@ -219,7 +219,8 @@ def _check_data(config: RunConfig) -> None:
     student's method and network, and DP-SGD's network where it trains, suit the kind of data
     (a user's network is built once; DP-SGD needs test data); and
     the budget covers two queries (with a warning when it covers, at worst, fewer answered
-    queries than there are classes, and one when the rounds ask more rows than the pool has)."""
+    queries than there are classes, and one when the rounds ask more rows than the pool has).
+    Returns how many answered queries the budget covers, whatever the votes."""
     source = config.data.source()
     if isinstance(source, DataFiles) and (problem := unused_setting_problem(source)):
         raise UserError(f"[data]: {problem}")
@@ -263,8 +264,6 @@ def _check_data(config: RunConfig) -> None:
                         f"queries, the fewest a student can learn from: their worst case is "
                         f"epsilon {two:.3g} at delta {a.delta:g} (a larger budget, or larger "
                         "sigma1 and sigma2)")
-    say(f"pate run: the budget (epsilon {a.budget_epsilon:g} at delta {a.delta:g}) covers at "
-        f"least {covered} answered queries, whatever the votes; declined ones cost less")
     st = config.student
     asked = st.queries + st.active_queries + st.interactive_queries
     if asked > len(task.pool_x):
@@ -276,6 +275,7 @@ def _check_data(config: RunConfig) -> None:
                       f"teachers' answers, fewer than the "
                       f"{task.num_classes} classes: the student may get too few labels to "
                       "learn from, after the teachers have trained", UserWarning, stacklevel=2)
+    return covered
 
 
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
@@ -287,13 +287,19 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     run = RunDir(run_dir)
     recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
                 else None)
+    covered = None
     if run.private_records() is None or (recorded is not None
                                          and config_differences(recorded, config)):
-        _check_data(config)  # a new run, or one whose config was mended: before anything
+        covered = _check_data(config)  # a new run, or one whose config was mended: first
     if not run.root.is_dir():
         run.create()
     with run.exclusive():  # held before config.toml is read or written
         prepare_run_dir(config, run)  # made 0700 there, once it is not refused
+        if covered is not None:
+            a = config.aggregator
+            say(f"pate run: the budget (epsilon {a.budget_epsilon:g} at delta {a.delta:g}) "
+                f"covers at least {covered} answered queries, whatever the votes; declined "
+                "ones cost less")
         _run_stages(config, run, _stage_actions(config, run))
     return run.report / "report.html"
 
