@@ -1,11 +1,12 @@
 """The trained ensemble: batched inference, vote histograms and teacher accuracy.
 
 A vote histogram row counts, per class, the teachers that predict it (Papernot et al., ICLR 2017,
-eq. 1); every row sums to the number of teachers. Inference maps each shard's stacked parameters
-over a batch of inputs with ``torch.func.vmap`` (one call per shard and batch, no loop over
-teachers or examples). On a CPU small batches are much faster per prediction (measured on 2
-cores: 25 teachers x 16 rows 96 us per prediction, x 256 rows 177 us: the activations of a
-large batch overflow the caches), so the default batch there is 32 rows; on a GPU 1024.
+eq. 1); every row sums to the number of teachers. Inference maps the teachers' stacked
+parameters over a batch of inputs with ``torch.func.vmap``, one call per group of teachers
+(the shards regrouped by ``vote_groups``) and batch: no loop over teachers or examples. On a CPU
+small batches are much faster per prediction (measured on 2 cores: 25 teachers x 16 rows 96 us
+per prediction, x 256 rows 177 us: the activations of a large batch overflow the caches), so
+the default batch there is 32 rows; on a GPU 1024.
 A user's own network that fails the vmap test in evaluation mode
 (:func:`teachers.user_models.vmap_problem`) votes one teacher at a time instead, after one warning
 line: the slower path, with the same votes.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 from torch.func import functional_call, vmap
 
 from pate.data.task import load_task
@@ -30,6 +32,47 @@ from teachers import checkpoints
 from teachers.choices import is_import_path
 from teachers.models import build_model
 from teachers.user_models import vmap_problem, warn_one_at_a_time
+
+# Activations one vmap call may write (32 MB of float32): the shards are regrouped so that
+# teachers with small activations (a linear softmax on fixed features) are not voted a shard at
+# a time, each call computing their shared features again, while those whose activations fill
+# the caches (a CNN) keep a shard's worth: on 2 cores the main job's 250 `hog` teachers vote on
+# the 5 000 pool rows in 0.80 s instead of 1.67 (docs/benchmarks.md); `cnn-pool-hog-simclr`
+# teachers voted half as fast in groups of 100 as in shards of 25.
+VOTE_GROUP_FLOATS = 1 << 23
+
+
+def activation_floats(model: nn.Module, in_shape: tuple[int, ...], device: torch.device) -> int:
+    """The floats one row's forward writes in ``model``'s leaf modules, in evaluation mode; 0
+    where the forward fails on one row of zeros (then no shards are regrouped)."""
+    written = [0]
+
+    def count(_module: nn.Module, _inputs: object, out: object) -> None:
+        outputs = out if isinstance(out, tuple) else (out,)
+        written[0] += sum(t.numel() for t in outputs if isinstance(t, torch.Tensor))
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if not any(m.children())]
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros((1, *in_shape), device=device))
+    except Exception:  # a user's network that needs more than one row: keep its shards
+        return 0
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return written[0]
+
+
+def vote_groups(shards: list[dict[str, torch.Tensor]], teachers: int
+                ) -> list[dict[str, torch.Tensor]]:
+    """The shards' stacked tensors (parameters and buffers), teachers in order, regrouped into
+    groups of ``teachers`` (at least a shard's worth)."""
+    counts = [next(iter(p.values())).shape[0] for p in shards]
+    if len(shards) < 2 or teachers <= max(counts):
+        return shards
+    merged = {name: torch.cat([p[name] for p in shards]) for name in shards[0]}
+    return [{name: v[start:start + teachers] for name, v in merged.items()}
+            for start in range(0, sum(counts), teachers)]
 
 
 class Ensemble:
@@ -46,6 +89,9 @@ class Ensemble:
         self.shards = shards
         self.num_teachers = sum(next(iter(p.values())).shape[0] for p in shards)
         self._base = build_model(model, self.in_shape, num_classes, encoder).to(self.device)
+        per_call = activation_floats(self._base, self.in_shape, self.device) * self._batch_size()
+        self._groups = (vote_groups(shards, VOTE_GROUP_FLOATS // per_call) if per_call
+                        else shards)
         self._vectorised = vmap(lambda p, xb: functional_call(self._base, p, (xb,)),
                                 in_dims=(0, None))
         problem = (vmap_problem(model, self._base, shards[0], self.in_shape, num_classes,
@@ -54,6 +100,10 @@ class Ensemble:
             warn_one_at_a_time(model, problem, "voting with")
         self._one_at_a_time = problem is not None
         self._base.eval()
+
+    def _batch_size(self) -> int:
+        """The default rows per batch on this device."""
+        return 32 if self.device.type == "cpu" else 1024
 
     def _forward(self, params: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
         """Logits ``[K, b, C]`` of one shard's K teachers (``params`` stacked): vectorised, or
@@ -72,13 +122,13 @@ class Ensemble:
         if tuple(x.shape[1:]) != self.in_shape:
             raise UserError(f"inputs must have shape [n, {', '.join(map(str, self.in_shape))}],"
                             f" got {list(x.shape)}")
-        batch_size = batch_size or (32 if self.device.type == "cpu" else 1024)
+        batch_size = batch_size or self._batch_size()
         with torch.no_grad(), progress_bar(desc or "", len(x), "row", every=10.0,
                                            silent=desc is None) as bar:
             for i in range(0, len(x), batch_size):
                 xb = torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
                                      dtype=torch.float32, device=self.device)
-                yield torch.cat([self._forward(p, xb).argmax(-1) for p in self.shards])
+                yield torch.cat([self._forward(p, xb).argmax(-1) for p in self._groups])
                 bar.update(len(xb))
 
     def vote(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None

@@ -17,7 +17,7 @@ from teachers import checkpoints
 from teachers.ensemble import TrainConfig, train_group
 from teachers.models import build_model
 from teachers.partition import make_partition
-from teachers.votes import Ensemble, load_ensemble
+from teachers.votes import Ensemble, load_ensemble, vote_groups
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,17 @@ def test_cli_train_votes_student_and_report(tmp_path, digits, capsys, ray_runnin
     assert report["queries"]["label_accuracy"] == pytest.approx(
         np.mean(labels["label"][answered] == pool_y[labels["pool_index"][answered]]))
 
+
+
+def test_shards_are_regrouped_for_voting_in_order(ensemble):
+    """``vote_groups`` keeps every teacher, in order, in groups of at least a shard's worth."""
+    def sizes(groups):
+        return [next(iter(g.values())).shape[0] for g in groups]
+
+    assert sizes(vote_groups(ensemble.shards, 3)) == [5, 4]
+    assert sizes(vote_groups(ensemble.shards, 7)) == [7, 2]
+    merged = vote_groups(ensemble.shards, 100)
+    assert sizes(merged) == [9]
+    for name in ensemble.shards[0]:
+        torch.testing.assert_close(torch.cat([g[name] for g in merged]),
+                                   torch.cat([s[name] for s in ensemble.shards]))
