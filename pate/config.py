@@ -6,12 +6,14 @@ A config names the dataset and the settings of every stage. Presets ship in ``pa
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
+import typing
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -329,7 +331,23 @@ def _first_error(exc: ValidationError) -> str:
     message = err["msg"].removeprefix("Value error, ")  # pydantic's, of our validators' words
     if not err["loc"]:  # a check of the whole config: its message names the keys
         return message
+    if err["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(str(err["loc"][-1]), _keys_of(err["loc"][:-1]), n=1)
+        message += f" (did you mean {near[0]}?)" if near else ""
     return f"{'.'.join(str(x) for x in err['loc'])}: {message}"
+
+
+def _keys_of(section: tuple[Any, ...]) -> list[str]:
+    """The keys the config accepts at ``section`` (``("teachers",)``; ``()``: its sections)."""
+    model: Any = RunConfig
+    for part in section:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        types = [field.annotation, *typing.get_args(field.annotation)] if field else []
+        model = next((t for t in types if isinstance(t, type) and issubclass(t, BaseModel)),
+                     None)
+        if model is None:
+            return []
+    return list(model.model_fields)
 
 
 def parse_config(text: str, origin: str) -> RunConfig:

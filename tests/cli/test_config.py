@@ -54,7 +54,11 @@ def test_dumped_config_names_every_key() -> None:
      "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
     # a required key misspelt: the unknown key is named, not only the missing one
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsgima1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator.sgima1: Extra inputs"),
+     "delta = 1e-5\n", "aggregator.sgima1: Extra inputs are not permitted (did you mean "
+     "sigma1?)"),
+    ("name = 'x'\n[teacher]\ncount = 5\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n", "teacher: Extra inputs are not permitted (did you "
+     "mean teachers?)"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n",
      "aggregator.threshold 9 exceeds the number of teachers"),
