@@ -243,11 +243,13 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
 
 
 def _files(source: DataFiles, need_private: bool) -> Task:
-    kinds = {files.kind_of(p) for p in (source.private, source.public, source.test) if p}
-    if len(kinds) != 1:
-        raise UserError(f"data.private, public and test must be of one format, got "
-                        f"{', '.join(sorted(kinds))}")
-    kind = kinds.pop()
+    of = {role: files.kind_of(p) for role, p in (("private", source.private),
+                                                  ("public", source.public),
+                                                  ("test", source.test)) if p}
+    if len(set(of.values())) != 1:
+        raise UserError("data.private, public and test must be of one format, got "
+                        + ", ".join(f"{kind} ({role})" for role, kind in of.items()))
+    kind = next(iter(of.values()))
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}

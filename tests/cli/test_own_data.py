@@ -164,13 +164,18 @@ def test_a_new_runs_setting_its_format_has_no_use_for_is_one_line(
     ({"classes": ("<=50K", "unknown")},
      "labels outside the label set (<=50K, unknown; from data.classes)"),
     ({"classes": None}, "the label set is unknown"),
+    ({"test": "TMP/images"}, "must be of one format, got csv (private), csv (public), folder "
+                             "(test)"),
 ])
 def test_bad_files_are_one_line(tmp_path: Path, change: dict, message: str) -> None:
     rng = np.random.default_rng(4)
     (tmp_path / "private.csv").write_text(census(50, rng))
     (tmp_path / "public.csv").write_text(census(50, rng))
+    (tmp_path / "images").mkdir()
     base = {"private": str(tmp_path / "private.csv"), "public": str(tmp_path / "public.csv"),
             "label": "income", "classes": ("<=50K", ">50K")}
+    change = {k: v.replace("TMP", str(tmp_path)) if isinstance(v, str) else v
+              for k, v in change.items()}
     with pytest.raises(UserError, match=re.escape(message)) as info:
         load_task(DataFiles(**{**base, **change}))
     assert "\n" not in str(info.value)
