@@ -89,18 +89,19 @@ def test_a_short_training_leaves_batch_norm_settled_on_the_pool(digits: Dataset)
     method = MethodConfig("supervised", "mlp")
     spec = method.spec(digits.train_x.shape[1:], digits.num_classes)
     model = build_classifier(spec)
-    pool = digits.train_x[:257]  # a last batch of one row, left out
+    pool = digits.train_x[:258]  # 4 batches of 64 and 2 rows: settled in 5 of 51 or 52
     fit(build_learner(method, model, spec), pool[:100], digits.train_y[:100], pool,
         FitConfig(epochs=1, unlabelled_batch_size=64))
     first = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
     inputs = []
     handle = first.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
     with torch.no_grad():
-        model.eval()(torch.as_tensor(pool[:256]))
+        model.eval()(torch.as_tensor(pool))
     handle.remove()
-    assert torch.allclose(first.running_mean, inputs[0].mean(0), atol=1e-4)
-    evaluated = accuracy(model, pool, digits.train_y[:257])
+    error = (first.running_mean - inputs[0].mean(0)).abs().max()
+    assert error < 0.01 * inputs[0].std(0).mean(), error
+    evaluated = accuracy(model, pool, digits.train_y[:258])
     with torch.no_grad():
         batch_stats = float((model.train()(torch.as_tensor(pool)).argmax(1).numpy()
-                             == digits.train_y[:257]).mean())
+                             == digits.train_y[:258]).mean())
     assert abs(evaluated - batch_stats) < 0.05, (evaluated, batch_stats)
