@@ -147,9 +147,9 @@ class AggregatorConfig(_Section):
     @classmethod
     def _no_password(cls, value: str | None) -> str | None:
         if value is not None and "://" in value and urlsplit(value).password is not None:
-            raise ValueError("a password in the ledger's URL would be written to config.toml, "
-                             "a public file: leave it out and give it to the database client "
-                             "(PGPASSWORD, ~/.pgpass)")
+            raise ValueError("a password in the ledger's URL would be written to the run's "
+                             "config.toml and travel with the run directory: leave it out and "
+                             "give it to the database client (PGPASSWORD, ~/.pgpass)")
         return value
 
     @model_validator(mode="after")

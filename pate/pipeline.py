@@ -83,6 +83,7 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
                         "and no config.toml: pate run needs a new --run directory")
     run.create()
     if recorded == config:
+        run.config.chmod(0o600)  # written public by a version before config.toml was private
         return
     if recorded is not None and made:  # the same run, placed elsewhere or mended ahead
         changed = config_differences(recorded, config)
@@ -220,7 +221,7 @@ def _check_data(config: RunConfig) -> int:
     (a user's network is built once; DP-SGD needs test data); and
     the budget covers two queries (with a warning when it covers, at worst, fewer answered
     queries than there are classes, and one when the rounds ask more rows than the pool has).
-    Returns how many answered queries the budget covers, whatever the votes."""
+    Returns how many queries the budget covers, answered or declined, whatever the votes."""
     source = config.data.source()
     if isinstance(source, DataFiles) and (problem := unused_setting_problem(source)):
         raise UserError(f"[data]: {problem}")
@@ -298,8 +299,8 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         if covered is not None:
             a = config.aggregator
             say(f"pate run: the budget (epsilon {a.budget_epsilon:g} at delta {a.delta:g}) "
-                f"covers at least {covered} answered queries, whatever the votes; declined "
-                "ones cost less")
+                f"covers at least {covered} queries, answered or declined, whatever the votes "
+                "(a declined one costs less)")
         _run_stages(config, run, _stage_actions(config, run))
     return run.report / "report.html"
 

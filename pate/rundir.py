@@ -274,7 +274,7 @@ class RunDir:
 
     def write_config(self, text: str) -> None:
         """Write ``config.toml`` atomically, private: it names the private data's file (its path
-        may say what the data is) and the ledger's URL (which may hold a password)."""
+        may say what the data is) and the ledger the run charges."""
         write_bytes_atomic(self.config, text.encode(), private=True)
 
     def finished_stages(self) -> dict[str, float]:

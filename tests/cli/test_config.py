@@ -97,7 +97,7 @@ def test_dumped_config_names_every_key() -> None:
     # config.toml is public: a secret has no place in it
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\nledger = 'postgresql://pate:s3cret@db/ledger'\n",
-     "aggregator.ledger: a password in the ledger's URL would be written to config.toml"),
+     "aggregator.ledger: a password in the ledger's URL would be written to the run's config.toml"),
     # the interactive round's own key is named where it is the one at fault
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "interactive_sigma2 = 1e-300\ndelta = 1e-5\n",
