@@ -23,10 +23,17 @@ def _as_text(frame: Any, name: str) -> pd.DataFrame:
     """``frame``'s cells as a CSV file's are read: text without surrounding spaces, ``NaN``
     where missing (so a column is of numbers exactly when every value is one, whatever its
     dtype)."""
-    if not isinstance(frame, pd.DataFrame) or frame.empty:
-        raise UserError(f"{name} must be a pandas DataFrame with rows and columns, got "
-                        f"{type(frame).__name__}")
-    return frame.astype(object).map(lambda v: v if pd.isna(v) else str(v).strip())
+    if not isinstance(frame, pd.DataFrame):
+        raise UserError(f"{name} must be a pandas DataFrame, got {type(frame).__name__}")
+    if frame.empty:
+        raise UserError(f"{name} has no rows or no columns")
+    columns = [str(c) for c in frame.columns]  # as a CSV file's header reads back
+    if len(set(columns)) != len(columns):
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        raise UserError(f"{name} names a column twice: {', '.join(repeated)}")
+    text = frame.astype(object).map(lambda v: v if pd.isna(v) else str(v).strip())
+    text.columns = columns
+    return text
 
 
 class TableEncoder:

@@ -56,3 +56,11 @@ def test_bad_frames_are_refused_in_one_line() -> None:
         encoder.transform(_frame(5, 4, 0.0).drop(columns="ward"))
     with pytest.raises(UserError, match="column age is numeric in the public data"):
         encoder.transform(public.assign(age="old"))
+    with pytest.raises(UserError, match="frame has no rows"):
+        encoder.transform(public.iloc[:0])
+    with pytest.raises(UserError, match="names a column twice: age"):
+        encoder.transform(pd.concat([public, public[["age"]]], axis=1))
+    numbered = TableEncoder().fit(pd.DataFrame(np.arange(12.0).reshape(4, 3)))
+    assert numbered.columns_["numeric"] == ["0", "1", "2"]  # as a CSV header reads back
+    with pytest.raises(UserError, match="missing 2"):
+        numbered.transform(pd.DataFrame(np.zeros((2, 2))))
