@@ -328,8 +328,8 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
                 async with heavy_work:
                     recorded = await run_in_threadpool(service.submit, body, client_id)
                     await _settled(recorded)
-            result = service.conclude(body, recorded)
-        return Response(json.dumps(result), media_type="application/json")
+            answer = json.dumps(service.conclude(body, recorded))
+        return Response(answer, media_type="application/json")
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

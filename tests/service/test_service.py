@@ -4,6 +4,7 @@ exhaustion, idempotent retries, and inputs mode with a stand-in ensemble."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -34,6 +35,7 @@ from pate.errors import (
     RequestConflict,
     UserError,
 )
+from pate.service.app import create_app
 from pate.service.client import LabelClient
 from pate.service.server import LabelServer, open_server
 from pate.service.tokens import TokenStore
@@ -493,3 +495,30 @@ def test_a_failure_anywhere_answers_a_fixed_500_and_logs_its_class_only(
     logged = caplog.text
     assert "RuntimeError" in logged and "LedgerError" in logged
     assert "votes=" not in logged
+
+
+def test_a_500_raised_outside_every_guard_answers_the_fixed_detail(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The application's own handler: a ``PateError`` of status 500 that no route guarded (a
+    route added later, say) answers the fixed detail and is logged by its class, never by its
+    message."""
+    np.savez(tmp_path / "votes.npz", votes=synthetic_votes(20))
+    service = open_label_service(GNMax(sigma=10.0), epsilon_budget=50.0, delta=1e-5,
+                                 votes_path=tmp_path / "votes.npz")
+    app = create_app(service, TokenStore(write_tokens(tmp_path / "tokens")))
+
+    @app.get("/unguarded")
+    def unguarded() -> None:
+        raise LedgerError("votes=[250, 0, 0] of the private rows")
+
+    async def ask_it() -> httpx.Response:  # the application itself, over ASGI
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://pate") as client:
+            return await client.get("/unguarded")
+
+    with caplog.at_level(logging.INFO):
+        got = asyncio.run(ask_it())
+    service.close()
+    assert (got.status_code, got.json()) == (500, {"error": "internal_error",
+                                                   "detail": "internal error: nothing released"})
+    assert "LedgerError" in caplog.text and "votes=" not in caplog.text
