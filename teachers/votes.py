@@ -63,16 +63,18 @@ def activation_floats(model: nn.Module, in_shape: tuple[int, ...], device: torch
     return written[0]
 
 
-def vote_groups(shards: list[dict[str, torch.Tensor]], teachers: int
+def vote_groups(stacked: dict[str, torch.Tensor], shard_sizes: list[int], teachers: int
                 ) -> list[dict[str, torch.Tensor]]:
-    """The shards' stacked tensors (parameters and buffers), teachers in order, regrouped into
-    groups of ``teachers`` (at least a shard's worth)."""
-    counts = [next(iter(p.values())).shape[0] for p in shards]
-    if len(shards) < 2 or teachers <= max(counts):
-        return shards
-    merged = {name: torch.cat([p[name] for p in shards]) for name in shards[0]}
-    return [{name: v[start:start + teachers] for name, v in merged.items()}
-            for start in range(0, sum(counts), teachers)]
+    """Views of ``stacked`` (every teacher's tensors, parameters and buffers, the shards'
+    concatenated in order) in groups: the shards' own (``shard_sizes``) where ``teachers`` is
+    no more than the largest, else groups of ``teachers``."""
+    if teachers <= max(shard_sizes, default=0):
+        ends = np.cumsum(shard_sizes).tolist()
+        bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    else:
+        total = sum(shard_sizes)
+        bounds = [(start, min(start + teachers, total)) for start in range(0, total, teachers)]
+    return [{name: v[a:b] for name, v in stacked.items()} for a, b in bounds]
 
 
 class Ensemble:
@@ -86,12 +88,15 @@ class Ensemble:
         self.num_classes = num_classes
         self.in_shape = tuple(in_shape)
         self.device = torch.device(device)
-        self.shards = shards
+        self._sizes = [next(iter(p.values())).shape[0] for p in shards]
+        # one copy of every teacher's tensors; the shards and the voting groups are its views
+        self._stacked = ({name: torch.cat([p[name] for p in shards]) for name in shards[0]}
+                         if len(shards) > 1 else shards[0] if shards else {})
+        self.shards = vote_groups(self._stacked, self._sizes, 0)
+        self._grouped: dict[int, list[dict[str, torch.Tensor]]] = {}
         self.num_teachers = sum(next(iter(p.values())).shape[0] for p in shards)
         self._base = build_model(model, self.in_shape, num_classes, encoder).to(self.device)
-        per_call = activation_floats(self._base, self.in_shape, self.device) * self._batch_size()
-        self._groups = (vote_groups(shards, VOTE_GROUP_FLOATS // per_call) if per_call
-                        else shards)
+        self._activation = activation_floats(self._base, self.in_shape, self.device)
         self._vectorised = vmap(lambda p, xb: functional_call(self._base, p, (xb,)),
                                 in_dims=(0, None))
         problem = (vmap_problem(model, self._base, shards[0], self.in_shape, num_classes,
@@ -100,6 +105,15 @@ class Ensemble:
             warn_one_at_a_time(model, problem, "voting with")
         self._one_at_a_time = problem is not None
         self._base.eval()
+
+    def _groups(self, batch_size: int) -> list[dict[str, torch.Tensor]]:
+        """The teachers in groups for batches of ``batch_size`` rows: as many a call as write
+        about ``VOTE_GROUP_FLOATS`` activations, at least a shard's worth."""
+        if batch_size not in self._grouped:
+            per_call = self._activation * batch_size
+            self._grouped[batch_size] = vote_groups(
+                self._stacked, self._sizes, VOTE_GROUP_FLOATS // per_call if per_call else 0)
+        return self._grouped[batch_size]
 
     def _batch_size(self) -> int:
         """The default rows per batch on this device."""
@@ -128,7 +142,8 @@ class Ensemble:
             for i in range(0, len(x), batch_size):
                 xb = torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
                                      dtype=torch.float32, device=self.device)
-                yield torch.cat([self._forward(p, xb).argmax(-1) for p in self._groups])
+                yield torch.cat([self._forward(p, xb).argmax(-1)
+                                 for p in self._groups(batch_size)])
                 bar.update(len(xb))
 
     def vote(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
