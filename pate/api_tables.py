@@ -15,14 +15,15 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from pate.data import files
 from pate.data.preprocessing import TabularEncoder
 from pate.errors import UserError
 
 
 def _as_text(frame: Any, name: str) -> pd.DataFrame:
-    """``frame``'s cells as a CSV file's are read: text without surrounding spaces, ``NaN``
-    where missing (so a column is of numbers exactly when every value is one, whatever its
-    dtype)."""
+    """``frame``'s cells as a CSV file's are read (``files.text_cells``: text without
+    surrounding spaces, ``NaN`` where missing), so a column is of numbers exactly when every
+    value is one, whatever its dtype."""
     if not isinstance(frame, pd.DataFrame):
         raise UserError(f"{name} must be a pandas DataFrame, got {type(frame).__name__}")
     if frame.empty:
@@ -31,7 +32,7 @@ def _as_text(frame: Any, name: str) -> pd.DataFrame:
     if len(set(columns)) != len(columns):
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         raise UserError(f"{name} names a column twice: {', '.join(repeated)}")
-    text = frame.astype(object).map(lambda v: v if pd.isna(v) else str(v).strip())
+    text = files.text_cells(frame.astype(object).map(lambda v: v if pd.isna(v) else str(v)))
     text.columns = columns
     return text
 

@@ -189,8 +189,7 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     if len(repeated):  # read_csv itself would have renamed a repeat "age.1"
         raise UserError(f"{p}: the column {repeated[0]!r} appears more than once")
     frame.columns = [str(c).strip() for c in frame.columns]
-    frame = frame.apply(lambda column: column.str.strip()).replace(
-        list(MISSING_VALUES), np.nan)
+    frame = text_cells(frame)
     labels = None
     if label in frame.columns:
         labels = frame.pop(label) if need_labels else None
@@ -205,6 +204,12 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     if frame.shape[1] == 0:
         raise UserError(f"{p}: no feature columns besides the label")
     return frame, labels
+
+
+def text_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells of text (``NaN`` where missing) as every CSV file's are read: without surrounding
+    spaces, and ``NaN`` where they hold one of ``MISSING_VALUES``."""
+    return frame.apply(lambda column: column.str.strip()).replace(list(MISSING_VALUES), np.nan)
 
 
 def _integers_or_text(column: pd.Series) -> NDArray:
