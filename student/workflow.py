@@ -102,7 +102,8 @@ def _pool_features(options: StudentOptions, given: Any, previous: Any,
 def _warn_unseen_classes(labels: NDArray[np.int64], classes: Sequence[str]) -> None:
     """Warn of the classes no answered label is of (the answers are public): the student will
     not predict them, and its accuracy on test rows of them is nought."""
-    unseen = [str(c) for k, c in enumerate(classes) if not np.any(labels == k)]
+    counts = np.bincount(labels, minlength=len(classes))
+    unseen = [str(c) for c, n in zip(classes, counts, strict=False) if not n]
     if unseen:
         shown = ", ".join(unseen[:5]) + (f" and {len(unseen) - 5} more" if len(unseen) > 5 else "")
         warnings.warn(f"no answered label is of the class(es) {shown}, of {len(classes)}: the "
