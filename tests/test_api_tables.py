@@ -30,6 +30,8 @@ def test_frames_are_encoded_as_pate_run_encodes_their_csv_files(tmp_path: Path) 
     (encoded with the pool's statistics: their own mean, 100 higher, moves nothing)."""
     private, public = _frame(300, 1, 100.0), _frame(120, 2, 0.0)
     private.loc[3, "ward"] = "west"  # a value the pool lacks: the "other" slot
+    private["age"] = private["age"].astype(object)
+    private.loc[4, "age"] = "?"  # a missing marker: the pool's mean in both readings
     private.to_csv(tmp_path / "private.csv", index=False)
     public.to_csv(tmp_path / "public.csv", index=False)
     task = load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
