@@ -20,6 +20,11 @@ the answers already paid for and the public pool.
   between the student's class probabilities on the unlabelled batch and those of its average
   (decay ``--ema``) on an independently shifted copy, weight ``--lam`` ramped up as
   exp(-5 (1 - t)^2) over the first quarter of the steps; the average is the model evaluated.
+- ``gce``: the generalised cross-entropy (Z. Zhang, M. Sabuncu, "Generalized Cross Entropy Loss
+  for Training Deep Neural Networks with Noisy Labels", NeurIPS 2018, eq. 6):
+  (1 - p_y^q) / q with q = ``--q``, a loss bounded in the probability of the label, so a wrong
+  answer the network cannot fit pulls less than under cross-entropy (q -> 0 is cross-entropy,
+  q = 1 the mean absolute error); the pool unused, as ``none``.
 - ``self-train``: ``--rounds`` rounds of self-training: the pool rows the last student predicts
   with confidence >= ``--st-tau`` join the answers with its labels, and a fresh student trains
   on both (a classic of semi-supervised learning; Q. Xie et al., "Self-training with Noisy
@@ -139,6 +144,27 @@ class FixMatchLearner:
                 "mask": float(mask.float().mean())}
 
 
+class GCELearner:
+    """Adam on the generalised cross-entropy (1 - p_y^q) / q of the labelled batch (Zhang and
+    Sabuncu 2018, eq. 6), summed over an Experts network's experts like ``cross_entropy``."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, q: float) -> None:
+        self.model, self.q = model, q
+        self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]
+
+    def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
+             ) -> dict[str, float]:
+        (opt,) = self.optimizers
+        logits = self.model(x_lab)
+        logp = torch.log_softmax(logits, dim=-1)
+        index = y_lab.reshape(-1, *(1,) * (logits.dim() - 1)).expand(*logits.shape[:-1], 1)
+        loss = ((1 - (self.q * logp.gather(-1, index)).exp()) / self.q).sum() / len(x_lab)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return {"supervised": float(loss.detach())}
+
+
 class MeanTeacherLearner:
     """Cross-entropy on the labelled batch plus ``lam * ramp(t)`` times the squared distance
     between the student's probabilities on the unlabelled batch and its moving average's on a
@@ -195,6 +221,8 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
         learner = MeanTeacherLearner(model, method.learning_rate, args.lam, args.ema,
                                      steps // 4, seed)
         model = learner.average
+    elif args.lever == "gce":
+        learner = GCELearner(model, method.learning_rate, args.q)
     else:
         learner = build_learner(method, model, spec)
 
@@ -227,7 +255,7 @@ def plurality(args: argparse.Namespace, ap: argparse.ArgumentParser,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--labels", type=Path, required=True, help="a run's labels.npz")
-    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "self-train"),
+    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "gce", "self-train"),
                     default="none")
     ap.add_argument("--labels-from", choices=("answers", "true", "plurality"),
                     default="answers")
@@ -248,6 +276,7 @@ def main() -> int:
     ap.add_argument("--lam", type=float, default=1.0,
                     help="fixmatch, mean-teacher: consistency weight")
     ap.add_argument("--ema", type=float, default=0.99, help="mean-teacher: the average's decay")
+    ap.add_argument("--q", type=float, default=0.7, help="gce: the loss's exponent")
     ap.add_argument("--rounds", type=int, default=1, help="self-train: rounds")
     ap.add_argument("--st-tau", type=float, default=0.9, help="self-train: confidence")
     ap.add_argument("--true-rows", type=int, default=0,
