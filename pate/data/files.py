@@ -251,12 +251,13 @@ def _image_files(folder: Path, private: bool = False) -> tuple[list[Path], list[
         skipped += [e for e in entries if not e.is_dir()]
     else:
         files, names, skipped = loose, None, [e for e in entries if not _is_image(e)]
-    if skipped:
-        example = ("their names are private data, not shown" if private else
+    if skipped:  # a private folder's count and names are statistics of private data
+        what = ("entries" if private else
+                f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'}")
+        example = ("their number and names are private data, not shown" if private else
                    f"{skipped[0].relative_to(folder).as_posix()}, ...")
-        warnings.warn(f"{folder}: {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
-                      f"skipped, not {'/'.join(IMAGE_SUFFIXES)} images one level down "
-                      f"({example})", stacklevel=2)
+        warnings.warn(f"{folder}: {what} skipped, not {'/'.join(IMAGE_SUFFIXES)} images one "
+                      f"level down ({example})", stacklevel=2)
     return files, names
 
 
@@ -345,12 +346,12 @@ def _check_memory(folder: Path, count: int, channels: int, size: tuple[int, int]
 
 
 def _private_position(folder: Path, file: Path) -> str:
-    """A private image named by its place, not its name: ``FOLDER/CLASS/: image k of n (in
-    name order)``."""
+    """A private image named by its place, not its name: ``FOLDER/CLASS/: image k in name
+    order``; not how many images the class holds (a count of private data)."""
     inside = [e for e in _visible(file.parent) if _is_image(e)]
     where = file.parent.relative_to(folder).as_posix()
-    return (f"{folder}/{'' if where == '.' else where + '/'}: image {inside.index(file) + 1} of "
-            f"{len(inside)} in name order (names of private files are not shown)")
+    return (f"{folder}/{'' if where == '.' else where + '/'}: image {inside.index(file) + 1} in "
+            "name order (names of private files are not shown)")
 
 
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
