@@ -32,7 +32,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from analysis.costs import realised_rdp_independent, steps
-from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError, mechanism_to_dict
+from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
     EarlierRelease,
@@ -374,11 +374,12 @@ class PrivateLabels:
 
     def _answers_digest(self) -> str:
         """Which answers a release covers (``student.sanitised.answers_digest``): the
-        mechanism, the votes, the rows asked (as a set) and the probabilities sent with them."""
-        order = np.argsort(self.received.pool_index)
-        return answers_digest(mechanism_to_dict(self.mechanism), self.pool.digest,
-                              self.received.pool_index[order],
-                              np.concatenate(self._probs)[order] if self._probs else None)
+        mechanism, the votes, the rows asked and the probabilities sent with them; the same
+        as ``pate run``'s for the same rows of the same mechanism."""
+        sent = self._probs and steps(self.mechanism).student_gamma is not None
+        return answers_digest(self.pool.digest, [(
+            self.mechanism, self.received.pool_index,
+            np.concatenate(self._probs) if sent else None)])
 
     def close(self) -> None:
         self.service.close()

@@ -35,7 +35,7 @@ from student.rounds import (
     analyze_rounds,
     append_sent_probs,
     ask,
-    load_sent_probs,
+    round_answers,
     select_queries,
 )
 from student.sanitised import answers_digest, ledger_releases, run_file_releases
@@ -135,9 +135,10 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
     pool = service.pool
     if not np.isin(received.pool_index, pool.pool_indices).all():
         return None  # rows another aggregator answered (a remote one), of votes not here
-    asked = [{k: v for k, v in r.items() if k != "round"} for r in rounds]  # not the stage
-    digest = answers_digest(asked, pool.digest, received.pool_index,
-                            load_sent_probs(run.probs)[1])
+    asked = round_answers(rounds, received, run.probs)
+    if asked is None:
+        return None
+    digest = answers_digest(pool.digest, asked)
     with ledger_releases(service.ledger, run_file_releases(run.releases)) as releases:
         return releases.release(
             len(received), lambda earlier: analyze_rounds(

@@ -211,6 +211,12 @@ def interactive_baseline(probs_path: Path, index: NDArray[np.int64], num_teacher
     """The baseline num_teachers * student_probs that Interactive-GNMax's threshold step
     subtracted (PATE 2018, Alg. 2) for the pool rows ``index``, from the probabilities the
     student sent (``student/probs.npz``). UserError when a row's probabilities are missing."""
+    return num_teachers * sent_probs_of(probs_path, index)
+
+
+def sent_probs_of(probs_path: Path, index: NDArray[np.int64]) -> NDArray[np.float64]:
+    """The probabilities the student sent with the pool rows ``index`` (``student/probs.npz``),
+    float64, in the order of ``index``. UserError when a row's are missing."""
     index = np.asarray(index, np.int64)
     sent_index, probs = load_sent_probs(probs_path)
     missing, rows = index.size, np.zeros(0, np.int64)
@@ -222,7 +228,7 @@ def interactive_baseline(probs_path: Path, index: NDArray[np.int64], num_teacher
     if missing:
         raise UserError(f"{probs_path}: no student probabilities for {missing} interactive "
                         "queries")
-    return num_teachers * probs[rows].astype(np.float64)
+    return probs[rows].astype(np.float64)
 
 
 def read_rounds(run: RunDir) -> list[dict[str, Any]]:
@@ -271,23 +277,39 @@ def round_plan(rounds: list[dict], received: Received,
     return plan
 
 
-def round_segments(rounds: list[dict], received: Received,
-                   votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
-                   probs_path: Path) -> list[QuerySegment] | None:
-    """The privacy analysis's view of a run's rounds (``student/rounds.json``, in order, and the
-    rows of ``received`` they asked, in the same order): one ``QuerySegment`` per round, with the
-    votes ``votes_of(pool_index)`` and, for Interactive-GNMax, its ``interactive_baseline``.
-    None when a round's parameters were not recorded (by an older version, for a remote
-    service) or the rounds do not account for every received row."""
+def round_answers(rounds: list[dict], received: Received, probs_path: Path
+                  ) -> list[tuple[Mechanism, NDArray[np.int64], NDArray[np.float64] | None]] | None:
+    """What a run's rounds (``student/rounds.json``, in order, and the rows of ``received`` they
+    asked, in the same order) asked: per round, its mechanism, the pool rows and, for
+    Interactive-GNMax, the probabilities the student sent with them (``sent_probs_of``). None
+    when a round's parameters were not recorded (by an older version, for a remote service) or
+    the rounds do not account for every received row."""
     if sum(r["queries"] for r in rounds) != len(received) or any(
             set(r["mechanism"]) == {"mechanism"} for r in rounds):
         return None
-    segments = []
+    asked = []
     for mechanism, rows in round_plan(rounds, received):
         index = received.pool_index[rows]
+        probs = (sent_probs_of(probs_path, index)
+                 if steps(mechanism).student_gamma is not None else None)
+        asked.append((mechanism, index, probs))
+    return asked
+
+
+def round_segments(rounds: list[dict], received: Received,
+                   votes_of: Callable[[NDArray[np.int64]], NDArray[np.int64]],
+                   probs_path: Path) -> list[QuerySegment] | None:
+    """The privacy analysis's view of a run's rounds (``round_answers``): one ``QuerySegment``
+    per round, with the votes ``votes_of(pool_index)`` and, for Interactive-GNMax, the baseline
+    num_teachers * the probabilities sent (``interactive_baseline``); None where
+    ``round_answers`` is."""
+    asked = round_answers(rounds, received, probs_path)
+    if asked is None:
+        return None
+    segments = []
+    for mechanism, index, probs in asked:
         votes = votes_of(index)
-        baseline = (interactive_baseline(probs_path, index, float(votes[0].sum()))
-                    if steps(mechanism).student_gamma is not None else None)
+        baseline = None if probs is None else float(votes[0].sum()) * probs
         segments.append(QuerySegment(votes, mechanism, baseline))
     return segments
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.rdp import Conversion
 from analysis.votes_analysis import EarlierRelease, PrivacyAnalysis, sanitised_release
 from pate.aggregation.ledger import Ledger
@@ -124,14 +124,29 @@ def ledger_releases(ledger: Ledger, also: list[Release] | None = None) -> Iterat
                        lambda all_of_them: add(asdict(all_of_them[-1])))
 
 
-def answers_digest(mechanisms: Any, votes: str, pool_index: NDArray[np.int64],
-                   probs: NDArray[np.float64] | None = None) -> str:
-    """Which answers a release covers (sha256, kept in the ledger only): the mechanisms that
-    answered (their JSON records), the votes (``VotePool.digest``), the rows asked and the
-    probabilities sent with them, in the order given."""
-    digest = hashlib.sha256(json.dumps(mechanisms).encode())
-    digest.update(votes.encode())
-    digest.update(np.ascontiguousarray(pool_index, np.int64).tobytes())
-    if probs is not None and probs.size:
-        digest.update(np.ascontiguousarray(probs, np.float64).tobytes())
+def answers_digest(votes: str, asked: Iterable[tuple[Mechanism, NDArray[np.int64],
+                                                    NDArray[np.float64] | None]]) -> str:
+    """Which answers a release covers (sha256, kept in the ledger only), however they were
+    asked: the votes (``VotePool.digest``) and, per mechanism that answered (its JSON record,
+    in sorted order), the rows it was asked, sorted, with the probabilities sent with them
+    (Interactive-GNMax). ``asked`` holds (mechanism, pool rows, probabilities or None) per
+    round or request: the rounds of ``pate run`` and one ``pate.api.PrivateLabels`` asking the
+    same rows of the same mechanism (whose answers the ledger gives again) have one digest, so
+    one release (docs/privacy-math.md §5); the analysis sums its costs over the rows, so their
+    order and rounds change nothing."""
+    by_mechanism: dict[str, list[tuple[NDArray[np.int64], NDArray[np.float64] | None]]] = {}
+    for mechanism, index, probs in asked:
+        record = json.dumps(mechanism_to_dict(mechanism), sort_keys=True)
+        by_mechanism.setdefault(record, []).append((np.asarray(index, np.int64), probs))
+    digest = hashlib.sha256(votes.encode())
+    for record in sorted(by_mechanism):
+        parts = by_mechanism[record]
+        index = np.concatenate([i for i, _ in parts])
+        order = np.argsort(index, kind="stable")
+        digest.update(record.encode())
+        digest.update(index[order].tobytes())
+        if all(p is not None for _, p in parts):
+            probs = np.concatenate([np.asarray(p, np.float64).reshape(len(i), -1)
+                                    for i, p in parts])
+            digest.update(np.ascontiguousarray(probs[order]).tobytes())
     return digest.hexdigest()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.mechanisms import ConfidentGNMax
+from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_curve
 from analysis.smooth_sensitivity import gnss_rdp
@@ -28,7 +28,13 @@ from analysis.votes_analysis import (
 from pate.aggregation.ledger import Ledger
 from pate.data.synthetic import synthetic_votes
 from pate.errors import UserError
-from student.sanitised import Release, Releases, ledger_releases, run_file_releases
+from student.sanitised import (
+    Release,
+    Releases,
+    answers_digest,
+    ledger_releases,
+    run_file_releases,
+)
 
 MECHANISM = ConfidentGNMax(threshold=200, sigma1=150, sigma2=40)
 VOTES = synthetic_votes(300, 250, 10, seed=4)
@@ -87,6 +93,28 @@ def test_a_release_is_drawn_once_per_set_of_answers_and_kept(tmp_path: Path) -> 
     assert seen == [[EarlierRelease(0.01, 3.0), EarlierRelease(stored[0].beta,
                                                                stored[0].sigma)]]
     assert stat.S_IMODE((tmp_path / "ledger.db").stat().st_mode) == 0o600
+
+
+def test_the_digest_of_answers_is_that_of_their_set_however_asked() -> None:
+    """One digest for the same rows of the same mechanisms and votes, in any order and any
+    split into rounds or requests (``pate run``'s rounds, one ``PrivateLabels``); another row,
+    mechanism, votes or probability sent is another set of answers."""
+    confident = ConfidentGNMax(150.0, 40.0, 20.0)
+    interactive = InteractiveGNMax(100.0, 40.0, 20.0, 0.5)
+    rows, probs = np.arange(10), np.random.default_rng(0).dirichlet(np.ones(3), size=6)
+    both = answers_digest("v", [(confident, rows[:4], None), (interactive, rows[4:], probs)])
+    turn = np.arange(6)[::-1]
+    assert answers_digest("v", [(interactive, rows[4:][turn], probs[turn]),
+                                (confident, rows[[3, 1]], None),
+                                (confident, rows[[0, 2]], None)]) == both
+    assert len({both, answers_digest("w", [(confident, rows[:4], None),
+                                           (interactive, rows[4:], probs)]),
+                answers_digest("v", [(confident, rows[:5], None),
+                                     (interactive, rows[5:], probs[1:])]),
+                answers_digest("v", [(confident, rows[:4], None),
+                                     (interactive, rows[4:], probs[turn])]),
+                answers_digest("v", [(ConfidentGNMax(150.0, 40.0, 21.0), rows[:4], None),
+                                     (interactive, rows[4:], probs)])}) == 5
 
 
 def test_earlier_releases_cost_what_theorem_23_says() -> None:

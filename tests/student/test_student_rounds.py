@@ -18,9 +18,11 @@ from student_support import one_thread, released, votes_for
 from analysis.mechanisms import ConfidentGNMax
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
+from pate.api import PrivateLabels
 from pate.cli.main import main
 from pate.data.datasets import Dataset, public_split
 from pate.data.task import Benchmark, load_task
+from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.rundir import RunDir
 from student.rounds import (
@@ -229,6 +231,16 @@ def test_the_same_answers_get_the_same_sanitised_epsilon_in_any_run(
     with sqlite3.connect(run_dir / "ledger.db") as db:  # drawn with noise (no fallback)
         assert db.execute("SELECT sigma FROM ledger_releases").fetchall()[0][0] > 0
     assert student("b", 90) == first
+    assert released(run_dir / "ledger.db") == [(90, first)]
+    # the Python API asking the same rows of the same ledger, in another order and one request,
+    # gets the answers again and the figure released for them
+    pool_votes, pool_index = load_votes_with_index(votes)
+    asked = Received.load(run_dir / "a" / "labels.npz").pool_index
+    with PrivateLabels(pool_votes, ConfidentGNMax(150.0, 40.0, 20.0), epsilon_budget=1e6,
+                       delta=1e-5, ledger=run_dir / "ledger.db") as labels:
+        assert (pool_index == np.arange(len(pool_index))).all()  # rows are pool indices
+        labels.ask(asked[::-1])
+        assert labels.epsilon().smooth_sensitivity == first
     assert released(run_dir / "ledger.db") == [(90, first)]
     more = student("c", 120)
     assert released(run_dir / "ledger.db") == [(90, first), (120, more)]
