@@ -20,8 +20,6 @@ from pate.io import write_json_atomic
 from pate.rundir import RunDir
 from teachers import rng
 
-PARTITION_STREAM = 4
-
 
 @dataclass(frozen=True)
 class Partition:
@@ -52,7 +50,7 @@ def make_partition(num_rows: int, num_teachers: int, seed: int) -> Partition:
     if not 1 <= num_teachers <= num_rows:
         raise UserError(f"the number of teachers must be between 1 and {num_rows} (the training "
                         "rows)")
-    keys = rng.uniform(seed, np.zeros(1, dtype=np.int64), PARTITION_STREAM,
+    keys = rng.uniform(seed, np.zeros(1, dtype=np.int64), rng.PARTITION,
                        np.arange(num_rows)[None])
     assignment = np.empty(num_rows, dtype=np.int32)
     assignment[np.argsort(keys[0], kind="stable")] = np.arange(num_rows) % num_teachers

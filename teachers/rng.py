@@ -17,10 +17,13 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
-# Stream identifiers: one per use, so that no two uses share numbers. MODULE_INIT and FORWARD seed
-# torch's generator per teacher for a user's own network (:mod:`teachers.user_models`): its own
-# initialisation, and the random numbers its forward draws (dropout) when trained one at a time.
-INIT, ORDER, AUGMENT, MIXUP, MODULE_INIT, FORWARD = 1, 2, 3, 4, 5, 6
+# Stream identifiers: one per use, so that no two uses share numbers. PARTITION deals the private
+# rows to the teachers (:mod:`teachers.partition`, keyed as teacher 0). MODULE_INIT and FORWARD
+# seed torch's generator per teacher for a user's own network (:mod:`teachers.user_models`): its
+# own initialisation, and the random numbers its forward draws (dropout) when trained one at a
+# time. (MIXUP was 4, the partition's stream, before 2026-11-27: teacher 0's mixup weights were
+# the partition's keys.)
+PARTITION, INIT, ORDER, AUGMENT, MIXUP, MODULE_INIT, FORWARD = 4, 1, 2, 3, 7, 5, 6
 
 # A seed is a non-negative int64: these streams take it as one, and so does torch's generator.
 SEED_LIMIT = 2**63

@@ -117,6 +117,17 @@ def test_counter_based_streams_ignore_the_group():
     assert abs(a.mean() - 0.5) < 0.05
 
 
+def test_every_use_of_the_counter_based_numbers_has_its_own_stream():
+    """No two uses share numbers: the partition's keys are not teacher 0's mixup weights."""
+    streams = {name: getattr(rng, name) for name in dir(rng)
+               if name.isupper() and not name.startswith("_") and name != "SEED_LIMIT"}
+    assert {"PARTITION", "MIXUP", "ORDER"} <= streams.keys()
+    assert len(set(streams.values())) == len(streams)
+    keys = rng.uniform(0, np.zeros(1, np.int64), rng.PARTITION, np.arange(20)[None])
+    mixup = rng.uniform(0, np.zeros(1, np.int64), rng.MIXUP, np.arange(20)[None])
+    assert not np.isin(mixup, keys).any()
+
+
 def test_teachers_learn(digits, data):
     x, y, part, _ = data
     cfg = TrainConfig(model="cnn", epochs=12, batch_size=16, augment="none", seed=0)
