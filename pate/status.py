@@ -12,11 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.orders import default_orders
 from pate.aggregation.budget_registry import ledgers_of
 from pate.aggregation.label_service import recorded_ledger
-from pate.aggregation.ledger import Ledger
-from pate.aggregation.ledger_store import canonical_url, stored_settings
+from pate.aggregation.ledger import stored_budget
+from pate.aggregation.ledger_store import canonical_url
 from pate.config import RunConfig, parse_config
 from pate.data.votes_file import load_private_fingerprint
 from pate.errors import LedgerError, UserError
@@ -63,21 +62,15 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
 
 def _budget(run: RunDir) -> dict[str, Any] | None:
     """The budget of the ledger that charges the run's votes (its own ``ledger.db``, or the one
-    recorded beside them, a PostgreSQL URL say), opened with the settings it was created with;
-    where it cannot be read here, where it is and why."""
+    recorded beside them, a PostgreSQL URL say), read without opening it for writing
+    (``stored_budget``); where it cannot be read here, where it is and why."""
     url = recorded_ledger(run.root)
     if url is None:
         return None
     try:
-        settings = stored_settings(url)
-        if settings is None:
+        b = stored_budget(url)
+        if b is None:
             return None
-        ledger = Ledger(url, default_orders(), settings["delta"], settings["epsilon_budget"],
-                        settings["conversion"])
-        try:
-            b = ledger.budget()
-        finally:
-            ledger.close()
     except LedgerError as exc:  # a server down, a password only the service is given
         return {"ledger": url, "unreadable": str(exc)}
     return {"ledger": url, "epsilon_budget": b.epsilon_budget, "epsilon_spent": b.epsilon_spent,

@@ -66,6 +66,7 @@ from pate.aggregation.ledger_store import (
     migrate,
     releases_table,
     requests_table,
+    stored_totals,
     to_blob,
 )
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict, UserError
@@ -107,6 +108,24 @@ class Budget:
         return {"epsilon_budget": self.epsilon_budget, "delta": self.delta,
                 "epsilon_spent": self.epsilon_spent, "basis": self.basis,
                 "queries": self.queries, "answered": self.answered}
+
+
+def budget_basis(conversion: Conversion, delta: float) -> str:
+    """What a ledger's epsilon spent is (``Budget.basis``)."""
+    return (f"data-independent RDP, {conversion} conversion at delta={delta:g}; a batch is "
+            "refused unless its worst case fits")
+
+
+def stored_budget(url: str) -> Budget | None:
+    """The budget of the ledger at ``url`` as ``Ledger.budget`` gives it, read without opening
+    the ledger (``ledger_store.stored_totals``: nothing created, migrated or checked); None
+    when it holds none yet."""
+    found = stored_totals(url)
+    if found is None:
+        return None
+    return Budget(found["epsilon_budget"], found["delta"], found["epsilon_spent"],
+                  budget_basis(found["conversion"], found["delta"]), found["queries"],
+                  found["answered"])
 
 
 class CostSource(Protocol):
@@ -242,8 +261,7 @@ class Ledger:
         self.delta = float(delta)
         self.epsilon_budget = float(epsilon_budget)
         self.conversion: Conversion = conversion
-        self.basis = (f"data-independent RDP, {conversion} conversion at delta={self.delta:g}; "
-                      "a batch is refused unless its worst case fits")
+        self.basis = budget_basis(conversion, self.delta)
         # outcomes released so far (``_releases``), by scope (the mechanism and the votes'
         # digest), then pool index; replicas
         # learn each other's from the request rows after ``_synced_seq``. ``_rows_seen``: the

@@ -188,6 +188,18 @@ def canonical_url(url: str) -> str:
 def stored_settings(url: str) -> dict[str, Any] | None:
     """The delta, epsilon budget and conversion the ledger at ``url`` was created with (public
     parameters), or None when it holds none yet; reads only, creates nothing."""
+    return _read_stored(url, totals=False)
+
+
+def stored_totals(url: str) -> dict[str, Any] | None:
+    """``stored_settings`` and the running totals of the budget row (``epsilon_spent``,
+    data-independent; ``queries``; ``answered``), or None when it holds none yet; reads only:
+    nothing is created, migrated or checked (``pate status`` beside a running service)."""
+    return _read_stored(url, totals=True)
+
+
+def _read_stored(url: str, totals: bool) -> dict[str, Any] | None:
+    """The settings of the ledger at ``url`` and, with ``totals``, its budget row's totals."""
     try:
         parsed = sa.make_url(url)
         if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
@@ -200,10 +212,18 @@ def stored_settings(url: str) -> dict[str, Any] | None:
             if not sa.inspect(conn).has_table(meta_table.name):
                 return None
             found = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
-        if not {"delta", "epsilon_budget", "conversion"} <= found.keys():
+            row = None if not totals else conn.execute(
+                sa.select(budget_table.c.epsilon_spent, budget_table.c.queries,
+                          budget_table.c.answered).where(budget_table.c.id == 1)).one_or_none()
+        if not {"delta", "epsilon_budget", "conversion"} <= found.keys() or (
+                totals and row is None):
             return None
-        return {"delta": float(found["delta"]), "epsilon_budget": float(found["epsilon_budget"]),
-                "conversion": found["conversion"]}
+        settings = {"delta": float(found["delta"]),
+                    "epsilon_budget": float(found["epsilon_budget"]),
+                    "conversion": found["conversion"]}
+        return settings if row is None else {
+            **settings, "epsilon_spent": float(row.epsilon_spent), "queries": int(row.queries),
+            "answered": int(row.answered)}
     except (sa.exc.SQLAlchemyError, ValueError) as exc:
         raise LedgerError(f"cannot read the ledger: {exc.__class__.__name__}") from None
     finally:
