@@ -104,8 +104,8 @@ class LabelService:
     @classmethod
     def open(cls, mechanism: Mechanism, pool: VotePool | None, url: str, *,
              epsilon_budget: float, delta: float, conversion: Conversion = "improved",
-             ensemble: TeacherEnsemble | None = None, limits: Limits | None = None,
-             offline_seed: int | None = None) -> LabelService:
+             ensemble: TeacherEnsemble | None = None, limits: Limits | None = None
+             ) -> LabelService:
         """Check ``mechanism``'s threshold against the votes' number of teachers
         (``analysis.mechanisms.ParameterError``) and the budget (``check_budget``) before the
         ledger exists, then open the ledger at ``url`` and serve through it."""
@@ -114,8 +114,7 @@ class LabelService:
         check_budget(mechanism, epsilon_budget, delta, conversion)
         ledger = Ledger(url, default_orders(), delta, epsilon_budget, conversion)
         try:
-            return cls(Aggregator(mechanism, ledger.orders, offline_seed=offline_seed), ledger,
-                       pool, ensemble, limits)
+            return cls(Aggregator(mechanism, ledger.orders), ledger, pool, ensemble, limits)
         except BaseException:
             ledger.close()
             raise
@@ -277,7 +276,6 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        ensemble: TeacherEnsemble | None = None,
                        ledger: str | Path | None = None,
                        conversion: Conversion = "improved", limits: Limits | None = None,
-                       offline_seed: int | None = None,
                        check_pool: Callable[[VotePool], None] | None = None,
                        charged_before: bool = False, private_records: int | None = None,
                        allow_large_delta: bool = False,
@@ -315,8 +313,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     url, record = _ledger_of_votes(home, ledger, charged_before or (
         run_dir is not None and RunDir(home).labels.is_file()))
     service = LabelService.open(mechanism, pool, url, epsilon_budget=epsilon_budget, delta=delta,
-                                conversion=conversion, ensemble=ensemble, limits=limits,
-                                offline_seed=offline_seed)
+                                conversion=conversion, ensemble=ensemble, limits=limits)
     try:
         if record is not None:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
