@@ -231,10 +231,12 @@ def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
     from torch.utils.data import TensorDataset
 
     q = min(1.0, config.expected_batch_size / len(train_y))
-    if config.init_seed is not None:
-        torch.manual_seed(config.init_seed)
     assert config.model is not None, "name the network first (with_model)"
-    fixed, model = dpsgd_network(config.model, tuple(train_x.shape[1:]), num_classes, *norm)
+    seeded = config.init_seed is not None
+    with torch.random.fork_rng(devices=[], enabled=seeded):  # the caller's generator untouched
+        if seeded:
+            torch.manual_seed(config.init_seed)
+        fixed, model = dpsgd_network(config.model, tuple(train_x.shape[1:]), num_classes, *norm)
     features = fixed_features(fixed, train_x, config.eval_batch_size)
     sample_gen, _ = secure_generator()
     loader = DPDataLoader(TensorDataset(torch.from_numpy(features), torch.from_numpy(train_y)),

@@ -16,6 +16,7 @@ from pate.cli.main import main
 from pate.data.datasets import load_dataset, public_split
 from student.dpsgd import (
     DPSGDConfig,
+    dpsgd_setup,
     pair_distances,
     secure_generator,
     tempered_cnn,
@@ -77,6 +78,23 @@ def test_tiny_run_is_accounted_by_our_core(digits) -> None:
     assert np.all(result.distances <= 2 * config.max_grad_norm + 1e-6)
     assert 0 < m["epsilon_bayesian"] < np.inf
     assert m["accuracy"] > 0.5  # chance is 0.1
+
+
+def test_a_seeded_network_leaves_the_callers_generator_alone(digits) -> None:
+    """``init_seed`` seeds the network's initialisation only: the same seed gives the same start,
+    and torch's global generator is where the caller left it."""
+    ds, ((pool_x, _), _) = digits
+    config = DPSGDConfig(epochs=1, expected_batch_size=128, noise_multiplier=1.0, init_seed=3,
+                         model="hog-linear")
+    norm = (float(pool_x.mean()), float(pool_x.std()))
+    torch.manual_seed(11)
+    expected = torch.rand(4)
+    torch.manual_seed(11)
+    first = dpsgd_setup(ds.train_x, ds.train_y, 10, config, norm).model
+    assert torch.equal(torch.rand(4), expected)
+    again = dpsgd_setup(ds.train_x, ds.train_y, 10, config, norm).model
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(),
+                                                  again.state_dict().values(), strict=True))
 
 
 @pytest.mark.parametrize(("model", "fixed_map", "size", "encoded"), [
