@@ -24,7 +24,8 @@ MAX_PROFILE_BYTES = 4 * 2**30
 def sorted_profiles(count: int, dimension: int, seed: int) -> NDArray[np.float64]:
     """[count, dimension] float64: each row a unit-norm magnitude profile, sorted descending."""
     if count < 1 or dimension < 1:
-        raise ValueError(f"Psi needs count >= 1 and dimension >= 1, got {count}, {dimension}")
+        raise ValueError(f"encoding needs at least 1 profile of at least 1 coordinate (the "
+                         f"model's parameters), got {count} profiles of {dimension}")
     size = count * dimension * np.dtype(np.float64).itemsize
     if size > MAX_PROFILE_BYTES:
         raise ValueError(f"{count} profiles of {dimension} coordinates would take "

@@ -143,8 +143,9 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: ArrayLike | 
     ``orders`` defaults to ``analysis.orders.default_orders()``.
     """
     _check_rate(q)
-    if noise_multiplier < 0:
-        raise ValueError(f"noise multiplier must be >= 0, got {noise_multiplier!r}")
+    if not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError(f"noise multiplier must be a finite number >= 0, got "
+                         f"{noise_multiplier!r}")
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps!r}")
     a = as_orders(orders)
