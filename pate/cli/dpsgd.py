@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from student.baseline import train_dpsgd_baseline
+    from student.baseline import split_bayesian, train_dpsgd_baseline
     from student.dpsgd import DPSGDConfig
     from student.encoded_dpsgd import EncodingConfig
     from teachers.checkpoints import teachers_source
@@ -101,7 +101,8 @@ def run_train(args: argparse.Namespace) -> int:
                                        allow_large_delta=args.allow_large_delta)
     bayesian = (f", {metrics['epsilon_bayesian']:.3f} (Bayesian: data-dependent, private, "
                 f"{run.dpsgd_bayesian.name})" if "epsilon_bayesian" in metrics else "")
-    print(json.dumps(metrics) if args.json
+    public, private = split_bayesian(metrics)  # data-dependent: marked, as on the line below
+    print(json.dumps({**public, **({"private": private} if private else {})}) if args.json
           else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP)"
                f"{bayesian}  delta {metrics['delta']:g}  -> {run.dpsgd_metrics}")
     return 0

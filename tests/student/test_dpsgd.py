@@ -143,7 +143,7 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
     printed = json.loads(capsys.readouterr().out)
     metrics = json.loads((run / "dpsgd" / "metrics.json").read_text())
     bayesian = json.loads((run / "dpsgd" / "bayesian.json").read_text())
-    assert {**metrics, **bayesian} == printed
+    assert {**metrics, "private": bayesian} == printed  # private figures marked so
     for key in ("accuracy", "epsilon", "delta", "steps", "noise_multiplier", "sampling_rate",
                 "max_grad_norm"):
         assert key in metrics
