@@ -33,9 +33,11 @@ STUDENT_SCHEMA = "schema.json"  # in any student folder: a run's student/ or Stu
 class RunDir:
     """A run directory: ``RunDir(path)``; ``create`` makes it (0700) and checks it is writable.
 
-    Public: ``config``, ``partition``, ``labels``, ``stages``, ``log`` and the ``student``
-    folder. Private: ``teachers``, ``votes``, ``ledger``, ``token``, ``report``, ``audit`` and
-    ``dpsgd_distances``."""
+    Public: ``partition``, ``labels``, ``stages``, ``log``, the ``student`` folder and the
+    ``dpsgd`` baseline's model and metrics. Private: ``config`` (it names the private data's
+    file), ``teachers``, ``votes``, ``ledger`` (and the record of where it is), ``token``,
+    ``releases`` (an earlier version's sanitised releases), ``comparison``, ``report``, ``audit``,
+    ``dpsgd_distances`` and ``dpsgd_bayesian`` (docs/design.md, "The run directory")."""
 
     root: Path
 
