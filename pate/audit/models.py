@@ -71,7 +71,7 @@ from pate.audit.retraining import (
     train_student,
 )
 from pate.config import parse_config
-from pate.data.task import Benchmark, DataSource, load_task, source_from_record
+from pate.data.task import DataSource, load_task
 from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_json_atomic, write_with_atomic
@@ -116,13 +116,14 @@ class Run:
     config: Any | None
 
 
-def _source(manifest: dict[str, Any], config: Any | None) -> DataSource:
-    """Where the run's data comes from: the config's section, else the teachers' manifest."""
-    if config is not None:
-        return config.data.source()
-    if "data" in manifest:
-        return source_from_record(manifest["data"])
-    return Benchmark(manifest["dataset"], None, manifest.get("pool_size"))
+def _source(run: RunDir, config: Any | None) -> DataSource:
+    """Where the run's data comes from: the config's section, else the teachers' manifest
+    (``checkpoints.teachers_source``)."""
+    source = config.data.source() if config is not None else checkpoints.teachers_source(run.root)
+    if source is None:
+        raise UserError(f"{run}: its teachers' manifest records no data it can read (teachers "
+                        "of another version): train them again with this one")
+    return source
 
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
@@ -135,7 +136,7 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
                         "train` first")
     config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
               else None)
-    task = load_task(_source(manifest, config))
+    task = load_task(_source(run, config))
     assert task.private_x is not None and task.private_y is not None
     if checkpoints.private_changed(manifest, task):
         raise UserError("the private data is not what this run's teachers were trained on (its "
