@@ -142,19 +142,6 @@ class CostSource(Protocol):
 
 
 @dataclass(frozen=True)
-class PerQueryCosts:
-    """A ``CostSource`` of an array ``[queries, orders]``."""
-
-    rdp: NDArray[np.float64]
-
-    def total(self) -> NDArray[np.float64]:
-        return np.asarray(self.rdp, np.float64).sum(axis=0)
-
-    def per_query(self) -> NDArray[np.float64]:
-        return np.asarray(self.rdp, np.float64)
-
-
-@dataclass(frozen=True)
 class Charge:
     """What a request asks the ledger to record: its answers and their realised costs, and the
     data-independent worst case of its batch on which the budget decision is taken."""

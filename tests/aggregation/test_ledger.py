@@ -8,7 +8,7 @@ import json
 import sqlite3
 import stat
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.label_requests import LabelsRequest
-from pate.aggregation.ledger import Charge, Ledger, PerQueryCosts
+from pate.aggregation.ledger import Charge, Ledger
 from pate.aggregation.ledger_store import SCHEMA_VERSION
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict
 
@@ -118,6 +118,19 @@ def test_tampered_totals_are_detected(tmp_path: Path, agg: Aggregator) -> None:
     con.close()
     with pytest.raises(LedgerError, match="inconsistent"):
         open_ledger(db)
+
+
+@dataclass(frozen=True)
+class PerQueryCosts:
+    """A ``CostSource`` of an array ``[queries, orders]``."""
+
+    rdp: np.ndarray
+
+    def total(self) -> np.ndarray:
+        return self.rdp.sum(axis=0)
+
+    def per_query(self) -> np.ndarray:
+        return self.rdp
 
 
 def test_an_unrecordable_cost_releases_nothing(tmp_path: Path, agg: Aggregator) -> None:
