@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from analysis.costs import steps
+from pate.aggregation.vote_pool import VotePool
 from pate.config import AggregatorConfig, parse_config
 from pate.data.task import Benchmark, DataSource, Task, load_task
 from pate.data.votes_file import load_private_records, load_votes_with_index
@@ -95,10 +96,11 @@ def _segments(run: RunDir, facts: RunFacts, votes: np.ndarray,
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{run.labels}: not a labels file ({exc.__class__.__name__})") from None
     asked, labels = received.pool_index, received.label
-    row_of = np.full(int(pool_index.max()) + 1, -1)
-    row_of[pool_index] = np.arange(pool_index.size)
-    if np.any(asked > pool_index.max()) or np.any(row_of[np.minimum(asked, pool_index.max())] < 0):
-        raise UserError(f"{run.labels}: asks for pool rows the votes do not cover")
+    try:
+        rows = VotePool(votes, pool_index).rows(asked)
+    except UserError:  # rows of another pool, or asked twice: not this run's answers
+        raise UserError(f"{run.labels}: asks for pool rows the votes do not cover, or one row "
+                        "twice") from None
     rounds = (read_rounds(run)
               or [{"mechanism": {"mechanism": "confident"}, "queries": int(asked.size)}])
     teachers = float(votes[0].sum())
@@ -112,7 +114,7 @@ def _segments(run: RunDir, facts: RunFacts, votes: np.ndarray,
             raise UserError(f"{run.labels}: answers of the student's own label in a "
                             f"{mechanism.name} round, which has none: this run directory is "
                             "damaged")
-        segments.append(Segment(row_of[asked[sel]], mechanism, labels[sel],
+        segments.append(Segment(rows[sel], mechanism, labels[sel],
                                 received.by_teachers[sel], baseline))
     return segments
 

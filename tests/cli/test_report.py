@@ -20,7 +20,9 @@ from analysis.rdp import epsilon_from_rdp
 from pate.config import dump_config, load_config
 from pate.data.datasets import load_dataset, public_split
 from pate.data.synthetic import synthetic_votes
+from pate.errors import UserError
 from pate.report.content import PRIVATE_TABLE_KEYS, public_rows
+from pate.report.run_report import load_run_data
 
 
 def make_run(run_dir: Path, rounds: bool) -> dict:
@@ -179,6 +181,20 @@ def test_a_student_answer_in_a_round_without_a_student_step_is_refused(tmp_path:
     proc = pate("report", "--run", str(tmp_path / "run"))
     assert proc.returncode == 2
     assert "answers of the student's own label in a confident round" in proc.stderr
+
+
+@pytest.mark.parametrize("stray", [10**15, -1])
+def test_answers_about_rows_the_votes_do_not_hold_are_refused(tmp_path: Path,
+                                                               stray: int) -> None:
+    """A labels file of another pool (a row far beyond it, or a negative one) is one error, not
+    a table the size of the largest index nor a row read from the end."""
+    made = make_run(tmp_path / "run", rounds=False)
+    asked = np.load(tmp_path / "run" / "votes.npz")["pool_index"][made["asked"]]
+    asked[3] = stray
+    np.savez(tmp_path / "run" / "labels.npz", pool_index=asked, label=made["labels"],
+             branch=made["branch"])
+    with pytest.raises(UserError, match="asks for pool rows the votes do not cover"):
+        load_run_data(tmp_path / "run")
 
 
 def test_runs_compared_rebuild_a_report_of_an_older_layout(tmp_path: Path) -> None:
