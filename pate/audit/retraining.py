@@ -13,8 +13,8 @@ import torch
 from numpy.typing import NDArray
 from torch.func import functional_call, vmap
 
+from analysis.costs import steps
 from analysis.mechanisms import Mechanism
-from pate.aggregation.aggregators import Aggregator
 from student.models import ModelSpec, PoolFeatures, build_classifier
 from student.training import (
     FitConfig,
@@ -105,7 +105,7 @@ def train_student(recipe: StudentRecipe, pool_x: NDArray[np.float32],
     index, label = np.zeros(0, np.int64), np.zeros(0, np.int64)
     for i, (mechanism, rows) in enumerate(recipe.rounds):
         probs = (predict_proba(model, pool_x[rows], recipe.fit.device) if i
-                 and Aggregator(mechanism).takes_student_probs else None)
+                 and steps(mechanism).student_gamma is not None else None)
         index = np.concatenate([index, rows])
         label = np.concatenate([label, answer(i, probs)])
         ok = label >= 0
