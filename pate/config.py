@@ -30,7 +30,7 @@ from analysis.costs import check_threshold
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
-from pate.data.datasets import LOADERS
+from pate.data.datasets import DEFAULT_DATASET, LOADERS
 from pate.data.task import Benchmark, DataFiles, DataSource, data_kind
 from pate.errors import UserError
 from student.choices import ARCHITECTURES, DEFAULT_DPSGD_MODEL, DPSGD_MODELS
@@ -80,7 +80,7 @@ class DataConfig(_Section):
                              None if self.classes is None else tuple(self.classes),
                              None if self.image_size is None else
                              (self.image_size[0], self.image_size[1]))
-        return Benchmark(self.dataset or "fashion-mnist", self.data_dir, self.pool_size)
+        return Benchmark(self.dataset or DEFAULT_DATASET, self.data_dir, self.pool_size)
 
     def resolved(self, base: Path) -> DataConfig:
         """The section with its file paths made absolute against ``base`` (the config file's

@@ -38,6 +38,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from pate.data.augment import AUGMENTATIONS, MAX_SHIFT, shift_flip
+from pate.data.datasets import TEACHER_AUGMENT
 from pate.data.task import Benchmark, DataSource
 from pate.errors import UserError
 from teachers import rng
@@ -52,14 +53,6 @@ from teachers.user_models import (
     vmap_problem,
     warn_one_at_a_time,
 )
-
-# Augmentation per dataset. On Fashion-MNIST with 250 teachers, random shifts and mirroring
-# lowered the plurality's accuracy (50 teachers, 2 000 pool rows: 0.79 with, 0.84 without) while
-# barely moving the teachers' own (0.73 vs 0.75): it made the teachers' errors more alike. So
-# the 28x28 sets train without; the colour sets keep the usual shifts (mirroring only where it
-# preserves the label).
-DEFAULT_AUGMENT = {"fashion-mnist": "none", "mnist": "none", "digits": "none",
-                   "cifar10": "shift-flip", "svhn": "shift"}
 
 
 @dataclass(frozen=True)
@@ -104,11 +97,11 @@ def train_config_for(source: DataSource, kind: str, *, model: str | None = None,
                      **given: int | float | None) -> TrainConfig:
     """The training settings of teachers on ``source``, data of ``kind`` (``image`` or
     ``tabular``): ``model``, else the kind's ``DEFAULT_MODEL``; ``augment``, or for ``auto``
-    what keeps the benchmark's labels (``DEFAULT_AUGMENT``; none for other data); the
+    the benchmark's (``pate.data.datasets.TEACHER_AUGMENT``; none for other data); the
     ``TrainConfig`` defaults where ``given`` (epochs, batch_size, lr, mixup) is None."""
     name = source.name if isinstance(source, Benchmark) else ""
     return TrainConfig(model=model or DEFAULT_MODEL[kind], seed=seed,
-                       augment=DEFAULT_AUGMENT.get(name, "none") if augment == "auto" else augment,
+                       augment=TEACHER_AUGMENT.get(name, "none") if augment == "auto" else augment,
                        **{k: v for k, v in given.items() if v is not None})
 
 

@@ -8,18 +8,17 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from pate.data.datasets import DEFAULT_DATASET, LOADERS
 from pate.data.task import Benchmark, DataFiles, DataSource, unused_setting_problem
 from pate.errors import UserError
-
-DEFAULT_DATASET = "fashion-mnist"
 
 
 def add_data_flags(parser: argparse.ArgumentParser, *, files: bool = True) -> None:
     """The data flags, in a group of their own."""
     group = parser.add_argument_group("data (a built-in dataset, or your own files)")
     group.add_argument("--dataset", default=None,
-                       help=f"fashion-mnist, mnist, svhn, cifar10, digits or glyphs (default: "
-                            f"the run's teachers', else {DEFAULT_DATASET})")
+                       help=f"{', '.join(sorted(LOADERS))} (default: the run's teachers', "
+                            f"else {DEFAULT_DATASET})")
     group.add_argument("--data-dir", default=None, help="where the dataset's files are")
     group.add_argument("--pool-size", type=int, default=None,
                        help="rows of the test split in the public pool (default: half)")
