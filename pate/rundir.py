@@ -27,6 +27,10 @@ from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 
 STUDENT_SCHEMA = "schema.json"  # in any student folder: a run's student/ or Student.save's
+# Beside a votes file, in a run directory or not: the votes' own ledger (the default), and the
+# record of the ledger that charges them (``pate.aggregation.label_service``).
+LEDGER_FILE = "ledger.db"
+LEDGER_RECORD = "ledger-url.txt"
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ class RunDir:
     @property
     def ledger(self) -> Path:
         """``ledger.db``: the privacy ledger (private)."""
-        return self.root / "ledger.db"
+        return self.root / LEDGER_FILE
 
     @property
     def releases(self) -> Path:

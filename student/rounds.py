@@ -38,15 +38,13 @@ from analysis.votes_analysis import (
     QuerySegment,
     analyze_segments,
 )
-from pate.aggregation.aggregators import Branch
+from pate.aggregation.aggregators import BRANCH_NAMES, Branch
 from pate.aggregation.label_requests import LabelSource
 from pate.data.votes_file import load_pool_fingerprint
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_bytes_atomic
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
-
-BRANCHES: tuple[str, ...] = tuple(b.name.lower() for b in sorted(Branch))  # index = code
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,8 @@ class Received:
                             "run directory is damaged") from None
         if not index.shape == label.shape == branch.shape or index.ndim != 1:
             raise UserError(f"{path}: pool_index, label and branch must be 1-d of one length")
-        if np.any((branch < 0) | (branch >= len(BRANCHES))) or np.any((branch == 0) != (label < 0)):
+        if (np.any((branch < 0) | (branch >= len(BRANCH_NAMES)))
+                or np.any((branch == 0) != (label < 0))):
             raise UserError(f"{path}: branch must be 1 or 2 where a label came back, 0 where none "
                             "did: this run directory is damaged")
         return cls(index, label, branch, load_pool_fingerprint(path))
@@ -126,7 +125,7 @@ class Received:
         """Queries asked, answered, and answered by each branch."""
         return {"queries": len(self), "answered": int(self.answered.sum()),
                 **{f"answered_by_{name}": int(np.sum(self.branch == code))
-                   for code, name in enumerate(BRANCHES) if code}}
+                   for code, name in enumerate(BRANCH_NAMES) if code}}
 
 
 def select_queries(candidates: NDArray[np.int64], n: int, how: str,
@@ -177,7 +176,7 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
             size = (part.size + 1) // 2
             continue
         names, which = np.unique(np.asarray(result.branch, str), return_inverse=True)
-        branch = np.array([BRANCHES.index(n) for n in names], np.int8)[which]  # by name, once
+        branch = np.array([BRANCH_NAMES.index(n) for n in names], np.int8)[which]  # by name, once
         got = got + Received(part, np.asarray(result.labels, np.int64), branch)
         start += part.size
         if on_request is not None:

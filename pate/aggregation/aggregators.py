@@ -57,6 +57,10 @@ class Branch(enum.IntEnum):
     STUDENT = 2    # Interactive-GNMax's "reinforced student": the student's own argmax
 
 
+# The branches' names as the service and ``labels.npz``'s readers say them, indexed by value.
+BRANCH_NAMES: tuple[str, ...] = tuple(b.name.lower() for b in sorted(Branch))
+
+
 @dataclass(frozen=True)
 class QueryCosts:
     """Per-query RDP ``[queries, orders]`` kept factored: query q pays, for each part

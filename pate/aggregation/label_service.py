@@ -35,7 +35,7 @@ from analysis.costs import check_threshold, worst_case_queries
 from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
-from pate.aggregation.aggregators import Aggregator, Branch, check_student_probs
+from pate.aggregation.aggregators import BRANCH_NAMES, Aggregator, check_student_probs
 from pate.aggregation.budget_registry import enter_ledger
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
@@ -58,11 +58,7 @@ from pate.errors import (
     UserError,
 )
 from pate.io import write_bytes_atomic
-from pate.rundir import RunDir
-
-LEDGER_RECORD = "ledger-url.txt"  # beside the votes: the ledger that charges them
-OWN_LEDGER = "ledger.db"  # the votes' own ledger, beside them (the default)
-BRANCH_NAMES = np.array([b.name.lower() for b in sorted(Branch)])  # indexed by Branch value
+from pate.rundir import LEDGER_FILE, LEDGER_RECORD, RunDir
 
 
 class TeacherEnsemble(Protocol):
@@ -203,7 +199,7 @@ class LabelService:
         stored, budget = recorded.result()
         replayed = np.ones(stored.labels.size, bool) if stored.retried else ~stored.fresh
         return {"request_id": req.request_id, "labels": stored.labels.tolist(),
-                "branch": BRANCH_NAMES[stored.branch].tolist(),
+                "branch": np.asarray(BRANCH_NAMES)[stored.branch].tolist(),
                 "answered": stored.answered, "budget": budget.as_json(),
                 "replayed": replayed.tolist()}
 
@@ -369,12 +365,12 @@ def recorded_ledger(home: Path) -> str | None:
     file's folder), as ``home/ledger-url.txt`` records it (a URL's password is not kept); where
     nothing is recorded (votes charged before ledgers were), their own ``ledger.db`` if it is
     there; else None."""
-    own = canonical_url(f"sqlite:///{home / OWN_LEDGER}")
+    own = canonical_url(f"sqlite:///{home / LEDGER_FILE}")
     record = home / LEDGER_RECORD
     if record.is_file():
         text = record.read_text(encoding="utf-8").strip()
-        return own if text == OWN_LEDGER else text
-    return own if (home / OWN_LEDGER).is_file() else None
+        return own if text == LEDGER_FILE else text
+    return own if (home / LEDGER_FILE).is_file() else None
 
 
 def _ledger_of_votes(home: Path, ledger: str | Path | None, charged_before: bool
@@ -386,7 +382,7 @@ def _ledger_of_votes(home: Path, ledger: str | Path | None, charged_before: bool
     else its URL, password hidden. Refused (``UserError``): another ledger than the one they
     have, and a ledger that is not there where one was recorded or answers were charged
     before (a new one would be a second budget)."""
-    own = canonical_url(f"sqlite:///{home / OWN_LEDGER}")
+    own = canonical_url(f"sqlite:///{home / LEDGER_FILE}")
     url = own if ledger is None else ledger_url(ledger)
     named = canonical_url(url)
     record = home / LEDGER_RECORD
@@ -403,7 +399,7 @@ def _ledger_of_votes(home: Path, ledger: str | Path | None, charged_before: bool
         raise UserError(f"answers received before were charged to a ledger that is not at "
                         f"{named}: restore it (a new one would give the same private data a "
                         "second budget)")
-    return url, None if record.is_file() else (OWN_LEDGER if named == own else named)
+    return url, None if record.is_file() else (LEDGER_FILE if named == own else named)
 
 
 class InProcessLabels:

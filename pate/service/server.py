@@ -21,6 +21,7 @@ from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import Limits
 from pate.aggregation.label_service import LabelService, TeacherEnsemble, open_label_service
 from pate.errors import UserError
+from pate.rundir import RunDir
 from pate.service.app import create_app
 from pate.service.tokens import TokenStore
 
@@ -28,7 +29,7 @@ from pate.service.tokens import TokenStore
 def load_run_ensemble(run_dir: str | Path, device: str = "cpu") -> TeacherEnsemble | None:
     """The run's teachers (``teachers.votes.load_ensemble``), which answer ``inputs``
     requests; None when the run has no teachers. ``UserError`` if they are not all trained."""
-    if not (Path(run_dir) / "teachers").is_dir():
+    if not RunDir(run_dir).teachers.is_dir():
         return None
     from teachers.votes import load_ensemble  # torch: only where a run's teachers vote
 
