@@ -263,6 +263,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     # recorded here for a new run, and for an older version's run that lacks them
     manifest.setdefault("pool_fingerprint", data.pool_fingerprint)
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
+    manifest.setdefault("private_data_fingerprint", data.private_data_fingerprint)
     return manifest, data, part
 
 

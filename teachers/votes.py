@@ -213,7 +213,8 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
     # travel with the votes: the delta's bound, and which data their ledgers charge
     records = RunDir(run_dir).private_records()
-    private = manifest.get("private_fingerprint")
+    # the registry's key: the data as given (an older version's run: its rows as read)
+    private = manifest.get("private_data_fingerprint") or manifest.get("private_fingerprint")
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
         pool_fingerprint=np.array(task.pool_fingerprint),

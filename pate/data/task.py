@@ -124,8 +124,8 @@ class Task:
     """The arrays of one task. ``private_*`` are None unless asked for; ``pool_y`` is known for
     benchmarks only (a user's public labels are never read); ``eval_*`` are None without test
     data. ``classes_from`` says where the label set came from; ``pool_file`` the user's public
-    file or folder the pool was read from (None for a built-in dataset); ``preprocessing``
-    describes, publicly, how features were made."""
+    file or folder the pool was read from (None for a built-in dataset), ``private_file`` the
+    private one (where read); ``preprocessing`` describes, publicly, how features were made."""
 
     name: str
     kind: str                      # "image" or "tabular"
@@ -139,6 +139,7 @@ class Task:
     private_x: NDArray[np.float32] | None = None
     private_y: NDArray[np.int64] | None = None
     preprocessing: dict[str, Any] | None = None
+    private_file: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -163,6 +164,19 @@ class Task:
         if self.private_x is None or self.private_y is None:
             return None
         return rows_fingerprint(self.private_x, self.private_y)
+
+    @cached_property
+    def private_data_fingerprint(self) -> str | None:
+        """sha256 (hex) of the private data as given, however it is read (None without it): a
+        user's file's bytes or folder's images (``files.content_digest``), a built-in dataset's
+        name (its files are checked by their checksums). The same whichever label column,
+        label set or public pool encodes it: the key of the ledgers that charge the data
+        (``pate.aggregation.budget_registry``, docs/design.md rule 5). PRIVATE."""
+        if self.private_x is None:
+            return None
+        content = (f"dataset {self.name}" if self.private_file is None
+                   else files.content_digest(self.private_file))
+        return hashlib.sha256(f"private data {content}".encode()).hexdigest()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -304,4 +318,4 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                                    True, _SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
-                preprocessing)
+                preprocessing, source.private if "private" in reads else None)

@@ -136,9 +136,10 @@ def load_private_records(path: str | Path) -> int | None:
 
 
 def load_private_fingerprint(path: str | Path) -> str | None:
-    """The fingerprint of the private rows the votes' teachers learnt from, as a run's
-    ``votes.npz`` records it (``Task.private_fingerprint``, PRIVATE: which ledgers charge the
-    same data, ``pate.aggregation.budget_registry``); None for a file without it."""
+    """The fingerprint of the private data the votes' teachers learnt from, as a run's
+    ``votes.npz`` records it (``Task.private_data_fingerprint``; an older version's, of the rows
+    as read, ``Task.private_fingerprint``; PRIVATE: which ledgers charge the same data,
+    ``pate.aggregation.budget_registry``); None for a file without it."""
     held, value = _npz_member(path, "private_fingerprint")
     if not held:
         return None

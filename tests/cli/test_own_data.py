@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from pate.cli.main import main
-from pate.data.task import DataFiles, load_task, unused_setting_problem
+from pate.data.task import DataFiles, Task, load_task, unused_setting_problem
 from pate.errors import UserError
 
 TINY = """
@@ -140,6 +140,31 @@ def test_preprocessing_is_fitted_on_public_data_only(tmp_path: Path) -> None:
     assert other.sum() > 0 and task.private_x.shape[1] == public["features"]
     assert np.allclose(task.pool_x[:, :start].mean(axis=0), 0, atol=1e-6)
     assert task.classes == (">50K", "<=50K") and set(task.private_y.tolist()) == {0, 1}
+
+
+def test_the_private_data_is_known_by_its_content_however_it_is_read(tmp_path: Path) -> None:
+    """The budget registry's key is the private file as given: the same for another label set
+    order or another public pool (other encoded rows, so another ``private_fingerprint``, which
+    a resume checks), another for other private rows."""
+    rng = np.random.default_rng(4)
+    for name, n in (("private.csv", 120), ("public.csv", 60), ("public2.csv", 60),
+                    ("other.csv", 120)):
+        (tmp_path / name).write_text(census(n, rng))
+
+    def task(private: str, public: str, classes: tuple[str, ...]) -> Task:
+        return load_task(DataFiles(str(tmp_path / private), str(tmp_path / public),
+                                   label="income", classes=classes))
+
+    first = task("private.csv", "public.csv", (">50K", "<=50K"))
+    for again in (task("private.csv", "public.csv", ("<=50K", ">50K")),
+                  task("private.csv", "public2.csv", (">50K", "<=50K"))):
+        assert again.private_fingerprint != first.private_fingerprint
+        assert again.private_data_fingerprint == first.private_data_fingerprint
+    other = task("other.csv", "public.csv", (">50K", "<=50K"))
+    assert other.private_data_fingerprint != first.private_data_fingerprint
+    assert load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                               label="income", classes=(">50K", "<=50K")),
+                     need_private=False).private_data_fingerprint is None
 
 
 def test_a_new_runs_setting_its_format_has_no_use_for_is_one_line(
