@@ -32,7 +32,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from analysis.costs import realised_rdp_independent, steps
-from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError
+from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError, mechanism_to_dict
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
     EarlierRelease,
@@ -71,7 +71,7 @@ from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec, build_classifier
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
-from student.sanitised import answers_digest, ledger_releases
+from student.sanitised import answers_digest, former_answers_digest, ledger_releases
 from student.training import (
     FitConfig,
     build_learner,
@@ -367,9 +367,13 @@ class PrivateLabels:
                                     budget.delta, conversion=self.ledger.conversion,
                                     earlier=earlier)
 
+        order = np.argsort(self.received.pool_index)
+        former = former_answers_digest(  # as versions before 2026-11-27 kept it
+            mechanism_to_dict(self.mechanism), self.pool.digest, self.received.pool_index[order],
+            np.concatenate(self._probs)[order] if self._probs else None)
         with ledger_releases(self.ledger) as releases:
             sanitised = releases.release(len(self.received), analyse, self.ledger.conversion,
-                                         self._answers_digest())
+                                         self._answers_digest(), formerly=[former])
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
 
     def _answers_digest(self) -> str:

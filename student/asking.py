@@ -35,10 +35,16 @@ from student.rounds import (
     analyze_rounds,
     append_sent_probs,
     ask,
+    load_sent_probs,
     round_answers,
     select_queries,
 )
-from student.sanitised import answers_digest, ledger_releases, run_file_releases
+from student.sanitised import (
+    answers_digest,
+    former_answers_digest,
+    ledger_releases,
+    run_file_releases,
+)
 from student.training import predict_proba
 
 
@@ -139,11 +145,14 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
     if asked is None:
         return None
     digest = answers_digest(pool.digest, asked)
+    former = former_answers_digest([{k: v for k, v in r.items() if k != "round"} for r in rounds],
+                                   pool.digest, received.pool_index,
+                                   load_sent_probs(run.probs)[1])
     with ledger_releases(service.ledger, run_file_releases(run.releases)) as releases:
         return releases.release(
             len(received), lambda earlier: analyze_rounds(
                 rounds, received, lambda index: pool.votes[pool.rows(index)], run.probs, delta,
-                conversion, earlier), conversion, digest)
+                conversion, earlier), conversion, digest, formerly=[former])
 
 
 def _saving(run: RunDir, before: Received, rounds: list[dict[str, Any]],

@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -66,15 +67,16 @@ class Releases:
 
     def release(self, queries: int,
                 analyse: Callable[[list[EarlierRelease]], PrivacyAnalysis | None],
-                conversion: Conversion = "improved", answers: str | None = None
-                ) -> float | None:
+                conversion: Conversion = "improved", answers: str | None = None,
+                formerly: Sequence[str] = ()) -> float | None:
         """The published sanitised epsilon of the first ``queries`` answers (or of the answers
-        whose digest is ``answers``): the one released before for them, else a new release of
-        ``analyse(earlier releases)``'s bound, composed with every earlier one (None where
-        there is none: LNMax, the analysis cannot be made, or a figure without noise would
-        follow a noisy release)."""
-        for r in self.records:  # a run file's (answers None) is of that run's first queries
-            if r.queries == queries and r.answers in (answers, None):
+        whose digest is ``answers``, or was one of ``formerly`` in earlier versions): the one
+        released before for them, else a new release of ``analyse(earlier releases)``'s bound,
+        composed with every earlier one (None where there is none: LNMax, the analysis cannot
+        be made, or a figure without noise would follow a noisy release)."""
+        known = (answers, *formerly, None)  # a run file's (None): that run's first queries
+        for r in self.records:
+            if r.queries == queries and r.answers in known:
                 return r.epsilon
         earlier = [EarlierRelease(r.beta, r.sigma) for r in self.records
                    if r.beta is not None and r.sigma is not None]
@@ -149,4 +151,19 @@ def answers_digest(votes: str, asked: Iterable[tuple[Mechanism, NDArray[np.int64
             probs = np.concatenate([np.asarray(p, np.float64).reshape(len(i), -1)
                                     for i, p in parts])
             digest.update(np.ascontiguousarray(probs[order]).tobytes())
+    return digest.hexdigest()
+
+
+def former_answers_digest(mechanisms: Any, votes: str, pool_index: NDArray[np.int64],
+                          probs: NDArray[np.float64] | None = None) -> str:
+    """The digest versions before 2026-11-27 kept their releases under, so that the same
+    answers still find theirs (``Releases.release``'s ``formerly``): ``mechanisms``' JSON
+    records (``pate run``: its rounds' records but their stage; ``PrivateLabels``: its
+    mechanism's), the votes, the rows and the probabilities sent, in the order given
+    (``PrivateLabels``: by row)."""
+    digest = hashlib.sha256(json.dumps(mechanisms).encode())
+    digest.update(votes.encode())
+    digest.update(np.ascontiguousarray(pool_index, np.int64).tobytes())
+    if probs is not None and probs.size:
+        digest.update(np.ascontiguousarray(probs, np.float64).tobytes())
     return digest.hexdigest()

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from student_support import released
 
-from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax
+from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, mechanism_to_dict
 from pate.api import PrivateLabels, Student, load_student
 from pate.errors import BudgetExhausted, LedgerError, UserError
 from student.rounds import Received
+from student.sanitised import former_answers_digest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -124,6 +126,23 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
     with sqlite3.connect(ledger) as db:
         assert db.execute("SELECT COUNT(*) FROM ledger_releases").fetchone() == (2,)
     assert not list(tmp_path.glob("*.json"))  # in the ledger, not beside it
+
+
+def test_a_release_an_earlier_version_made_is_found_again(tmp_path: Path) -> None:
+    """Releases kept under the digest of versions before 2026-11-27 are the same answers'
+    releases still: found, not drawn again."""
+    votes = np.random.default_rng(3).multinomial(250, [0.6, 0.3, 0.1], size=60)
+    mechanism = ConfidentGNMax(150.0, 40.0, 20.0)
+    with PrivateLabels(votes, mechanism, epsilon_budget=1e4, delta=1e-5,
+                       ledger=tmp_path / "ledger.db") as labels:
+        labels.ask(np.arange(30)[::-1])
+        rows = np.arange(30)  # as that version hashed them: sorted
+        former = former_answers_digest(mechanism_to_dict(mechanism), labels.pool.digest, rows)
+        with labels.ledger.sanitised_releases() as (_, add):
+            add({"answers": former, "queries": 30, "epsilon": 1.25, "beta": 0.01,
+                 "sigma": 0.5})
+        assert labels.epsilon().smooth_sensitivity == 1.25
+    assert released(tmp_path / "ledger.db") == [(30, 1.25)]
 
 
 def test_new_votes_on_a_ledger_are_answered_afresh_not_replayed(tmp_path: Path) -> None:
