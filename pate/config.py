@@ -408,12 +408,12 @@ RELAXED_SECTIONS: dict[str, tuple[str, ...]] = {
 
 def fixed_differences(first: RunConfig, other: RunConfig, finished: Iterable[str]) -> list[str]:
     """The ``config_differences`` a rerun of a run that made something and finished
-    ``finished`` (its stages) may not make: every key but those of ``RELAXED_SECTIONS`` whose
-    stages have not finished."""
+    ``finished`` (its stages) may not make: every key but the run's ``name`` (what the report
+    calls it) and those of ``RELAXED_SECTIONS`` whose stages have not finished."""
     done = set(finished)
-    return [key for key in config_differences(first, other)
-            if (stages := RELAXED_SECTIONS.get(key.split(".")[0])) is None
-            or done.intersection(stages)]
+    return [key for key in config_differences(first, other) if key != "name"  # a label only
+            and ((stages := RELAXED_SECTIONS.get(key.split(".")[0])) is None
+                 or done.intersection(stages))]
 
 
 def config_differences(first: RunConfig, other: RunConfig) -> list[str]:

@@ -70,11 +70,14 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     fixed = ([] if recorded is None or not made
              else fixed_differences(recorded, config, run.finished_stages()))
     if fixed:
+        retrain = ("; to train the student again on the answers in hand, at no privacy cost: "
+                   f"pate student train --run {run} --queries 0 with the new settings as flags"
+                   if any(key.startswith("student.") for key in fixed) else "")
         raise UserError(f"{run} was started with a different configuration (other "
                         f"{', '.join(fixed)}, on which what it has made depends): "
                         "repeat it, or use a new --run directory (with its own ledger, a new "
                         "privacy budget for the same private data, unless aggregator.ledger "
-                        "names one they share)")
+                        f"names one they share){retrain}")
     if recorded is None and run.stages.is_file():  # finished stages of an unknown config
         raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
                         "directory")

@@ -224,7 +224,8 @@ def test_rerun_with_another_config_is_refused(tmp_path: Path,
     (run / "votes.npz").write_bytes(b"")  # a stage made something
     assert main(["run", "digits-tiny", "--run", str(run)]) == 2
     err = capsys.readouterr().err
-    assert "different configuration (other name, " in err and err.count("\n") == 1
+    assert "different configuration (other data.dataset, " in err and err.count("\n") == 1
+    assert "name" not in err.split("(other ")[1].split(", on which")[0]  # a label only
     assert stat.S_IMODE(run.stat().st_mode) == 0o755  # a directory refused is left as it was
     # without its config.toml, a run's finished stages would be taken for the new config's
     (run / "config.toml").unlink()
@@ -279,8 +280,14 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     assert ("config.toml: student.queries, compare.enabled changed, for the stages not "
             "finished") in (run / "log.txt").read_text()
     RunDir(run).finish_stage("student-confident", 1.0)
-    with pytest.raises(UserError, match=r"other student\.queries, on which"):
+    with pytest.raises(UserError, match=r"other student\.queries, on which.*to train the "
+                                        r"student again on the answers in hand, at no privacy "
+                                        r"cost: pate student train --run .* --queries 0"):
         prepare_run_dir(moved, RunDir(run))
+    renamed = more.model_copy(update={"name": "called otherwise"})  # what the report calls it
+    prepare_run_dir(renamed, RunDir(run))
+    assert "config.toml: name changed" in (run / "log.txt").read_text()
+    more = renamed
     # an earlier version wrote DP-SGD's default network out: the same run, finished or not
     RunDir(run).finish_stage("report", 1.0)
     written = more.model_copy(update={"dpsgd": more.dpsgd.model_copy(
