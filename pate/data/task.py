@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -217,10 +216,12 @@ def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[st
         classes = tuple(sorted({str(v) for v in test_labels.tolist()}))
         if len(classes) > MANY_NUMBER_CLASSES and pd.to_numeric(
                 pd.Series(classes), errors="coerce").notna().all():
-            warnings.warn(f"the test labels{f' ({source.label})' if source.label else ''} hold "
-                          f"{len(classes)} distinct numbers, each a class: if that is not the "
-                          "label you meant, give data.label (--label); else data.classes "
-                          "(--classes) says so", stacklevel=2)
+            # a numeric column taken for the label: every value a class, and a run would
+            # spend its budget on queries no teachers' majority answers (fail closed)
+            raise UserError(f"the test labels{f' ({source.label})' if source.label else ''} "
+                            f"hold {len(classes)} distinct numbers, each would be a class: if "
+                            "that is not the label you meant, give data.label (--label); if it "
+                            "is, give the label set as data.classes (--classes)")
         return classes, "test"
     if files.kind_of(source.private) == "folder":
         return tuple(files.image_folder_classes(source.private)), "folders"

@@ -131,16 +131,20 @@ def test_record_shape_is_the_shape_the_record_makes(tmp_path: Path) -> None:
     assert record_shape(record) == (1 + 3,)  # a number, two categories and the "other" slot
 
 
-def test_a_label_column_of_many_numbers_is_warned_about(tmp_path: Path) -> None:
+def test_a_label_column_of_many_numbers_is_refused_unless_its_classes_are_named(
+        tmp_path: Path) -> None:
     """A numeric column given as the label makes a class of every value; the run would spend
-    its budget on queries no teacher majority answers."""
+    its budget on queries no teacher majority answers: refused, unless the label set is given."""
     rows = "".join(f"{20 + i % 40},{'ab'[i % 2]},{i % 2}\n" for i in range(120))
     for role in ("private", "public", "test"):
         (tmp_path / f"{role}.csv").write_text("age,c,y\n" + rows)
     source = DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
                        str(tmp_path / "test.csv"), "age")
-    with pytest.warns(UserWarning, match=r"the test labels \(age\) hold 40 distinct numbers"):
-        assert len(load_task(source).classes) == 40
+    with pytest.raises(UserError, match=r"the test labels \(age\) hold 40 distinct numbers, "
+                                        r"each would be a class: if that is not the label"):
+        load_task(source)
+    named = tuple(f"age {v}" for v in range(60))  # integer labels: positions in it
+    assert load_task(replace(source, classes=named)).classes == named
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the label meant: two classes, no warning
         assert load_task(replace(source, label="y")).classes == ("0", "1")
