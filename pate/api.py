@@ -68,6 +68,7 @@ from pate.data.votes_file import check_votes
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
+from student.checks import warn_unseen_classes
 from student.models import ModelSpec, build_classifier
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
@@ -441,6 +442,7 @@ class Student:
             raise UserError(f"the labels are of pool rows up to {labels.pool_index.max()} and "
                             f"classes up to {labels.label.max()}: x_public has {len(x)} rows "
                             f"and n_classes is {n_classes}")
+        warn_unseen_classes(labels.label[answered], [str(c) for c in range(n_classes)])
         method = self.method
         if kind == "tabular":  # the MLP unless an arch was named, and none made for images
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr,

@@ -4,7 +4,12 @@ read)."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 from pate.data.task import DataSource, Task, source_identity
 from pate.errors import UserError
@@ -69,3 +74,16 @@ def check_answers_pool(run: RunDir, received: Received, task: Task) -> bool:
         raise UserError("the answers in hand are of another public pool than the data flags "
                         "name (its content, rows or label set differ)")
     return bool(recorded)
+
+
+def warn_unseen_classes(labels: NDArray[np.int64], classes: Sequence[str]) -> None:
+    """Warn of the classes no answered label is of (the answers are public): the student will
+    not predict them, and its accuracy on test rows of them is nought. The warning names the
+    line that called the caller (``pate student train``'s workflow, ``Student.fit``)."""
+    counts = np.bincount(labels, minlength=len(classes))
+    unseen = [str(c) for c, n in zip(classes, counts, strict=False) if not n]
+    if unseen:
+        shown = ", ".join(unseen[:5]) + (f" and {len(unseen) - 5} more" if len(unseen) > 5 else "")
+        warnings.warn(f"no answered label is of the class(es) {shown}, of {len(classes)}: the "
+                      "student will not predict them (more queries, or a larger budget)",
+                      UserWarning, stacklevel=3)

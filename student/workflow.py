@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -36,7 +35,12 @@ from student.asking import (
     needs_previous_student,
     settled_rounds,
 )
-from student.checks import check_answers_pool, check_teachers_data, check_votes
+from student.checks import (
+    check_answers_pool,
+    check_teachers_data,
+    check_votes,
+    warn_unseen_classes,
+)
 from student.models import (
     POOL_FEATURE_ARCHS,
     ModelSpec,
@@ -97,18 +101,6 @@ def _pool_features(options: StudentOptions, given: Any, previous: Any,
         say(f"learning a pool encoder ({epochs} SimCLR epochs on the {len(pool_x)} pool rows)")
         encoder = train_pool_encoder(pool_x, epochs, options.seed, options.device)
     return PoolFeatures.on_pool(encoder, pool_x)
-
-
-def _warn_unseen_classes(labels: NDArray[np.int64], classes: Sequence[str]) -> None:
-    """Warn of the classes no answered label is of (the answers are public): the student will
-    not predict them, and its accuracy on test rows of them is nought."""
-    counts = np.bincount(labels, minlength=len(classes))
-    unseen = [str(c) for c, n in zip(classes, counts, strict=False) if not n]
-    if unseen:
-        shown = ", ".join(unseen[:5]) + (f" and {len(unseen) - 5} more" if len(unseen) > 5 else "")
-        warnings.warn(f"no answered label is of the class(es) {shown}, of {len(classes)}: the "
-                      "student will not predict them (more queries, or a larger budget)",
-                      UserWarning, stacklevel=3)
 
 
 def _stderr_line(text: str) -> None:
@@ -243,7 +235,7 @@ def train_student(run: RunDir,
                         "threshold)")
     lab_index = received.pool_index[answered]
     lab_y = received.label[answered]
-    _warn_unseen_classes(lab_y, task.classes)
+    warn_unseen_classes(lab_y, task.classes)
     continued = previous is not None and previous[1] == spec and (
         load_spec(out, "generator") is not None or options.method != "gan")
     features = None

@@ -262,7 +262,11 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         student.score(x[:5], np.full(5, 7))  # not a silent 0.0
     k = int(np.flatnonzero(got.answered)[0])  # one answer, drawn twice per labelled batch
     one = Received(got.pool_index[k:k + 1], got.label[k:k + 1], got.branch[k:k + 1])
-    assert Student("supervised", epochs=1).fit(x[:100], one, 2).predict(x[:5]).shape == (5,)
+    with pytest.warns(UserWarning, match=r"no answered label is of the class\(es\) "
+                                         rf"{1 - got.label[k]}, of 2: the student will not "
+                                         "predict them") as warned:
+        assert Student("supervised", epochs=1).fit(x[:100], one, 2).predict(x[:5]).shape == (5,)
+    assert warned[0].filename == __file__  # the caller's line, as the CLI's says its run
     with pytest.raises(UserError, match="cannot train on batches of 1 row"):  # batch norm
         Student("supervised", epochs=1, batch_size=1).fit(x[:100], one, 2)
     with pytest.raises(UserError, match=r"arch must be a name or package\.module:factory"):
