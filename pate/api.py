@@ -55,6 +55,7 @@ from pate.api_checks import (
     checked_device,
     checked_integer,
     checked_labels,
+    checked_network,
     checked_rate,
     checked_rows,
     checked_rows_of,
@@ -112,8 +113,7 @@ class Teachers:
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
                  augment: str = "none", mixup: float = 0.0, seed: int = 0,
                  device: str = "cpu") -> None:
-        if model is not None and not isinstance(model, str):
-            raise UserError(f"model must be a name or package.module:factory, got {model!r}")
+        model = checked_network(model, "model")
         self.n_teachers = checked_integer("n_teachers", n_teachers, 1)
         self.n_classes = checked_integer("n_classes", n_classes, 2)
         self.shard_size = checked_integer("shard_size", shard_size, 1)
@@ -408,8 +408,7 @@ class Student:
                  batch_size: int = 32, lr: float | None = None, augment: str = "none",
                  vat_eps: float = 2.0, entmin: bool = False, seed: int = 0,
                  device: str = "cpu") -> None:
-        if arch is not None and not isinstance(arch, str):
-            raise UserError(f"arch must be a name or package.module:factory, got {arch!r}")
+        arch = checked_network(arch, "arch")
         if augment not in AUGMENTATIONS:
             raise UserError(f"augment must be one of {', '.join(AUGMENTATIONS)}, "
                             f"got {augment!r}")

@@ -3,6 +3,7 @@ passed into what the library takes, or raises one clear ``UserError``."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -116,3 +117,31 @@ def checked_labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
         raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row "
                         "(map names to indices first)")
     return a.astype(np.int64)
+
+
+def checked_network(value: object, name: str) -> str | None:
+    """A network setting (``Teachers``' ``model``, ``Student``'s ``arch``) as its name: a
+    built-in's name or an import path ``package.module:factory`` as given, or the import path
+    of a factory function given itself (a saved model and a Ray worker import it again by that
+    path). One ``UserError`` line for what cannot be one: a module instance (every teacher
+    needs its own, which the factory makes), or a factory of the running script (``__main__``),
+    which no other process can import."""
+    if value is None or isinstance(value, str):
+        path = value
+    elif inspect.isfunction(value) or inspect.isclass(value):
+        path = f"{value.__module__}:{value.__qualname__}"
+        if "<locals>" in path:
+            raise UserError(f"{name}: the factory {value.__qualname__} is defined inside a "
+                            "function, where nothing can import it again: define it at the top "
+                            "of a module")
+    else:
+        what = ("a torch.nn.Module instance" if hasattr(value, "parameters")
+                and hasattr(value, "forward") else f"a {type(value).__name__}")
+        raise UserError(f"{name} must be a name or package.module:factory, or such a factory "
+                        f"function factory(input_shape, num_classes), not {what}: each "
+                        "network is built anew by the factory")
+    if path is not None and path.startswith("__main__:"):
+        raise UserError(f"{name} {path!r} is a factory of the running script, which a saved "
+                        "model's loader or a Ray worker cannot import: put it in a module "
+                        "file (./mymodels.py: mymodels:factory, or pass mymodels.factory)")
+    return path

@@ -128,6 +128,12 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
     assert not list(tmp_path.glob("*.json"))  # in the ledger, not beside it
 
 
+def small_mlp(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """A user's factory, defined at the top of a module (this one)."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(input_shape)), 8),
+                               torch.nn.ReLU(), torch.nn.Linear(8, num_classes))
+
+
 def test_a_release_an_earlier_version_made_is_found_again(tmp_path: Path) -> None:
     """Releases kept under the digest of versions before 2026-11-27 are the same answers'
     releases still: found, not drawn again."""
@@ -269,8 +275,21 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
     assert warned[0].filename == __file__  # the caller's line, as the CLI's says its run
     with pytest.raises(UserError, match="cannot train on batches of 1 row"):  # batch norm
         Student("supervised", epochs=1, batch_size=1).fit(x[:100], one, 2)
-    with pytest.raises(UserError, match=r"arch must be a name or package\.module:factory"):
+    with pytest.raises(UserError, match=r"arch must be a name or package\.module:factory, or "
+                                        r"such a factory function .*, not a torch\.nn\.Module "
+                                        "instance"):
         Student(arch=torch.nn.Linear(6, 2))
+    # a factory function given itself is known by its import path, to be imported again
+    student = Student("supervised", arch=small_mlp, epochs=1).fit(x[:100], got, 2)
+    assert student.spec_ is not None and student.spec_.arch == f"{__name__}:small_mlp"
+
+    def local(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+        return small_mlp(input_shape, num_classes)
+
+    for arch, message in ((local, "defined inside a function"),
+                          ("__main__:factory", "a factory of the running script")):
+        with pytest.raises(UserError, match=message):
+            Teachers(3, 2, model=arch)
     with pytest.raises(UserError, match="integer class indices"):
         Teachers(3, 2).fit(x, np.where(y == 1, "yes", "no"))
     with pytest.raises(UserError, match="x must be numbers"):
