@@ -102,7 +102,8 @@ class Teachers:
     private rows (a seeded partition), ``shard_size`` at a time, vectorised.
 
     ``model`` is a built-in architecture (``cnn``, ``cnn-pool``, ``resnet``, ``mlp``, ...) or a
-    ``"package.module:factory"``, by default ``cnn`` on images and ``mlp`` on feature rows;
+    ``"package.module:factory"`` (or that factory function itself, defined at the top of a
+    module), by default ``cnn`` on images and ``mlp`` on feature rows;
     ``n_classes`` is the label set's size (public schema: it is never read from the private
     labels). Feature rows are used unscaled: standardise them with the pool's statistics
     first (see the module's docstring). ``augment`` (``none``, ``shift``, ``shift-flip``) and
@@ -398,7 +399,8 @@ class PrivateLabels:
 
 class Student:
     """The student: ``method`` ``vat`` (Miyato et al. 2018), ``supervised`` or ``gan``
-    (Salimans et al. 2016), on ``arch`` (default per method; ``mlp`` suits features), trained
+    (Salimans et al. 2016), on ``arch`` (default per method; ``mlp`` suits features; a
+    network's import path or factory function, as ``Teachers``' ``model``), trained
     ``epochs`` passes over the public pool. ``augment`` (random shifts, and mirroring with
     ``shift-flip``), ``vat_eps`` and ``entmin`` (VAT's perturbation size and entropy
     minimisation) are ``pate student train``'s; ``device`` trains there. ``seed`` seeds
