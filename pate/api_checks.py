@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pate.data.preprocessing import as_features
+from pate.data.preprocessing import as_features, channels_last, channels_last_advice
 from pate.devices import device_problem
 from pate.errors import UserError
 
@@ -41,10 +41,8 @@ def checked_rows(x: ArrayLike, name: str = "x") -> NDArray[np.float32]:
         if raw.ndim not in (2, 3, 4) or not len(raw):
             raise UserError(f"{name} must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
                             f"got shape {list(raw.shape)}")
-        if raw.ndim == 4 and raw.shape[3] in (1, 3, 4) and raw.shape[1] not in (1, 3, 4):
-            warnings.warn(f"{name} of shape {list(raw.shape)} looks channels-last [n, H, W, C]; "
-                          f"images are [n, C, H, W]: pass {name}.transpose(0, 3, 1, 2) if so",
-                          stacklevel=_user_stacklevel())
+        if raw.ndim == 4 and channels_last(raw.shape[1:]):
+            warnings.warn(channels_last_advice(name, raw.shape), stacklevel=_user_stacklevel())
         return np.ascontiguousarray(as_features(raw, name))
     except (TypeError, ValueError):
         raise UserError(f"{name} must be numbers: images [n, C, H, W] or feature rows [n, d] "

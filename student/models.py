@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from pate.data.preprocessing import channels_last
 from pate.errors import UserError
 from student.choices import ARCHITECTURES
 from teachers.choices import is_import_path
@@ -196,13 +197,15 @@ def check_network(spec: ModelSpec) -> None:
             out = network(torch.zeros((2, *spec.in_shape)))
     except Exception as exc:  # a user's forward may raise anything
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"the student's network {spec.arch!r} cannot take inputs of shape "
-                        f"{list(spec.in_shape)}: {reason}") from None
+        hint = (" (images are [C, H, W]: these look [H, W, C], channels last)"
+                if channels_last(spec.in_shape) else "")
+        raise UserError(f"arch {spec.arch!r} cannot take inputs of shape "
+                        f"{list(spec.in_shape)}{hint}: {reason}") from None
     if not isinstance(out, torch.Tensor):
-        raise UserError(f"the student's network {spec.arch!r} returns a "
+        raise UserError(f"arch {spec.arch!r} returns a "
                         f"{type(out).__name__}, not a tensor of logits")
     if tuple(out.shape) != (2, spec.num_classes):
-        raise UserError(f"the student's network {spec.arch!r} gives outputs of shape "
+        raise UserError(f"arch {spec.arch!r} gives outputs of shape "
                         f"{list(out.shape)[1:]} for {spec.num_classes} classes")
 
 

@@ -172,6 +172,19 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
     return x[:, None] if x.ndim == 3 else x
 
 
+def channels_last(image_shape: tuple[int, ...]) -> bool:
+    """Whether one image's shape looks ``[H, W, C]`` rather than ``[C, H, W]``: a last axis of
+    1, 3 or 4 and a first one of none of those (images are ``[C, H, W]`` here)."""
+    return (len(image_shape) == 3 and image_shape[2] in (1, 3, 4)
+            and image_shape[0] not in (1, 3, 4))
+
+
+def channels_last_advice(what: str, shape: tuple[int, ...]) -> str:
+    """What to say of ``what``, arrays of ``shape`` whose images look channels-last."""
+    return (f"{what} of shape {list(shape)} looks channels-last [n, H, W, C]; images are "
+            "[n, C, H, W]: transpose them with .transpose(0, 3, 1, 2) if so")
+
+
 def benchmark_record(name: str, image_shape: tuple[int, ...], pixel_max: float
                      ) -> dict[str, Any]:
     """The record of a built-in image dataset of ``[C, H, W]`` images whose loader divided

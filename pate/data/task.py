@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -32,7 +33,14 @@ from numpy.typing import NDArray
 
 from pate.data import files
 from pate.data.datasets import load_dataset, public_split
-from pate.data.preprocessing import Standardiser, TabularEncoder, as_features, benchmark_record
+from pate.data.preprocessing import (
+    Standardiser,
+    TabularEncoder,
+    as_features,
+    benchmark_record,
+    channels_last,
+    channels_last_advice,
+)
 from pate.errors import UserError
 
 MANY_NUMBER_CLASSES = 20  # more classes than this, all numbers: perhaps a numeric column
@@ -282,6 +290,10 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     elif kind == "npz":
         raw = {role: files.read_npz(path, labelled)
                for role, (path, labelled) in wanted.items() if path}
+        for role, (x, _) in raw.items():
+            if x.ndim == 4 and channels_last(x.shape[1:]):
+                warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape),
+                              stacklevel=3)
         reads = {role: (as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
         if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics
             standardiser = Standardiser.fit(reads["public"][0])

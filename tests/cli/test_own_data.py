@@ -230,6 +230,11 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="differ from the public data's"):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")),
                   need_private=True)
+    np.savez(tmp_path / "public.npz", x=x[..., None])  # channels last
+    with (pytest.warns(UserWarning, match=r"public\.npz: x of shape \[30, 8, 8, 1\] looks "
+                                          r"channels-last \[n, H, W, C\]"),
+          pytest.raises(UserError, match="differ from the public data's")):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")))
     np.savez(tmp_path / "public.npz", x=x)
     with pytest.raises(UserError, match="unknown to the label set: c"):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),

@@ -75,8 +75,12 @@ def test_a_network_its_inputs_are_too_small_for_is_refused_before_any_query() ->
     """A 1x1 image passes the config's checks but not the CNN's pooling: building and running
     the network once on blank inputs says so before a query is asked (it failed in training,
     after the round was charged)."""
-    with pytest.raises(UserError, match=r"network 'cnn' cannot take inputs of shape \[1, 1, 1\]"):
+    with pytest.raises(UserError, match=r"^arch 'cnn' cannot take inputs of shape \[1, 1, 1\]: "):
         check_network(ModelSpec("cnn", (1, 1, 1), 3))
+    with pytest.raises(UserError, match=r"^arch 'cnn' cannot take inputs of shape \[16, 16, 1\] "
+                                        r"\(images are \[C, H, W\]: these look \[H, W, C\], "
+                                        r"channels last\): "):
+        check_network(ModelSpec("cnn", (16, 16, 1), 3))
     check_network(ModelSpec("cnn", (1, 8, 8), 3))  # digits' size is fine
 
 
