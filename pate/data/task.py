@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -217,6 +218,16 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
 
 # --- a user's files -------------------------------------------------------------------------
 
+def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, bool]]) -> str:
+    """The files of the other roles (``wanted[role][0]``, joined) where both agree on what
+    ``found`` holds of each (its columns, its rows' shape) and the public file alone differs:
+    the public file is the one to name; else ``""`` (each file that differs is named)."""
+    others = {role: value for role, value in found.items() if role != "public"}
+    if len(others) < 2 or len(set(others.values())) != 1 or found["public"] in others.values():
+        return ""
+    return " and ".join(str(wanted[role][0]) for role in others)
+
+
 def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[str, ...], str]:
     if source.classes:
         return tuple(str(c) for c in source.classes), "config"
@@ -283,6 +294,13 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     if kind == "csv":
         frames = {role: files.read_csv(path, source.label, labelled)
                   for role, (path, labelled) in wanted.items() if path}
+        columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
+        if others := _odd_public(columns, wanted):
+            public, their = columns["public"], columns["test"]  # which agrees with private
+            missing, extra = sorted(their - public), sorted(public - their)
+            raise UserError(f"{source.public}: its columns differ from those of {others}, "
+                            "which agree" + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; not in them: {', '.join(extra)}" if extra else ""))
         encoder = TabularEncoder.fit(frames["public"][0])
         reads = {role: (encoder.transform(frame, str(wanted[role][0])), y)
                  for role, (frame, y) in frames.items()}
@@ -312,6 +330,10 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         preprocessing.update({"mode": mode, "height": size[1], "width": size[0],
                               "fitted_on": "public"})
     pool_x = reads["public"][0]
+    shapes = {role: x.shape[1:] for role, (x, _) in reads.items()}
+    if others := _odd_public(shapes, wanted):
+        raise UserError(f"{source.public}: rows of shape {list(pool_x.shape[1:])} differ from "
+                        f"those of {others}, which agree")
     for role, (x, _) in reads.items():
         if x.shape[1:] != pool_x.shape[1:]:
             raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "

@@ -167,6 +167,21 @@ def test_the_private_data_is_known_by_its_content_however_it_is_read(tmp_path: P
                      need_private=False).private_data_fingerprint is None
 
 
+def test_a_public_file_unlike_both_others_is_the_one_named(tmp_path: Path) -> None:
+    """A column renamed in the public CSV alone: the error names the public file, not the test
+    file checked against it."""
+    rng = np.random.default_rng(6)
+    for name in ("private", "public", "test"):
+        (tmp_path / f"{name}.csv").write_text(census(40, rng))
+    public = tmp_path / "public.csv"
+    public.write_text(public.read_text().replace("hours,", "weekly_hours,", 1))
+    with pytest.raises(UserError, match=r"public\.csv: its columns differ from those of "
+                                        r".*test\.csv and .*private\.csv, which agree; missing "
+                                        r"hours; not in them: weekly_hours"):
+        load_task(DataFiles(str(tmp_path / "private.csv"), str(public),
+                            str(tmp_path / "test.csv"), label="income"))
+
+
 def test_a_new_runs_setting_its_format_has_no_use_for_is_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rng = np.random.default_rng(3)
@@ -235,6 +250,12 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
                                           r"channels-last \[n, H, W, C\]"),
           pytest.raises(UserError, match="differ from the public data's")):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")))
+    np.savez(tmp_path / "test.npz", x=x, y=y)
+    with pytest.raises(UserError, match=r"public\.npz: rows of shape \[8, 8, 1\] differ from "
+                                        r"those of .*test\.npz and .*private\.npz, which agree"):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
+                            str(tmp_path / "test.npz")))
+    np.savez(tmp_path / "test.npz", x=x, y=np.where(y == 1, "a", "c"))
     np.savez(tmp_path / "public.npz", x=x)
     with pytest.raises(UserError, match="unknown to the label set: c"):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
