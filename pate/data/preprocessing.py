@@ -97,10 +97,13 @@ class TabularEncoder:
         if self.numeric:
             raw = frame[list(self.numeric)]
             numbers = raw.apply(pd.to_numeric, errors="coerce")
-            bad = [c for c in self.numeric if (numbers[c].isna() & raw[c].notna()).any()]
-            if bad:
-                raise UserError(f"{what}: column {bad[0]} is numeric in the public data but "
-                                "holds text here")
+            text = (numbers.isna() & raw.notna()).to_numpy()
+            if text.any():  # the first such cell, by its place: a private file's text is not shown
+                row, col = np.argwhere(text)[0]
+                raise UserError(f"{what}: column {self.numeric[col]} is numeric in the public "
+                                f"data but holds text here (first in row {row + 1} of its "
+                                "data): make the cell a number, or empty or ? where it is "
+                                "missing")
             z = (_finite(numbers, what) - np.asarray(self.means)) / np.asarray(self.stds)
             parts.append(np.nan_to_num(z, nan=0.0))
         for column, vocab in zip(self.categorical, self.vocabularies, strict=True):
