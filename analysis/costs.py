@@ -182,13 +182,17 @@ def realised_rdp_independent(mechanism: Mechanism, asked: int, answered: int,
 
 def worst_case_queries(mechanism: Mechanism, epsilon: float, delta: float,
                        orders: NDArray[np.float64], limit: int = 10**9,
-                       conversion: Conversion = "improved") -> int:
-    """The most queries, every one answered, that a budget ``epsilon`` at ``delta`` covers:
-    the largest k (at most ``limit``) whose ``realised_rdp_independent(mechanism, k, k)``
-    converts (``analysis.rdp.epsilon_from_rdp``, with ``conversion``) to at most ``epsilon``.
-    The converted epsilon grows with k, so k is found by bisection."""
+                       conversion: Conversion = "improved",
+                       spent: NDArray[np.float64] | None = None) -> int:
+    """The most queries, every one answered, that a budget ``epsilon`` at ``delta`` covers
+    beyond the data-independent RDP ``spent`` already (none by default): the largest k (at most
+    ``limit``) whose ``spent + realised_rdp_independent(mechanism, k, k)`` converts
+    (``analysis.rdp.epsilon_from_rdp``, with ``conversion``) to at most ``epsilon``. The
+    converted epsilon grows with k, so k is found by bisection."""
+    base = np.zeros_like(orders) if spent is None else np.asarray(spent, np.float64)
+
     def fits(k: int) -> bool:
-        rdp = realised_rdp_independent(mechanism, k, k, orders)
+        rdp = base + realised_rdp_independent(mechanism, k, k, orders)
         return epsilon_from_rdp(rdp, orders, delta, conversion, warn_at_edge=False)[0] <= epsilon
 
     low, high = 0, 1

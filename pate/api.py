@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from analysis.costs import realised_rdp_independent, steps
+from analysis.costs import realised_rdp_independent, steps, worst_case_queries
 from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError, mechanism_to_dict
 from analysis.rdp import Conversion
 from analysis.votes_analysis import (
@@ -337,6 +337,16 @@ class PrivateLabels:
             warnings.warn(f"the privacy budget covered {len(got)} of the {index.size} queries: "
                           "the rest were not asked", stacklevel=2)
         return got
+
+    def queries_left(self) -> int:
+        """How many more queries the budget covers whatever the votes: each answered by the
+        teachers, its worst case, beyond what the ledger has spent
+        (``analysis.costs.worst_case_queries``); ``ask`` answers at least that many before it
+        stops at the budget. Reads only public figures."""
+        spent_independent, _ = self.ledger.private_totals()  # the data-dependent part unused
+        return worst_case_queries(self.mechanism, self.ledger.epsilon_budget,
+                                  self.ledger.delta, self.ledger.orders,
+                                  conversion=self.ledger.conversion, spent=spent_independent)
 
     def epsilon(self, sanitise: bool = True) -> PublishableEpsilon:
         """The epsilons you may publish for every query this object asked so far.

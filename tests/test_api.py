@@ -128,6 +128,22 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
     assert not list(tmp_path.glob("*.json"))  # in the ledger, not beside it
 
 
+def test_the_queries_a_budget_covers_are_said_before_and_while_asking(tmp_path: Path) -> None:
+    """``queries_left``: at worst (every query answered) the budget covers that many more, and
+    ``ask`` answers at least that many before it stops; it shrinks as the ledger spends."""
+    votes = np.random.default_rng(4).multinomial(250, [0.5, 0.3, 0.2], size=400)
+    with PrivateLabels(votes, ConfidentGNMax(150.0, 40.0, 20.0), epsilon_budget=3.0,
+                       delta=1e-5, ledger=tmp_path / "ledger.db") as labels:
+        first = labels.queries_left()
+        assert 2 <= first < 400
+        labels.ask(np.arange(first // 2))
+        assert 0 < labels.queries_left() < first
+        with pytest.warns(UserWarning, match="the privacy budget covered"):
+            got = labels.ask(np.arange(first // 2, 400))
+        assert len(labels.received) >= first and len(got) < 400 - first // 2
+        assert labels.queries_left() == 0  # not one more query fits
+
+
 def small_mlp(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """A user's factory, defined at the top of a module (this one)."""
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(input_shape)), 8),
