@@ -341,7 +341,13 @@ def _run_stages(config: RunConfig, run: RunDir, actions: dict[str, Callable[[], 
         say(f"pate run: {stage}: started")
         run.append_log(f"{stage}: started")
         start = time.monotonic()
-        actions[stage]()
+        try:
+            actions[stage]()
+        except BaseException as exc:  # said in the public log by its class only: a message
+            # may name the private data's file
+            run.append_log(f"{stage}: " + ("interrupted" if isinstance(exc, KeyboardInterrupt)
+                                           else f"failed ({type(exc).__name__})"))
+            raise
         seconds = time.monotonic() - start
         run.finish_stage(stage, seconds)
         run.append_log(f"{stage}: finished in {seconds:.1f} s")

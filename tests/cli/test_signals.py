@@ -60,3 +60,4 @@ def test_sigterm_while_teachers_train_on_ray_stops_cleanly(tmp_path: Path) -> No
     status = subprocess.run([sys.executable, "-m", "pate", "status", "--run", str(run)],
                             capture_output=True, text=True, timeout=60)
     assert re.search(r"teachers\s+stopped", status.stdout), status.stdout
+    assert (run / "log.txt").read_text().splitlines()[-1].endswith("teachers: interrupted")
