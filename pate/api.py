@@ -440,7 +440,9 @@ class Student:
 
     def fit(self, x_public: ArrayLike, labels: Received, n_classes: int) -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
-        its rows (``PrivateLabels.ask``)."""
+        its rows (``PrivateLabels.ask``). ``x_public`` must be the rows the votes were cast on,
+        in their order: only that it holds every row asked is checked (``pate run`` checks the
+        pool's fingerprint)."""
         x = checked_rows(x_public)
         kind = data_kind(x, self.fit_config.augment)
         n_classes = checked_integer("n_classes", n_classes, 2)
