@@ -251,8 +251,10 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
           pytest.raises(UserError, match="differ from the public data's")):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")))
     np.savez(tmp_path / "test.npz", x=x, y=y)
-    with pytest.raises(UserError, match=r"public\.npz: rows of shape \[8, 8, 1\] differ from "
-                                        r"those of .*test\.npz and .*private\.npz, which agree"):
+    with (pytest.warns(UserWarning, match="looks channels-last"),
+          pytest.raises(UserError, match=r"public\.npz: rows of shape \[8, 8, 1\] differ from "
+                                         r"those of .*test\.npz and .*private\.npz, which "
+                                         "agree")):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
                             str(tmp_path / "test.npz")))
     np.savez(tmp_path / "test.npz", x=x, y=np.where(y == 1, "a", "c"))

@@ -434,7 +434,7 @@ def test_runs_on_one_private_dataset_can_share_one_budget(
         assert (run / "ledger-url.txt").read_text().strip().endswith("/shared/ledger.db")
         # the votes carry which private data they protect: the same for both runs
         manifest = json.loads((run / "teachers" / "manifest.json").read_text())
-        assert load_private_fingerprint(run / "votes.npz") == manifest["private_fingerprint"]
+        assert load_private_fingerprint(run / "votes.npz") == manifest["private_data_fingerprint"]
         spent.append(run_status(run)["budget"])
     assert spent[1]["queries"] > spent[0]["queries"] > 0
     assert spent[1]["epsilon_spent"] > spent[0]["epsilon_spent"]
