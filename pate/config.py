@@ -33,7 +33,12 @@ from pate.data.augment import AUGMENTATIONS
 from pate.data.datasets import DEFAULT_DATASET, LOADERS
 from pate.data.task import Benchmark, DataFiles, DataSource, data_kind
 from pate.errors import UserError
-from student.choices import ARCHITECTURES, DEFAULT_DPSGD_MODEL, DPSGD_MODELS
+from student.choices import (
+    ARCHITECTURES,
+    DEFAULT_DPSGD_MODEL,
+    DPSGD_MODELS,
+    arch_method_problem,
+)
 from teachers.choices import MODELS, model_name_problem
 from teachers.rng import SEED_LIMIT
 
@@ -210,9 +215,10 @@ class StudentConfig(_Section):
         problem = None if value is None else model_name_problem(value, ARCHITECTURES)
         if problem:
             raise ValueError(problem)
-        if info.data.get("method") == "gan" and value not in (None, "wn-mlp"):
-            raise ValueError("the GAN student's network is its own discriminator, wn-mlp; "
-                             "another arch works with vat or supervised")
+        method = info.data.get("method")
+        problem = None if method is None else arch_method_problem(method, value)
+        if problem:
+            raise ValueError(problem)
         return value
 
 

@@ -29,7 +29,8 @@ from analysis.mechanisms import ConfidentGNMax
 from pate.aggregation.aggregators import Aggregator
 from pate.data.datasets import load_dataset, public_split
 from pate.data.votes_file import load_votes_with_index
-from student.models import POOL_FEATURE_ARCHS, PoolFeatures, build_classifier
+from student.choices import POOL_FEATURE_ARCHS
+from student.models import PoolFeatures, build_classifier
 from student.training import (
     FitConfig,
     MethodConfig,

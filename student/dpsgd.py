@@ -141,7 +141,9 @@ def dpsgd_network(name: str, in_shape: tuple[int, ...], num_classes: int, mean: 
     if name == "linear":
         return None, nn.Sequential(_Standardise(mean, std), nn.Flatten(),
                                    nn.Linear(int(np.prod(in_shape)), num_classes))
-    return None, tempered_cnn(in_shape, num_classes, mean, std)
+    if name == "tempered-cnn":
+        return None, tempered_cnn(in_shape, num_classes, mean, std)
+    raise ValueError(f"unknown DP-SGD network {name!r}; choose one of {', '.join(DPSGD_MODELS)}")
 
 
 def fixed_features(fixed: nn.Module | None, x: np.ndarray, batch_size: int) -> np.ndarray:

@@ -10,7 +10,7 @@
   expert of the ``cnn-pool-hog`` teachers, :mod:`teachers.hog`), as
   :class:`teachers.models.Experts`: each expert trained on its own cross-entropy
   (``student.losses``), the prediction the mean of their probabilities. VAT's smoothness is for
-  the ``cnn`` expert only (``SMOOTHED_EXPERT``): one perturbation shared by the two experts
+  the ``cnn`` expert only (``student.choices``): one perturbation shared by the two experts
   stopped being adversarial for the ``cnn`` (its smoothness term fell threefold) and the pair
   did no better than ``cnn``. On Fashion-MNIST, four end-to-end draws averaged 0.817, as
   ``cnn``'s five did (figures in the README).
@@ -51,7 +51,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from pate.data.preprocessing import channels_last
 from pate.errors import UserError
-from student.choices import ARCHITECTURES
+from student.choices import ARCHITECTURES, POOL_FEATURE_ARCHS
 from teachers.choices import is_import_path
 from teachers.hog import hog_features, hog_size
 from teachers.models import Experts, hog_linear
@@ -59,10 +59,8 @@ from teachers.pool_encoder import FEATURES, FrozenEncoder
 from teachers.user_models import build_user_model
 
 Z_DIM = 100  # Salimans et al., MNIST generator input
-# The expert VAT's smoothness is for, per Experts architecture.
-SMOOTHED_EXPERT = {"cnn-hog": 0, "cnn-hog-simclr": 0}
-# Architectures whose linear expert reads PoolFeatures, and where they sit in the state dict.
-POOL_FEATURE_ARCHS = frozenset({"cnn-hog-simclr"})
+# Where the PoolFeatures of the architectures that read them (``POOL_FEATURE_ARCHS``) sit in
+# the state dict.
 POOL_FEATURES_KEY = "experts.1.0."
 
 

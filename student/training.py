@@ -28,10 +28,16 @@ from torch import nn
 from pate.data.augment import AUGMENTATIONS, random_augment
 from pate.errors import UserError
 from pate.io import write_bytes_atomic, write_json_atomic
-from student.choices import ARCHITECTURES, METHODS
-from student.models import (
+from student.choices import (
+    ARCHITECTURE_RECORDS,
+    ARCHITECTURES,
+    METHOD_RECORDS,
+    METHODS,
     POOL_FEATURE_ARCHS,
-    SMOOTHED_EXPERT,
+    arch_method_problem,
+    methods_for_tables,
+)
+from student.models import (
     Generator,
     ModelSpec,
     PoolFeatures,
@@ -39,9 +45,6 @@ from student.models import (
 )
 from teachers.choices import is_import_path, model_name_problem
 from teachers.user_models import check_trains_on, load_factory
-
-DEFAULT_ARCH = {"vat": "cnn", "supervised": "cnn", "gan": "wn-mlp"}
-DEFAULT_LR = {"vat": 1e-3, "supervised": 1e-3, "gan": 3e-3}  # Adam; GAN: Salimans et al. code
 
 
 @dataclass(frozen=True)
@@ -64,25 +67,21 @@ class MethodConfig:
         problem = None if self.arch is None else model_name_problem(self.arch, ARCHITECTURES)
         if problem:
             raise ValueError(f"arch {problem}")
-        if self.method == "gan" and self.arch not in (None, "wn-mlp"):
-            raise ValueError("the GAN student's network is its own discriminator, arch wn-mlp; "
-                             "another arch works with vat or supervised")
+        problem = arch_method_problem(self.method, self.arch)
+        if problem:
+            raise ValueError(problem)
         if self.arch is not None and is_import_path(self.arch):
             load_factory(self.arch, "arch")
         if not self.vat_eps > 0:
             raise ValueError(f"VAT's eps must be > 0, got {self.vat_eps!r}")
 
     def spec(self, in_shape: tuple[int, int, int], num_classes: int) -> ModelSpec:
-        return ModelSpec(self.arch or DEFAULT_ARCH[self.method], tuple(in_shape), num_classes,
-                         self.width)
+        return ModelSpec(self.arch or METHOD_RECORDS[self.method].default_arch, tuple(in_shape),
+                         num_classes, self.width)
 
     @property
     def learning_rate(self) -> float:
-        return DEFAULT_LR[self.method] if self.lr is None else self.lr
-
-
-# The student networks made for images (the others take features too).
-IMAGE_ARCHITECTURES = frozenset({"cnn", "cnn-hog", "cnn-hog-simclr"})
+        return METHOD_RECORDS[self.method].lr if self.lr is None else self.lr
 
 
 def method_for_data(kind: str, method: str, arch: str | None = None, width: int = 32,
@@ -92,12 +91,13 @@ def method_for_data(kind: str, method: str, arch: str | None = None, width: int 
     features the default network is the MLP, and the networks (and the GAN) made for images are
     refused (``UserError``, its message led by the option's name: ``arch`` or ``method``)."""
     if kind == "tabular":
-        if method == "gan":
-            raise UserError("method gan (the improved-GAN student) generates images; on tabular "
-                            "data use vat or supervised")
+        record = METHOD_RECORDS.get(method)
+        if record is not None and record.images_only is not None:
+            raise UserError(f"method {method} is for images ({record.images_only}); on tabular "
+                            f"data use {methods_for_tables()}")
         if arch is None:
             arch = "mlp"
-        elif arch in IMAGE_ARCHITECTURES:
+        elif arch in ARCHITECTURE_RECORDS and ARCHITECTURE_RECORDS[arch].images_only:
             raise UserError(f"arch {arch} needs images; on tabular data use mlp")
     try:
         return MethodConfig(method, arch, width, lr, vat_eps, entmin)
@@ -142,6 +142,12 @@ class FitResult:
     seconds_per_epoch: list[float]
 
 
+def _smoothed_expert(arch: str) -> int | None:
+    """The expert VAT smooths in ``arch`` (None: the whole network; a user's network too)."""
+    record = ARCHITECTURE_RECORDS.get(arch)
+    return None if record is None else record.smoothed_expert
+
+
 def build_learner(method: MethodConfig, model: nn.Module, spec: ModelSpec) -> Learner:
     """The learner of ``method`` around ``model`` (built from ``spec``); the GAN learner builds
     its generator for ``spec.in_shape``."""
@@ -150,7 +156,7 @@ def build_learner(method: MethodConfig, model: nn.Module, spec: ModelSpec) -> Le
         from student.vat import VATLearner
 
         return VATLearner(model, eps=method.vat_eps, entmin=method.entmin, lr=lr,
-                          smoothed=SMOOTHED_EXPERT.get(spec.arch))
+                          smoothed=_smoothed_expert(spec.arch))
     if method.method == "gan":
         from student.gan import GANLearner
 

@@ -41,8 +41,8 @@ from student.checks import (
     check_votes,
     warn_unseen_classes,
 )
+from student.choices import POOL_FEATURE_ARCHS
 from student.models import (
-    POOL_FEATURE_ARCHS,
     ModelSpec,
     PoolFeatures,
     build_classifier,

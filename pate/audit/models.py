@@ -76,7 +76,7 @@ from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_json_atomic, write_with_atomic
 from pate.rundir import RunDir
-from student.models import POOL_FEATURE_ARCHS
+from student.choices import POOL_FEATURE_ARCHS
 from student.rounds import Received, read_rounds, round_plan
 from student.training import (
     FitConfig,

@@ -348,7 +348,7 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
              (table.replace("[teachers]\n", '[teachers]\nmodel = "cnn"\n'),
               "teachers.model cnn needs images; on tabular data use mlp"),
              (table.replace('method = "supervised"', 'method = "gan"'),
-              "student.method gan (the improved-GAN student) generates images"),
+              "student.method gan is for images (the improved-GAN student generates images)"),
              (table.replace('method = "supervised"', 'method = "supervised"\narch = "cnn"'),
               "student.arch cnn needs images; on tabular data use mlp")]
     for text, message in cases:

@@ -75,7 +75,8 @@ def test_user_arch_is_built_by_the_resolver() -> None:
 
 
 def test_gan_and_bad_paths_are_refused_in_one_line() -> None:
-    with pytest.raises(ValueError, match="GAN student's network is its own discriminator") as exc:
+    with pytest.raises(ValueError, match="method gan: the student's network is its own "
+                                         "discriminator, arch wn-mlp") as exc:
         MethodConfig("gan", ARCH)
     assert "\n" not in str(exc.value)
     with pytest.raises(UserError) as exc:
