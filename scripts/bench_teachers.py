@@ -30,8 +30,8 @@ import torch
 
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_json_atomic
+from teachers.choices import POOL_ENCODER_MODELS
 from teachers.ensemble import TrainConfig, train_group, train_one
-from teachers.models import POOL_ENCODER_MODELS
 from teachers.partition import make_partition
 from teachers.pool_encoder import EPOCHS, train_pool_encoder
 from teachers.votes import Ensemble, load_ensemble

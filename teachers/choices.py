@@ -1,23 +1,38 @@
-"""Names of the teachers' architectures, importable without torch (the CLI registers them at
-start); ``teachers.models.ARCHITECTURES`` builds them. A user's own network is named by its
-import path instead (:mod:`teachers.user_models`); :func:`model_name_problem` tells the two
+"""The teachers' architectures described as data, importable without torch (the CLI registers
+them at start); ``teachers.models.ARCHITECTURES`` builds them. A user's own network is named by
+its import path instead (:mod:`teachers.user_models`); :func:`model_name_problem` tells the two
 forms apart without importing anything."""
 
 import re
+from dataclasses import dataclass
 
-MODELS: tuple[str, ...] = ("cnn", "cnn-pool", "resnet", "mlp", "hog", "cnn-pool-hog",
-                          "cnn-pool-hog-simclr")
+
+@dataclass(frozen=True)
+class TeacherModel:
+    """What the code needs to know of a built-in teachers' network: whether it is made for
+    images only, and whether it reads the run's frozen pool encoder
+    (:mod:`teachers.pool_encoder`), learnt from the public pool before the teachers train."""
+
+    images_only: bool
+    pool_encoder: bool = False
+
+
+MODEL_RECORDS: dict[str, TeacherModel] = {
+    "cnn": TeacherModel(images_only=True), "cnn-pool": TeacherModel(images_only=True),
+    "resnet": TeacherModel(images_only=True), "mlp": TeacherModel(images_only=False),
+    "hog": TeacherModel(images_only=True), "cnn-pool-hog": TeacherModel(images_only=True),
+    "cnn-pool-hog-simclr": TeacherModel(images_only=True, pool_encoder=True)}
+MODELS: tuple[str, ...] = tuple(MODEL_RECORDS)
+POOL_ENCODER_MODELS = frozenset(n for n, m in MODEL_RECORDS.items() if m.pool_encoder)
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).
 DEFAULT_MODEL: dict[str, str] = {"image": "cnn", "tabular": "mlp"}
-# The built-ins that take feature rows; the others are made for images.
-TABULAR_MODELS: frozenset[str] = frozenset({"mlp"})
 
 
 def model_data_problem(name: str, kind: str) -> str | None:
     """Why built-in model ``name`` cannot learn from ``kind`` data (``image`` or ``tabular``),
     or None (a user's network is checked when it is built)."""
-    if kind == "tabular" and name in MODELS and name not in TABULAR_MODELS:
-        return f"model {name} needs images; on tabular data use mlp"
+    if kind == "tabular" and name in MODEL_RECORDS and MODEL_RECORDS[name].images_only:
+        return f"model {name} needs images; on tabular data use {DEFAULT_MODEL['tabular']}"
     return None
 
 

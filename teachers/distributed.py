@@ -32,7 +32,7 @@ from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
 from teachers import checkpoints
-from teachers.choices import model_data_problem
+from teachers.choices import POOL_ENCODER_MODELS, model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
 from teachers.models import check_user_model
 from teachers.partition import (
@@ -275,7 +275,6 @@ def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, data: Task, devi
     it; after that the run fails closed. It trains here, in the driver: on the shards' ``device``
     where this machine has it (a GPU does in seconds what 2 CPU cores do in 11 minutes), else on
     the CPU (a cluster's head without a GPU)."""
-    from teachers.models import POOL_ENCODER_MODELS
     from teachers.pool_encoder import EPOCHS, train_pool_encoder
 
     if job.train.model not in POOL_ENCODER_MODELS:

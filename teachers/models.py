@@ -42,7 +42,7 @@ from torch import nn
 
 from pate.errors import UserError
 from teachers import rng
-from teachers.choices import is_import_path, model_name_problem
+from teachers.choices import POOL_ENCODER_MODELS, is_import_path, model_name_problem
 from teachers.hog import HOG, hog_size
 from teachers.pool_encoder import FEATURES, FrozenEncoder
 from teachers.user_models import build_user_model, check_trains_on, teacher_states
@@ -135,9 +135,6 @@ def _cnn_pool_hog_simclr(in_shape: Shape, num_classes: int,
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp, "hog": hog_linear,
     "cnn-pool-hog": _cnn_pool_hog, "cnn-pool-hog-simclr": _cnn_pool_hog_simclr}
-
-# Architectures that take the run's frozen pool encoder (:mod:`teachers.pool_encoder`).
-POOL_ENCODER_MODELS = frozenset({"cnn-pool-hog-simclr"})
 
 
 def build_model(name: str, in_shape: Shape, num_classes: int,

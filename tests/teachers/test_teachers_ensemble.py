@@ -11,13 +11,14 @@ from torch.func import functional_call
 from pate.data.augment import shift_flip
 from pate.data.datasets import public_split
 from teachers import rng
+from teachers.choices import POOL_ENCODER_MODELS
 from teachers.ensemble import (
     TrainConfig,
     example_order,
     train_group,
     train_one,
 )
-from teachers.models import POOL_ENCODER_MODELS, build_model, init_stacked
+from teachers.models import build_model, init_stacked
 from teachers.partition import make_partition
 from teachers.pool_encoder import train_pool_encoder
 from teachers.votes import Ensemble
