@@ -25,11 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pate.config import load_config
+
+    config = load_config(args.config)  # a bad config is said before torch and Ray load
+
     from pate.pipeline import run_pipeline
     from pate.report.content import public_rows
     from pate.rundir import RunDir
 
-    config = load_config(args.config)
     run_dir = Path(args.run) if args.run else Path("runs") / config.name
     start = time.monotonic()
     report = run_pipeline(config, run_dir)
