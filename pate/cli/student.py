@@ -137,41 +137,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
              ) -> AggregatorSession:
-    """The label source of the flags: the HTTP client of ``--server``, or the label service in
-    this process over ``--votes`` (default the run's votes), which ``check_votes`` sees before
-    the ledger opens."""
-    from pate.aggregation.label_service import InProcessLabels, open_label_service
-    from pate.service.client import LabelClient
-    from student.asking import AggregatorSession
+    """The label source the flags name (``pate.service.sessions``): the HTTP client of
+    ``--server``, or the label service in this process over ``--votes`` (default the run's
+    votes), which ``check_votes`` sees before the ledger opens."""
+    from pate.service.sessions import local_session, remote_session
 
     if args.server:
-        given = given_parameters(args)
-        if given or args.budget_epsilon is not None or args.ledger:
+        if given_parameters(args) or args.budget_epsilon is not None or args.ledger:
             raise UserError("with --server the mechanism's parameters, budget and ledger are the "
                             "server's: give only --mechanism")
         if args.token_file is None:
             raise UserError("--server needs --token-file")
-        try:
-            client = LabelClient.from_token_file(args.server, args.token_file)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{args.token_file}: {exc}") from None
-        if not client.healthy():  # at once, rather than after the retries of a first request
-            client.close()
-            raise UserError(f"cannot reach {args.server}: is a pate serve running there?")
-        return AggregatorSession(client, args.mechanism)
-    votes = args.votes or RunDir(args.run).votes
-    if not votes.is_file():
-        raise UserError(f"{votes}: no votes file (give --votes FILE or --server URL)")
+        return remote_session(args.server, args.token_file, args.mechanism)
     if args.budget_epsilon is None:
         raise UserError("the local aggregator needs --budget-epsilon")
-    service = open_label_service(mechanism_from_flags(args),
-                                 epsilon_budget=args.budget_epsilon, delta=args.delta,
-                                 votes_path=votes, ledger=args.ledger,
-                                 conversion=args.conversion, check_pool=check_votes,
-                                 charged_before=RunDir(args.run).labels.is_file(),
-                                 private_records=RunDir(args.run).private_records(),
-                                 allow_large_delta=args.allow_large_delta)
-    return AggregatorSession(InProcessLabels(service), args.mechanism, service)
+    return local_session(RunDir(args.run), mechanism_from_flags(args), args.votes,
+                         epsilon_budget=args.budget_epsilon, delta=args.delta,
+                         ledger=args.ledger, conversion=args.conversion,
+                         check_votes=check_votes, allow_large_delta=args.allow_large_delta)
 
 
 def run_train(args: argparse.Namespace) -> int:
