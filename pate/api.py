@@ -182,7 +182,9 @@ class Teachers:
             "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,
             "train": asdict(self.config), "shards": shards, "done": True,
             "private_records": self.private_records_,
-            "private_fingerprint": self.private_fingerprint_, "saved_by": "pate.api.Teachers"})
+            "private_fingerprint": self.private_fingerprint_,
+            "private_data_fingerprint": self.private_fingerprint_,  # the arrays as given: both
+            "saved_by": "pate.api.Teachers"})
         return root
 
     @classmethod
@@ -203,7 +205,10 @@ class Teachers:
         teachers.ensemble_ = load_ensemble(directory, device)
         teachers.private_records_ = (manifest.get("private_records")
                                      or RunDir(directory).private_records())
-        teachers.private_fingerprint_ = manifest.get("private_fingerprint")
+        # the key of the ledgers of their data (a run's: its data as given; a run of an older
+        # version, or these teachers' save: the rows), as their votes carry it
+        teachers.private_fingerprint_ = (manifest.get("private_data_fingerprint")
+                                         or manifest.get("private_fingerprint"))
         return teachers
 
 

@@ -128,10 +128,10 @@ def checked_network(value: object, name: str) -> str | None:
         path = value
     elif inspect.isfunction(value) or inspect.isclass(value):
         path = f"{value.__module__}:{value.__qualname__}"
-        if "<locals>" in path:
-            raise UserError(f"{name}: the factory {value.__qualname__} is defined inside a "
-                            "function, where nothing can import it again: define it at the top "
-                            "of a module")
+        if "<" in value.__qualname__:  # <locals>, <lambda>: no name to import it by
+            raise UserError(f"{name}: the factory {value.__qualname__} has no name a module "
+                            "holds it by (a lambda, or defined inside a function), so nothing "
+                            "can import it again: define it with def at the top of a module")
     else:
         what = ("a torch.nn.Module instance" if hasattr(value, "parameters")
                 and hasattr(value, "forward") else f"a {type(value).__name__}")

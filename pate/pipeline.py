@@ -14,6 +14,7 @@ stage's start and end go to ``log.txt`` and, unless quiet, to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 import warnings
@@ -344,9 +345,11 @@ def _run_stages(config: RunConfig, run: RunDir, actions: dict[str, Callable[[], 
         try:
             actions[stage]()
         except BaseException as exc:  # said in the public log by its class only: a message
-            # may name the private data's file
-            run.append_log(f"{stage}: " + ("interrupted" if isinstance(exc, KeyboardInterrupt)
-                                           else f"failed ({type(exc).__name__})"))
+            # may name the private data's file; a log that cannot be written hides nothing
+            with contextlib.suppress(OSError):
+                run.append_log(f"{stage}: " + (
+                    "interrupted" if isinstance(exc, KeyboardInterrupt)
+                    else f"failed ({type(exc).__name__})"))
             raise
         seconds = time.monotonic() - start
         run.finish_stage(stage, seconds)

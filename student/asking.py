@@ -141,10 +141,8 @@ def _sanitised_epsilon(run: RunDir, session: AggregatorSession, received: Receiv
     pool = service.pool
     if not np.isin(received.pool_index, pool.pool_indices).all():
         return None  # rows another aggregator answered (a remote one), of votes not here
-    asked = round_answers(rounds, received, run.probs)
-    if asked is None:
-        return None
-    digest = answers_digest(pool.digest, asked)
+    asked = round_answers(rounds, received, run.probs)  # None: a round's parameters unknown
+    digest = None if asked is None else answers_digest(pool.digest, asked)
     former = former_answers_digest([{k: v for k, v in r.items() if k != "round"} for r in rounds],
                                    pool.digest, received.pool_index,
                                    load_sent_probs(run.probs)[1])

@@ -307,6 +307,7 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         return small_mlp(input_shape, num_classes)
 
     for arch, message in ((local, "defined inside a function"),
+                          (lambda shape, n: small_mlp(shape, n), "a lambda"),
                           ("__main__:factory", "a factory of the running script")):
         with pytest.raises(UserError, match=message):
             Teachers(3, 2, model=arch)

@@ -58,8 +58,9 @@ def test_bad_frames_are_refused_in_one_line() -> None:
         encoder.transform(_frame(5, 4, 0.0).drop(columns="ward"))
     with pytest.raises(UserError, match="column age is numeric in the public data"):
         encoder.transform(public.assign(age="old"))
-    with pytest.raises(UserError, match=r"holds text here \(first in row 4 of its data\): make "
-                                        "the cell a number, or empty or \\? where it is"):
+    with pytest.raises(UserError, match=r"holds text here \(first in row 4 of its data, blank "
+                                        r"lines not counted\): make the cell a number, or empty "
+                                        r"or \? where it is"):
         encoder.transform(public.assign(age=public["age"].astype(object).where(
             np.arange(20) != 3, "unknown")))
     with pytest.raises(UserError, match="frame has no rows"):

@@ -102,8 +102,8 @@ class TabularEncoder:
                 row, col = np.argwhere(text)[0]
                 raise UserError(f"{what}: column {self.numeric[col]} is numeric in the public "
                                 f"data but holds text here (first in row {row + 1} of its "
-                                "data): make the cell a number, or empty or ? where it is "
-                                "missing")
+                                "data, blank lines not counted): make the cell a number, or "
+                                "empty or ? where it is missing")
             z = (_finite(numbers, what) - np.asarray(self.means)) / np.asarray(self.stds)
             parts.append(np.nan_to_num(z, nan=0.0))
         for column, vocab in zip(self.categorical, self.vocabularies, strict=True):

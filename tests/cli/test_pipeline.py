@@ -49,7 +49,10 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
         votes = f["votes"]
     # the run's teachers, from Python, vote as they did (the pool: the test split's first half)
     pool = load_dataset("digits").test_x[:len(votes)]
-    np.testing.assert_array_equal(Teachers.load(run).vote(pool), votes)
+    loaded = Teachers.load(run)
+    np.testing.assert_array_equal(loaded.vote(pool), votes)
+    # and their ledgers are entered under the key the run's votes carry (budget registry)
+    assert loaded.private_fingerprint_ == load_private_fingerprint(run / "votes.npz")
 
     report = json.loads((run / "report" / "report.json").read_text())
     metrics = json.loads((run / "student" / "metrics.json").read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,12 @@ def test_status_mid_run_and_after(tmp_path: Path, capsys: pytest.CaptureFixture)
     with run.exclusive():  # a pate run holds the directory
         assert main(["status", "--run", str(run)]) == 0
         assert "votes                running" in capsys.readouterr().out
+    # totals that the requests do not add up to (edited by hand) are not shown as the budget
+    with sqlite3.connect(run.ledger) as db:
+        db.execute("UPDATE ledger_budget SET queries = 0")
+    assert main(["status", "--run", str(run), "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["budget"]
+    assert "budget totals differ from the sum of the recorded requests" in budget["unreadable"]
 
 
 def test_status_of_a_missing_run_is_one_line(tmp_path: Path,
