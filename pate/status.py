@@ -1,7 +1,8 @@
 """``pate status``: where a run stands (docs/cli.md): each stage of ``pate run`` done (with its
 seconds), running (started in ``log.txt``, and a command holds the directory), stopped
-(started, not finished, and no command holds it: it failed or was interrupted), or pending (for a
-directory the stage commands built, each command's output, there or not); and the privacy budget
+(started, not finished, and no command holds it: it failed or was interrupted), out of date (a
+report missing or older than its sources), or pending (for a directory the stage commands built,
+each command's output, there or not); and the privacy budget
 of the run's ledger, with the settings it was created with: epsilon spent (data-independent, the
 only figure that may be shown) and left. Reads only public records and the ledger's settings and
 running totals; works while a run is going on (SQLite in WAL mode lets a reader in beside the
@@ -34,8 +35,11 @@ def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
                 started.add(parts[1].removesuffix(": started"))
     unfinished = "running" if run.in_use() else "stopped"  # a command holds the directory
     out = []
+    stale = "report" in done and current_report(run.root) is None  # pate run writes it again
     for stage in config.stages():
-        if stage in done:
+        if stage == "report" and stale:
+            out.append({"stage": stage, "state": "out of date"})
+        elif stage in done:
             out.append({"stage": stage, "state": "done", "seconds": done[stage]})
         else:
             out.append({"stage": stage,

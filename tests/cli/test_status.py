@@ -48,6 +48,11 @@ def test_status_mid_run_and_after(tmp_path: Path, capsys: pytest.CaptureFixture)
     with run.exclusive():  # a pate run holds the directory
         assert main(["status", "--run", str(run)]) == 0
         assert "votes                running" in capsys.readouterr().out
+    # a report said done in stages.json but missing is out of date (pate run writes it again)
+    run.finish_stage("report", 0.5)
+    assert main(["status", "--run", str(run), "--json"]) == 0
+    states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
+    assert states["report"] == "out of date"
     # totals that the requests do not add up to (edited by hand) are not shown as the budget
     with sqlite3.connect(run.ledger) as db:
         db.execute("UPDATE ledger_budget SET queries = 0")
