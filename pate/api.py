@@ -60,6 +60,7 @@ from pate.api_checks import (
     checked_rows,
     checked_rows_of,
     data_kind,
+    warn_if_of_script,
 )
 from pate.api_dpsgd import DPSGD
 from pate.api_tables import TableEncoder
@@ -173,6 +174,7 @@ class Teachers:
             raise UserError(f"{root}: not a folder; save writes the teachers into a folder")
         if RunDir(root).manifest.exists():
             raise UserError(f"{root} holds teachers already: save into another folder")
+        warn_if_of_script(self.config.model, "the teachers")
         ens = self.ensemble_
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
@@ -510,6 +512,7 @@ class Student:
         ``schema.json`` for a student loaded from a run."""
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit the student first")
+        warn_if_of_script(self.spec_.arch, "the student")
         out = Path(directory)
         if out.exists() and not out.is_dir():
             raise UserError(f"{out}: not a folder; save writes the student into a folder")

@@ -121,9 +121,10 @@ def checked_network(value: object, name: str) -> str | None:
     """A network setting (``Teachers``' ``model``, ``Student``'s ``arch``) as its name: a
     built-in's name or an import path ``package.module:factory`` as given, or the import path
     of a factory function given itself (a saved model and a Ray worker import it again by that
-    path). One ``UserError`` line for what cannot be one: a module instance (every teacher
-    needs its own, which the factory makes), or a factory of the running script (``__main__``),
-    which no other process can import."""
+    path; a factory of the running script, ``__main__``, only by running the same script:
+    ``warn_if_of_script`` says so when it is saved). One ``UserError`` line for what cannot be
+    one: a module instance (every teacher needs its own, which the factory makes), a lambda or
+    a function defined inside another."""
     if value is None or isinstance(value, str):
         path = value
     elif inspect.isfunction(value) or inspect.isclass(value):
@@ -138,8 +139,13 @@ def checked_network(value: object, name: str) -> str | None:
         raise UserError(f"{name} must be a name or package.module:factory, or such a factory "
                         f"function factory(input_shape, num_classes), not {what}: each "
                         "network is built anew by the factory")
-    if path is not None and path.startswith("__main__:"):
-        raise UserError(f"{name} {path!r} is a factory of the running script, which a saved "
-                        "model's loader or a Ray worker cannot import: put it in a module "
-                        "file (./mymodels.py: mymodels:factory, or pass mymodels.factory)")
     return path
+
+
+def warn_if_of_script(path: str | None, what: str) -> None:
+    """Warn, when ``what`` is saved, that its network ``path`` is a factory of the running
+    script (``__main__``): only a process that runs the same script can load it again."""
+    if path is not None and path.startswith("__main__:"):
+        warnings.warn(f"{what}'s network {path!r} is a factory of the running script: only the "
+                      "same script can load it again (put it in a module file, mymodels.py, "
+                      "to load it anywhere)", stacklevel=_user_stacklevel())

@@ -7,6 +7,7 @@ import contextlib
 import re
 import runpy
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -307,10 +308,19 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         return small_mlp(input_shape, num_classes)
 
     for arch, message in ((local, "defined inside a function"),
-                          (lambda shape, n: small_mlp(shape, n), "a lambda"),
-                          ("__main__:factory", "a factory of the running script")):
+                          (lambda shape, n: small_mlp(shape, n), "a lambda")):
         with pytest.raises(UserError, match=message):
             Teachers(3, 2, model=arch)
+    # a script's own factory trains here; saved, it loads only where the script runs
+    sys.modules["__main__"].pate_test_factory = small_mlp  # as a script defines one
+    try:
+        scripted = Student("supervised", arch="__main__:pate_test_factory", epochs=1)
+        scripted.fit(x[:100], got, 2)
+        with pytest.warns(UserWarning, match="factory of the running script: only the same "
+                                             "script can load it again"):
+            scripted.save(tmp_path / "scripted")
+    finally:
+        del sys.modules["__main__"].pate_test_factory
     with pytest.raises(UserError, match="integer class indices"):
         Teachers(3, 2).fit(x, np.where(y == 1, "yes", "no"))
     with pytest.raises(UserError, match="x must be numbers"):
