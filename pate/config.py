@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 import tomllib
 import typing
 from collections.abc import Iterable
@@ -39,7 +40,7 @@ from student.choices import (
     DPSGD_MODELS,
     arch_method_problem,
 )
-from teachers.choices import MODELS, model_name_problem
+from teachers.choices import MODELS, is_import_path, model_name_problem
 from teachers.rng import SEED_LIMIT
 
 
@@ -384,6 +385,11 @@ def load_config(preset_or_path: str) -> RunConfig:
         except UnicodeDecodeError:
             raise UserError(f"{path}: not a TOML file (not UTF-8 text)") from None
         config = parse_config(text, str(path))
+        folder = str(path.parent.resolve())  # a network's module may lie beside the config,
+        if any(name is not None and is_import_path(name)  # as its data files do
+               for name in (config.teachers.model, config.student.arch)) and (
+                folder not in sys.path):
+            sys.path.append(folder)  # after the working directory (load_factory puts it first)
         ledger = config.aggregator.ledger
         aggregator = (config.aggregator if ledger is None or "://" in ledger
                       else config.aggregator.model_copy(

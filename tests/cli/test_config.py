@@ -1,5 +1,6 @@
 """Run configuration: presets load, TOML round-trips, and bad configs give one clear line."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -219,3 +220,23 @@ def test_the_student_section_reaches_the_student_workflow() -> None:
     assert all(getattr(options, k) == getattr(config.student, k) for k in keys)
     with pytest.raises(UserError, match=r"student\.arch"):
         parse_config(head + "arch = 'resnet'\n", "x.toml")
+
+
+def test_a_network_module_beside_the_config_file_is_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[teachers] model = "module:factory"`` is looked for in the working directory, then in
+    the config file's folder, where its data paths are resolved too."""
+    from teachers.user_models import load_factory
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "nets_beside_config.py").write_text(
+        "from torch import nn\n\n\ndef small(input_shape, num_classes):\n"
+        "    return nn.Linear(input_shape[-1], num_classes)\n")
+    config = folder / "my.toml"
+    config.write_text(dump_config(load_config("digits-tiny")).replace(
+        "[teachers]\n", '[teachers]\nmodel = "nets_beside_config:small"\n', 1))
+    monkeypatch.chdir(tmp_path)  # run from the parent folder
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
+    assert load_config(str(config)).teachers.model == "nets_beside_config:small"
+    assert callable(load_factory("nets_beside_config:small"))
