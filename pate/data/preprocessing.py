@@ -35,6 +35,8 @@ from pate.data import files
 from pate.errors import UserError
 
 MOSTLY_NUMBERS = 0.9  # a text column this much numbers is worth a warning: a typo, perhaps
+# Rows of the public data from which a column of values all different looks like an identifier.
+IDENTIFIER_ROWS = 50
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class TabularEncoder:
                 warnings.warn(f"the public data's column {c} is read as categories: {text} of "
                               f"its {held} values are not numbers (if they are typos, correct "
                               "them, or empty those cells to mark them missing)", stacklevel=2)
+        _warn_of_identifiers(public, numbers, numeric)
         values = _finite(numbers[list(numeric)], "the public data")
         means = np.nan_to_num(np.nanmean(values, axis=0)) if numeric else np.zeros(0)
         stds = np.nan_to_num(np.nanstd(values, axis=0)) if numeric else np.zeros(0)
@@ -173,6 +176,22 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
     if not np.isfinite(x).all():
         raise UserError(f"{what}: its rows hold NaN, infinite or too large values")
     return x[:, None] if x.ndim == 3 else x
+
+
+def _warn_of_identifiers(public: pd.DataFrame, numbers: pd.DataFrame,
+                         numeric: tuple[str, ...]) -> None:
+    """Warn of the public columns that look like row identifiers: a different value in every
+    row (whole numbers, or text), which as a feature tells nothing of the label and, scaled
+    with the pool's statistics, puts other files' rows far from it. A public statistic."""
+    if len(public) < IDENTIFIER_ROWS:
+        return
+    for c in public.columns:
+        held = public[c].dropna()
+        whole = c not in numeric or bool((numbers[c].dropna() % 1 == 0).all())
+        if len(held) == len(public) and held.nunique() == len(public) and whole:
+            warnings.warn(f"the public data's column {c} holds a different value in every row: "
+                          "an identifier? it is used as a feature, which it should not be "
+                          "(drop it from the files)", stacklevel=3)
 
 
 def channels_last(image_shape: tuple[int, ...]) -> bool:

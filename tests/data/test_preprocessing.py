@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -148,3 +149,24 @@ def test_a_label_column_of_many_numbers_is_refused_unless_its_classes_are_named(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the label meant: two classes, no warning
         assert load_task(replace(source, label="y")).classes == ("0", "1")
+
+
+def test_a_column_of_all_different_values_is_warned_of_as_an_identifier() -> None:
+    """A row id (whole numbers or text, a different one in every public row) would be scaled as
+    a feature; a measurement that never repeats (decimals) or a column that repeats is not one."""
+    rng = np.random.default_rng(0)
+    n = 60
+    public = pd.DataFrame({"loan_id": [str(1000 + i) for i in rng.permutation(n)],
+                           "ref": [f"L{i}" for i in range(n)],
+                           "income": [f"{v:.3f}" for v in rng.normal(50, 10, n)],
+                           "age": [str(v) for v in rng.integers(18, 30, n)]})
+    with pytest.warns(UserWarning) as warned:
+        TabularEncoder.fit(public)
+    said = [str(w.message) for w in warned]
+    assert len(said) == 2 and all("holds a different value in every row: an identifier" in m
+                                  for m in said)
+    assert "loan_id" in said[0] and "ref" in said[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TabularEncoder.fit(public.drop(columns=["loan_id", "ref"]))
+        TabularEncoder.fit(public.iloc[:20])  # too few rows to tell
