@@ -24,7 +24,9 @@ from pathlib import Path
 from analysis.costs import realised_rdp_independent, worst_case_queries
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
+from pate.aggregation.budget_registry import ledgers_of
 from pate.aggregation.delta_policy import check_delta
+from pate.aggregation.ledger_store import canonical_url, ledger_url
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import (
     RunConfig,
@@ -33,13 +35,13 @@ from pate.config import (
     fixed_differences,
     parse_config,
 )
-from pate.data.task import DataFiles, data_kind, load_task, unused_setting_problem
+from pate.data.task import DataFiles, Task, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
 from pate.progress import say
 from pate.report.freshness import current_report
 from pate.report.run_report import write_run_report
-from pate.rundir import RunDir
+from pate.rundir import LEDGER_FILE, RunDir
 from pate.service.client import LabelClient
 from pate.service.server import open_server
 from student.asking import AggregatorSession
@@ -216,7 +218,25 @@ def _report(run: RunDir) -> None:
     say(f"pate run: report: {write_run_report(run.root)}")
 
 
-def _check_data(config: RunConfig) -> int:
+def _warn_of_other_budgets(config: RunConfig, run: RunDir, task: Task) -> None:
+    """Before anything trains: warn where other ledgers (the registry's) charge the same
+    private data and this run's ledger is not one of them: its budget would be another
+    (docs/design.md, privacy rule 5). The votes' own warning comes once the ledger opens."""
+    private = task.private_data_fingerprint
+    if private is None:
+        return
+    ledger = config.aggregator.ledger
+    url = canonical_url(ledger_url(ledger) if ledger is not None
+                        else f"sqlite:///{run.root.resolve() / LEDGER_FILE}")
+    others = [other for other in ledgers_of(private) if other != url]
+    if others:
+        warnings.warn(f"this private data is already charged to {len(others)} other ledger(s) "
+                      f"({', '.join(others)}): this run's ledger would be another budget for "
+                      "it, and the budgets of one body of private data add up; to share one, "
+                      "give it as aggregator.ledger", UserWarning, stacklevel=3)
+
+
+def _check_data(config: RunConfig, run: RunDir) -> int:
     """Before a new run directory is made or a teacher trained, what would otherwise fail only
     after hours of training: the data loads (a wrong column, a missing file); delta suits its
     number of private records (``check_delta``; its warning is left to the student's stage,
@@ -231,6 +251,7 @@ def _check_data(config: RunConfig) -> int:
         raise UserError(f"[data]: {problem}")
     task = load_task(source, need_private=True)
     assert task.private_y is not None
+    _warn_of_other_budgets(config, run, task)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_delta(config.aggregator.delta, len(task.private_y),
@@ -295,7 +316,7 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     covered = None
     if run.private_records() is None or (recorded is not None
                                          and config_differences(recorded, config)):
-        covered = _check_data(config)  # a new run, or one whose config was mended: first
+        covered = _check_data(config, run)  # a new run, or one whose config was mended: first
     if not run.root.is_dir():
         run.create()
     with run.exclusive():  # held before config.toml is read or written

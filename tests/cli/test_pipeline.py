@@ -16,9 +16,10 @@ from pate.api import Teachers
 from pate.cli.main import main
 from pate.config import RunConfig, dump_config, load_config, parse_config
 from pate.data.datasets import load_dataset
+from pate.data.task import load_task
 from pate.data.votes_file import load_private_fingerprint
 from pate.errors import UserError
-from pate.pipeline import _check_data, prepare_run_dir
+from pate.pipeline import _check_data, _warn_of_other_budgets, prepare_run_dir
 from pate.progress import quiet
 from pate.rundir import RunDir
 from student.rounds import Received
@@ -363,7 +364,8 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
         assert not (tmp_path / "r").exists()
 
 
-def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training() -> None:
+def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training(
+        tmp_path: Path) -> None:
     """digits has 10 classes; a budget that covers, at worst, 2 or 4 answered queries may leave
     the student with nothing to learn from once the teachers have trained: said up front (one
     is refused, above)."""
@@ -375,18 +377,18 @@ def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training() -
 
     for epsilon, covered in ((12.0, "2 teachers' answers,"), (20.0, "4 teachers' answers,")):
         with pytest.warns(UserWarning, match=f"buys at most {covered} fewer than the 10"):
-            _check_data(budget(epsilon))
+            _check_data(budget(epsilon), RunDir(tmp_path / "run"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _check_data(budget(100.0))
+        _check_data(budget(100.0), RunDir(tmp_path / "run"))
 
 
-def test_more_queries_than_pool_rows_is_warned_of_before_training() -> None:
+def test_more_queries_than_pool_rows_is_warned_of_before_training(tmp_path: Path) -> None:
     tiny = load_config("digits-tiny")  # a pool of 250 rows
     many = tiny.model_copy(update={"student": tiny.student.model_copy(
         update={"queries": 200, "active_queries": 100})})
     with pytest.warns(UserWarning, match="300 queries in all .* for a pool of 250 rows"):
-        _check_data(many)
+        _check_data(many, RunDir(tmp_path / "run"))
 
 
 def test_a_run_directory_in_use_is_refused(tmp_path: Path,
@@ -443,3 +445,15 @@ def test_runs_on_one_private_dataset_can_share_one_budget(
     assert spent[1]["epsilon_spent"] > spent[0]["epsilon_spent"]
     assert run_status(tmp_path / "run0")["budget"] == spent[1]  # one budget, seen from both
     assert "other ledger(s)" not in capsys.readouterr().err  # one ledger: nothing to warn of
+    # a third run with a ledger of its own is warned of before anything trains (pate run's
+    # checks of its data), as its ledger would be a second budget for the data
+    own = load_config("digits-tiny")
+    task = load_task(own.data.source())
+    with pytest.warns(UserWarning, match=r"already charged to 1 other ledger\(s\) \(sqlite:///"
+                                         r".*/shared/ledger\.db\): this run's ledger would be "
+                                         "another budget"):
+        _warn_of_other_budgets(own, RunDir(tmp_path / "run2"), task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the shared one: nothing to say
+        _warn_of_other_budgets(load_config(str(tmp_path / "c0.toml")), RunDir(tmp_path / "run2"),
+                               task)
