@@ -145,6 +145,9 @@ class AggregatorConfig(_Section):
     delta: float = Field(gt=0, lt=1)
     lnmax_scale: float = Field(default=20.0, gt=0)  # LNMax curve of the report's comparison
     allow_large_delta: bool = False  # accept delta >= 1/n (pate.aggregation.delta_policy)
+    # release the smooth-sensitivity-sanitised epsilon at the last round (decided before the
+    # run: with few teachers it exceeds the data-independent one, docs/cli.md)
+    release_sanitised: bool = True
     # a ledger shared by the runs on one body of private data (an SQLite file, relative to the
     # config file, or a SQLAlchemy URL): one budget for all of them; None: the run's own
     ledger: str | None = None

@@ -169,7 +169,8 @@ def _student_round(config: RunConfig, run: RunDir, stage: str, mechanism: str, q
             say(f"pate run: {mechanism} aggregation service on {url}")
             last = stage == [s for s in config.stages() if s.startswith("student-")][-1]
             session = AggregatorSession(LabelClient.from_token_file(url, token), mechanism,
-                                        server.service if last else None)
+                                        server.service if last else None,
+                                        release_sanitised=a.release_sanitised)
             options = _student_options(config, queries, select)
             # the server's votes are the run's own, checked by the stage that made them
             metrics = train_student(run, lambda _check: session, options, config.data.source(),

@@ -53,11 +53,13 @@ class AggregatorSession:
     """An open label source; ``service`` is the label service in this process when there is
     one (``pate student train --votes``; ``pate run``'s own server, whose round releases the
     sanitised epsilon): its votes bound the candidates, and its votes and ledger give the
-    sanitised epsilon. None for a remote one."""
+    sanitised epsilon, unless ``release_sanitised`` is off (decided before the round: where
+    the teachers are few it would exceed the data-independent one). None for a remote one."""
 
     source: LabelSource
     mechanism: str
     service: LabelService | None = None
+    release_sanitised: bool = True
 
     def close(self) -> None:
         self.source.close()
@@ -240,8 +242,8 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
         budget = session.source.budget()
-        sanitised = _sanitised_epsilon(run, session, received, rounds, budget["delta"],
-                                      conversion)
+        sanitised = (_sanitised_epsilon(run, session, received, rounds, budget["delta"],
+                                       conversion) if session.release_sanitised else None)
     finally:
         session.close()
     if exhausted:

@@ -69,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--ledger", metavar="URL",
                        help="an SQLite file or a SQLAlchemy URL (default: ledger.db next to "
                        "the votes)")
+    local.add_argument("--no-sanitised-epsilon", action="store_true",
+                       help="release no sanitised epsilon of the answers, only the "
+                            "data-independent one (decide before asking: with few teachers "
+                            "the sanitised one is the larger)")
     add_data_flags(p)
     rnd = p.add_argument_group("query round")
     rnd.add_argument("--queries", type=int, default=1000, help="pool rows to ask about")
@@ -154,7 +158,8 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     return local_session(RunDir(args.run), mechanism_from_flags(args), args.votes,
                          epsilon_budget=args.budget_epsilon, delta=args.delta,
                          ledger=args.ledger, conversion=args.conversion,
-                         check_votes=check_votes, allow_large_delta=args.allow_large_delta)
+                         check_votes=check_votes, allow_large_delta=args.allow_large_delta,
+                         release_sanitised=not args.no_sanitised_epsilon)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -34,11 +34,12 @@ def remote_session(server: str, token_file: str | Path, mechanism: str) -> Aggre
 def local_session(run: RunDir, mechanism: Mechanism, votes: Path | None, *,
                   epsilon_budget: float, delta: float, ledger: str | None,
                   conversion: Conversion, check_votes: Callable[[VotePool], None],
-                  allow_large_delta: bool) -> AggregatorSession:
+                  allow_large_delta: bool, release_sanitised: bool = True) -> AggregatorSession:
     """The label service in this process over ``votes`` (default the run's), which
     ``check_votes`` sees before the ledger opens; the ledger must exist where the run holds
     answers already (a new one would be a second budget), and delta is checked against the
-    run's private records (``open_label_service``)."""
+    run's private records (``open_label_service``); ``release_sanitised``: whether the round
+    releases the sanitised epsilon of the answers (``AggregatorSession``)."""
     votes = votes or run.votes
     if not votes.is_file():
         raise UserError(f"{votes}: no votes file (give --votes FILE or --server URL)")
@@ -47,4 +48,5 @@ def local_session(run: RunDir, mechanism: Mechanism, votes: Path | None, *,
                                  check_pool=check_votes, charged_before=run.labels.is_file(),
                                  private_records=run.private_records(),
                                  allow_large_delta=allow_large_delta)
-    return AggregatorSession(InProcessLabels(service), mechanism.name, service)
+    return AggregatorSession(InProcessLabels(service), mechanism.name, service,
+                             release_sanitised)

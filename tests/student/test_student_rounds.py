@@ -243,6 +243,11 @@ def test_the_same_answers_get_the_same_sanitised_epsilon_in_any_run(
         assert labels.epsilon().smooth_sensitivity == first
     assert released(run_dir / "ledger.db") == [(90, first)]
     more = student("c", 120)
+    # decided before asking, no sanitised figure is released for other answers: none drawn
+    assert main(["student", "train", "--run", str(run_dir / "d"), "--votes", str(votes),
+                 "--budget-epsilon", "1e6", *TRAIN, *CONFIDENT, "--select", "random",
+                 "--queries", "60", "--no-sanitised-epsilon"]) == 0
+    assert _metrics(run_dir / "d")["epsilon"]["data_dependent_sanitised"] is None
     assert released(run_dir / "ledger.db") == [(90, first), (120, more)]
 
 
