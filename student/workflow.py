@@ -254,6 +254,9 @@ def train_student(run: RunDir,
         "method": options.method, "arch": spec.arch, "dataset": task.name,
         "accuracy": acc,  # None: no test data, so not measured (never on private data)
         "eval_size": 0 if task.eval_y is None else len(task.eval_y),
+        # what always guessing the evaluation rows' most frequent class scores (a baseline)
+        "majority_accuracy": (None if task.eval_y is None or not len(task.eval_y) else
+                              float(np.bincount(task.eval_y).max() / len(task.eval_y))),
         "pool_size": len(pool_x), "pool_fingerprint": task.pool_fingerprint,
         "classes": list(task.classes),
         "classes_from": task.classes_from,

@@ -134,6 +134,9 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     if report["student"] and report["student"].get("accuracy") is None:
         details.append(("Student accuracy", "not measured: no test data was given (accuracy "
                                             "is never measured on private data)"))
+    if (report["student"] or {}).get("majority_accuracy") is not None:
+        details.append(("Always the most frequent class (a baseline the student should beat)",
+                        report["student"]["majority_accuracy"]))
     if report["teacher_accuracy"]:
         t = report["teacher_accuracy"]
         details.append(("Teacher accuracy (mean ± std, min–max)",

@@ -61,6 +61,9 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
         labels = f["label"]
     row = report["table"][0]
     assert row["accuracy"] == metrics["accuracy"]
+    # the baseline of always the evaluation rows' most frequent class, which it must beat
+    assert 0.05 < metrics["majority_accuracy"] < 0.2 < metrics["accuracy"]
+    assert "Always the most frequent class" in (run / "report" / "report.html").read_text()
     assert row["epsilon_spent"] == metrics["epsilon"]["data_independent"]
     assert row["queries_answered"] == int((labels >= 0).sum()) > 0
     assert 0 < row["epsilon_data_dependent"] <= row["epsilon_data_independent_expected"]
