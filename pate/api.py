@@ -221,7 +221,9 @@ class PublishableEpsilon:
     which the answers show anyway; not PATE 2018's Table 2 expectation, a function of the
     votes), the smooth-sensitivity-sanitised data-dependent one (None for LNMax, or where none
     was drawn), and what the ledger charged (data-independent, realised, every client of the
-    budget). On few answers the sanitised figure may exceed the data-independent one."""
+    budget). On few answers the sanitised figure may exceed the data-independent one. The
+    first two cover this object's answers only: a student that also learns from answers other
+    objects or runs received on the ledger is covered by ``ledger_spent``."""
 
     data_independent: float
     smooth_sensitivity: float | None
