@@ -22,6 +22,7 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -447,11 +448,16 @@ class Student:
         self.spec_: ModelSpec | None = None
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
 
-    def fit(self, x_public: ArrayLike, labels: Received, n_classes: int) -> Student:
+    def fit(self, x_public: ArrayLike, labels: Received, n_classes: int, *,
+            table: TableEncoder | None = None, classes: Sequence[str] | None = None,
+            label: str = "label") -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``). ``x_public`` must be the rows the votes were cast on,
         in their order: only that it holds every row asked is checked (``pate run`` checks the
-        pool's fingerprint)."""
+        pool's fingerprint). Given the ``table`` encoder that made the rows, the student also
+        scores raw ``.csv`` files (``predict_file``, and ``pate student predict --student`` on
+        its ``save``), naming its outputs ``classes`` (default ``0``, ``1``, ...) and leaving a
+        file's ``label`` column out."""
         x = checked_rows(x_public)
         kind = data_kind(x, self.fit_config.augment)
         n_classes = checked_integer("n_classes", n_classes, 2)
@@ -470,7 +476,8 @@ class Student:
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr,
                                      vat_eps=self.vat_eps, entmin=self.entmin)
         self.spec_ = method.spec(x.shape[1:], n_classes)
-        self.schema_ = None  # fitted on arrays: it predicts on arrays
+        self.schema_ = None if table is None else _table_schema(table, x, n_classes, classes,
+                                                                label)
         # seeded here (torch.manual_seed seeds every CUDA device too), the caller's as it was
         with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
             seed_everything(self.fit_config.seed)
@@ -494,12 +501,13 @@ class Student:
     def predict_file(self, data: str | Path) -> pd.DataFrame:
         """Score a file of new raw rows (a ``.csv``, a ``.npz`` or a folder of images) read as
         the run's training data were (``pate student predict``): a frame of ``row``,
-        ``label``, ``confidence`` and ``p_<class>``. For a student loaded from a run."""
+        ``label``, ``confidence`` and ``p_<class>``. For a student loaded from a run, or
+        fitted with ``table=``."""
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit or load the student first")
         if self.schema_ is None:
             raise UserError("this student was fitted on arrays: predict on arrays (a student "
-                            "loaded from a run reads raw files)")
+                            "loaded from a run, or fitted with table=, reads raw files)")
         return score_file(self.model_, self.spec_, self.schema_, data)
 
     def score(self, x: ArrayLike, y: ArrayLike) -> float:
@@ -525,6 +533,24 @@ class Student:
         else:  # fitted on arrays: a schema left by another student would misread files
             (out / STUDENT_SCHEMA).unlink(missing_ok=True)
         return out
+
+
+def _table_schema(table: TableEncoder, x: NDArray[np.float32], n_classes: int,
+                  classes: Sequence[str] | None, label: str) -> dict[str, Any]:
+    """The schema (``student/schema.json``) of a student of ``table``'s rows ``x``: the class
+    names and how raw rows become its inputs; one error line where they do not fit."""
+    if not isinstance(table, TableEncoder):
+        raise UserError(f"table must be the TableEncoder that made x_public, got "
+                        f"{type(table).__name__}")
+    if x.ndim != 2 or x.shape[1] != table.width_:
+        raise UserError(f"x_public has rows of {list(x.shape[1:])}; the table encoder makes "
+                        f"rows of {table.width_} features: not its rows")
+    names = [str(c) for c in range(n_classes)] if classes is None else [str(c) for c in classes]
+    if len(names) != n_classes or len(set(names)) != n_classes or not all(names):
+        raise UserError(f"classes must be {n_classes} distinct names, got {classes!r}")
+    if not isinstance(label, str) or not label:
+        raise UserError(f"label must be a column name, got {label!r}")
+    return {"classes": names, "preprocessing": table.record(label)}
 
 
 def load_student(path: str | Path) -> Student:

@@ -51,6 +51,12 @@ class TableEncoder:
         self.encoder_ = TabularEncoder.fit(_as_text(public, "public"))
         return self
 
+    def record(self, label: str = "label") -> dict[str, Any]:
+        """How a raw ``.csv`` row becomes features, as ``pate run`` records it of its data
+        (public: the pool's columns, statistics and vocabularies); ``label`` names the column a
+        file to score may hold, left out."""
+        return {"format": "csv", "label": label, **self.columns_}
+
     def transform(self, frame: pd.DataFrame) -> NDArray[np.float32]:
         """The rows of ``frame`` (the pool's columns, in any order) as features; a missing
         number is the pool's mean, a missing or unseen text value the "other" slot."""

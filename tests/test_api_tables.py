@@ -71,3 +71,30 @@ def test_bad_frames_are_refused_in_one_line() -> None:
     assert numbered.columns_["numeric"] == ["0", "1", "2"]  # as a CSV header reads back
     with pytest.raises(UserError, match="missing 2"):
         numbered.transform(pd.DataFrame(np.zeros((2, 2))))
+
+
+def test_a_student_of_a_table_scores_raw_csv_files(tmp_path: Path) -> None:
+    """``Student.fit(..., table=encoder)``: the student scores new raw rows from a ``.csv``
+    file as it scores the encoded rows, saved or not, its outputs named by ``classes``; a
+    table of other rows or a wrong list of classes is one error line."""
+    from pate.api import Student, load_student
+    from student.rounds import Received
+
+    public = _frame(120, 2, 0.0)
+    encoder = TableEncoder().fit(public.drop(columns="label"))
+    x = encoder.transform(public.drop(columns="label"))
+    answers = Received(np.arange(60), (public["label"][:60] == "well").to_numpy().astype(int),
+                       np.ones(60, np.int8))
+    student = Student("supervised", epochs=2).fit(x, answers, 2, table=encoder,
+                                                  classes=["ill", "well"], label="label")
+    new = _frame(15, 3, 0.0)
+    new.to_csv(tmp_path / "new.csv", index=False)  # with a label column: left out
+    scored = student.predict_file(tmp_path / "new.csv")
+    expected = student.predict(encoder.transform(new.drop(columns="label")))
+    assert scored["label"].tolist() == [["ill", "well"][k] for k in expected]
+    again = load_student(student.save(tmp_path / "saved")).predict_file(tmp_path / "new.csv")
+    pd.testing.assert_frame_equal(again, scored)
+    with pytest.raises(UserError, match="the table encoder makes rows of"):
+        Student("supervised", epochs=1).fit(x[:, :-1], answers, 2, table=encoder)
+    with pytest.raises(UserError, match="classes must be 2 distinct names"):
+        Student("supervised", epochs=1).fit(x, answers, 2, table=encoder, classes=["a", "a"])
