@@ -38,8 +38,8 @@ def load_schema(folder: Path, spec: ModelSpec) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{folder}: no {STUDENT_SCHEMA}, so how raw rows become this "
                         "student's inputs is unknown (a student fitted on arrays predicts on "
-                        "arrays; `pate student train --queries 0` on its run writes one, but "
-                        "retrains the student)")
+                        "arrays, unless fitted with table=; `pate student train --queries 0` "
+                        "on its run writes one, but retrains the student)")
     try:
         schema = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:  # UnicodeDecodeError too
