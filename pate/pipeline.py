@@ -229,7 +229,9 @@ def _warn_of_other_budgets(config: RunConfig, run: RunDir, task: Task) -> None:
     ledger = config.aggregator.ledger
     url = canonical_url(ledger_url(ledger) if ledger is not None
                         else f"sqlite:///{run.root.resolve() / LEDGER_FILE}")
-    others = [other for other in ledgers_of(private) if other != url]
+    others = list(dict.fromkeys(  # and those older versions entered under the rows' key
+        other for key in (private, task.private_fingerprint) if key is not None
+        for other in ledgers_of(key) if other != url))
     if others:
         warnings.warn(f"this private data is already charged to {len(others)} other ledger(s) "
                       f"({', '.join(others)}): this run's ledger would be another budget for "

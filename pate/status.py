@@ -86,10 +86,12 @@ def _budget(run: RunDir) -> dict[str, Any] | None:
 def _other_ledgers(run: RunDir, url: str) -> list[str]:
     """The other ledgers that charge the private data of the run's votes, as the registry of
     this user holds them (``budget_registry``; their budgets add up with this one's)."""
-    private = load_private_fingerprint(run.votes) if run.votes.is_file() else None
-    if private is None:
+    if not run.votes.is_file():
         return []
-    return [other for other in ledgers_of(private) if other != canonical_url(url)]
+    keys = (load_private_fingerprint(run.votes),  # and the key older versions knew it by
+            load_private_fingerprint(run.votes, "former_private_fingerprint"))
+    return list(dict.fromkeys(other for key in keys if key is not None
+                              for other in ledgers_of(key) if other != canonical_url(url)))
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:

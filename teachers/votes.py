@@ -213,13 +213,17 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
     # travel with the votes: the delta's bound, and which data their ledgers charge
     records = RunDir(run_dir).private_records()
-    # the registry's key: the data as given (an older version's run: its rows as read)
+    # the registry's key: the data as given (an older version's run: its rows as read), and
+    # the rows' key beside it, under which older versions entered the same data's ledgers
     private = manifest.get("private_data_fingerprint") or manifest.get("private_fingerprint")
+    former = (manifest.get("private_fingerprint")
+              if manifest.get("private_data_fingerprint") else None)
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
         pool_fingerprint=np.array(task.pool_fingerprint),
         **({} if records is None else {"private_records": np.array(records, np.int64)}),
-        **({} if private is None else {"private_fingerprint": np.array(private)})),
+        **({} if private is None else {"private_fingerprint": np.array(private)}),
+        **({} if former is None else {"former_private_fingerprint": np.array(former)})),
         private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:

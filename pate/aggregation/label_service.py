@@ -36,7 +36,7 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import BRANCH_NAMES, Aggregator, check_student_probs
-from pate.aggregation.budget_registry import enter_ledger
+from pate.aggregation.budget_registry import enter_ledger, ledgers_of
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -314,7 +314,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if record is not None:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
         if pool is not None:
-            note_ledger(pool.private_fingerprint, url)
+            note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint)
     except BaseException:
         service.close()
         raise
@@ -327,14 +327,19 @@ BUDGET_SPENT_HINT = ("this private data's budget is spent: one body of private d
                      "budget, and a new ledger for it would be a second")
 
 
-def note_ledger(private_fingerprint: str | None, url: str) -> None:
+def note_ledger(private_fingerprint: str | None, url: str,
+                former_fingerprint: str | None = None) -> None:
     """Enter the ledger at ``url`` in the registry of the ledgers of the private data whose
     fingerprint the votes record (``budget_registry``; nothing where none is known), and warn
     when it is new to the registry while other ledgers charge the same data: their budgets
-    add up (docs/design.md, privacy rule 5)."""
+    add up (docs/design.md, privacy rule 5). Those older versions entered under
+    ``former_fingerprint`` (the rows') count as others too."""
     if private_fingerprint is None:
         return
     others, new = enter_ledger(private_fingerprint, canonical_url(url))
+    if former_fingerprint is not None and former_fingerprint != private_fingerprint:
+        others += [other for other in ledgers_of(former_fingerprint)
+                   if other != canonical_url(url) and other not in others]
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({', '.join(others)}): the budgets of one body of "

@@ -135,17 +135,20 @@ def load_private_records(path: str | Path) -> int | None:
     return int(value)
 
 
-def load_private_fingerprint(path: str | Path) -> str | None:
+def load_private_fingerprint(path: str | Path, member: str = "private_fingerprint"
+                             ) -> str | None:
     """The fingerprint of the private data the votes' teachers learnt from, as a run's
     ``votes.npz`` records it (``Task.private_data_fingerprint``; an older version's, of the rows
     as read, ``Task.private_fingerprint``; PRIVATE: which ledgers charge the same data,
-    ``pate.aggregation.budget_registry``); None for a file without it."""
-    held, value = _npz_member(path, "private_fingerprint")
+    ``pate.aggregation.budget_registry``); None for a file without it. ``member``
+    ``former_private_fingerprint``: the rows' one beside it, the key older versions entered
+    their ledgers under."""
+    held, value = _npz_member(path, member)
     if not held:
         return None
     if (value is None or value.shape != () or value.dtype.kind != "U"
             or re.fullmatch("[0-9a-f]{64}", str(value)) is None):
-        raise UserError(f"{path}: private_fingerprint must be one sha256 in hex")
+        raise UserError(f"{path}: {member} must be one sha256 in hex")
     return str(value)
 
 

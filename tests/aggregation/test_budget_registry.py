@@ -55,6 +55,20 @@ def test_a_second_ledger_for_the_same_private_data_is_warned_of(tmp_path: Path) 
     assert str(tmp_path / "b" / "ledger.db") in said[0]
 
 
+def test_ledgers_older_versions_entered_under_the_rows_key_are_warned_of(
+        tmp_path: Path) -> None:
+    """Votes that carry the rows' key beside the data's (``former_private_fingerprint``) warn of
+    the ledgers an older version entered under it."""
+    old = _votes(tmp_path / "old", OTHER)  # an older version's run: the rows' key only
+    assert _open_and_close(old) == []
+    new = tmp_path / "new"
+    new.mkdir()
+    np.savez(new / "votes.npz", votes=np.load(old)["votes"],
+             private_fingerprint=np.array(SAME), former_private_fingerprint=np.array(OTHER))
+    said = _open_and_close(new / "votes.npz")
+    assert len(said) == 1 and str(tmp_path / "old" / "ledger.db") in said[0]
+
+
 def test_the_registry_folder_is_made_private_and_no_home_is_no_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATE_STATE_DIR", str(tmp_path / "new" / "state"))
