@@ -132,8 +132,9 @@ class Task:
     """The arrays of one task. ``private_*`` are None unless asked for; ``pool_y`` is known for
     benchmarks only (a user's public labels are never read); ``eval_*`` are None without test
     data. ``classes_from`` says where the label set came from; ``pool_file`` the user's public
-    file or folder the pool was read from (None for a built-in dataset), ``private_file`` the
-    private one (where read); ``preprocessing`` describes, publicly, how features were made."""
+    file or folder the pool was read from (None for a built-in dataset), ``private_content``
+    a digest of what the private one holds (where read: ``private_content_digest``);
+    ``preprocessing`` describes, publicly, how features were made."""
 
     name: str
     kind: str                      # "image" or "tabular"
@@ -147,7 +148,7 @@ class Task:
     private_x: NDArray[np.float32] | None = None
     private_y: NDArray[np.int64] | None = None
     preprocessing: dict[str, Any] | None = None
-    private_file: str | None = None
+    private_content: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -176,14 +177,14 @@ class Task:
     @cached_property
     def private_data_fingerprint(self) -> str | None:
         """sha256 (hex) of the private data as given, however it is read (None without it): a
-        user's file's bytes or folder's images (``files.content_digest``), a built-in dataset's
-        name (its files are checked by their checksums). The same whichever label column,
-        label set or public pool encodes it: the key of the ledgers that charge the data
+        user's file's content (``private_content_digest``), a built-in dataset's name (its
+        files are checked by their checksums). The same whichever label column, label set or
+        public pool encodes it: the key of the ledgers that charge the data
         (``pate.aggregation.budget_registry``, docs/design.md rule 5). PRIVATE."""
         if self.private_x is None:
             return None
-        content = (f"dataset {self.name}" if self.private_file is None
-                   else files.content_digest(self.private_file))
+        content = (f"dataset {self.name}" if self.private_content is None
+                   else self.private_content)
         return hashlib.sha256(f"private data {content}".encode()).hexdigest()
 
     @property
@@ -217,6 +218,22 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
 
 
 # --- a user's files -------------------------------------------------------------------------
+
+def table_digest(frame: pd.DataFrame, labels: NDArray | None) -> str:
+    """sha256 (hex) of a table's cells as read (text, missing as such), whatever the order of
+    its rows and columns and however the file was written (line ends, quotes, spaces around
+    values): the rows, each its cells in the order of the sorted column names (the label
+    column last), sorted. PRIVATE for the private file."""
+    columns = sorted(frame.columns)
+    cells = [frame[c].astype(str).where(frame[c].notna(), "\x00") for c in columns]
+    if labels is not None:
+        cells.append(pd.Series(labels, index=frame.index).astype(str))
+    rows = (cells[0].str.cat(cells[1:], sep="\x1f")  # cells between unit separators
+            if len(cells) > 1 else cells[0])
+    digest = hashlib.sha256(json.dumps(columns).encode())
+    digest.update("\x1e".join(np.sort(rows.to_numpy(dtype=str))).encode())
+    return digest.hexdigest()
+
 
 def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, bool]]) -> str:
     """The files of the other roles (``wanted[role][0]``, joined) where both agree on what
@@ -287,6 +304,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
+    private_content = (files.content_digest(source.private)
+                       if need_private and kind != "csv" else None)
     wanted = {"public": (source.public, False), "test": (source.test, True),
               "private": (source.private, True)}
     if not need_private:
@@ -294,6 +313,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     if kind == "csv":
         frames = {role: files.read_csv(path, source.label, labelled)
                   for role, (path, labelled) in wanted.items() if path}
+        if "private" in frames:
+            private_content = table_digest(*frames["private"])
         columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
         if others := _odd_public(columns, wanted):
             public, their = columns["public"], columns["test"]  # which agrees with private
@@ -353,4 +374,4 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                                    True, _SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
-                preprocessing, source.private if "private" in reads else None)
+                preprocessing, private_content)

@@ -162,6 +162,15 @@ def test_the_private_data_is_known_by_its_content_however_it_is_read(tmp_path: P
         assert again.private_data_fingerprint == first.private_data_fingerprint
     other = task("other.csv", "public.csv", (">50K", "<=50K"))
     assert other.private_data_fingerprint != first.private_data_fingerprint
+    # the same table written otherwise (line ends, rows shuffled, columns reordered): the same
+    lines = (tmp_path / "private.csv").read_text().splitlines()
+    header, rows = lines[0].split(","), lines[1:]
+    order = [4, 2, 0, 1, 3]
+    rewritten = [",".join(header[i] for i in order)] + [
+        ",".join(r.split(",")[i] for i in order) for r in rows[::-1]]
+    (tmp_path / "resaved.csv").write_bytes("\r\n".join(rewritten).encode() + b"\r\n")
+    resaved = task("resaved.csv", "public.csv", (">50K", "<=50K"))
+    assert resaved.private_data_fingerprint == first.private_data_fingerprint
     assert load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
                                label="income", classes=(">50K", "<=50K")),
                      need_private=False).private_data_fingerprint is None
