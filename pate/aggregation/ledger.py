@@ -122,6 +122,8 @@ def check_totals(reader: sa.Engine) -> None:
     otherwise; reads only (``Ledger.verify``, and ``stored_budget`` for ``pate status``)."""
     requests = queries = answered = 0
     with reader.connect() as conn:
+        if conn.dialect.name == "postgresql":  # one snapshot for both reads, as SQLite's
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")  # BEGIN gives
         total = conn.execute(sa.select(budget_table).where(budget_table.c.id == 1)).one()
         ind = np.zeros_like(from_blob(total.rdp_independent, F64))
         dep = np.zeros_like(ind)
