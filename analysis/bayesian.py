@@ -177,3 +177,24 @@ class BayesianAccountant:
         delta, _ = delta_from_rdp(self._cost / self.moments, self.moments + 1.0, epsilon,
                                   "classic")
         return min(1.0, delta + self.failure_probability)
+
+
+def bayesian_epsilon(distances: NDArray[np.float64], noise_std: float, sampling_rate: float,
+                     delta: float, moments: Sequence[int] = DEFAULT_MOMENTS,
+                     confidence: float = 1 - 1e-16) -> tuple[float, int]:
+    """(epsilon, optimal moment) at ``delta`` of DP-SGD steps whose sampled pair distances of
+    clipped per-example gradients are the rows of ``distances [steps, pairs]``, the noise of
+    ``noise_std`` on the summed gradient and Poisson sampling at ``sampling_rate``: every row
+    accounted (``BayesianAccountant.accumulate_each``), then converted (Triastcyn & Faltings
+    2020, Theorem 2). ``ValueError`` for distances that are not finite, non-negative numbers
+    ``[steps, pairs]``."""
+    distances = np.asarray(distances)
+    if distances.ndim != 2 or not np.issubdtype(distances.dtype, np.number):
+        raise ValueError(f"distances must be a numeric array [steps, pairs], got shape "
+                         f"{list(distances.shape)}")
+    distances = distances.astype(np.float64)
+    if not np.all(np.isfinite(distances)) or np.any(distances < 0):
+        raise ValueError("distances must be finite and non-negative")
+    accountant = BayesianAccountant(moments, total_steps=len(distances), confidence=confidence)
+    accountant.accumulate_each(distances, noise_std, sampling_rate)
+    return accountant.epsilon_and_moment(delta)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
+from analysis.bayesian import DEFAULT_MOMENTS, bayesian_epsilon
 from analysis.encoded_rdp import encoded_accountant
 from analysis.noise_families import DEFAULT_DOF, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
@@ -91,8 +91,8 @@ def run_dpsgd(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_distances(path: Path) -> np.ndarray:
-    """The [steps, pairs] float array of a ``.npy`` file; a UserError if it is not one."""
+def _read_npy(path: Path) -> np.ndarray:
+    """The one array of a ``.npy`` file; ``UserError`` where it is not one."""
     try:
         d = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -101,23 +101,17 @@ def load_distances(path: Path) -> np.ndarray:
         d.close()
         raise UserError(f"{path}: a .npy file of one array [steps, pairs] is needed, not an "
                         ".npz archive")
-    if d.ndim != 2 or not np.issubdtype(d.dtype, np.number):
-        raise UserError(f"{path} must hold a numeric array [steps, pairs], got shape {d.shape}")
-    d = d.astype(np.float64)
-    if not np.all(np.isfinite(d)) or np.any(d < 0):
-        raise UserError(f"{path}: distances must be finite and non-negative")
     return d
 
 
 def run_bayesian(args: argparse.Namespace) -> int:
-    d = load_distances(args.distances)
+    d = _read_npy(args.distances)
     try:
-        acc = BayesianAccountant(args.moments, total_steps=d.shape[0],
-                                 confidence=args.confidence)
-        acc.accumulate_each(d, args.noise_std, args.sampling_rate)
-        eps, moment = acc.epsilon_and_moment(args.delta)
+        eps, moment = bayesian_epsilon(d, args.noise_std, args.sampling_rate, args.delta,
+                                       args.moments, args.confidence)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(f"{args.distances}: {exc}" if "distances" in str(exc)
+                        else str(exc)) from None
     out = {"epsilon": eps, "moment": moment}
     print(json.dumps(out) if args.json
           else f"Bayesian epsilon = {eps:.6g} at moment {moment} (delta = {args.delta:g}, "

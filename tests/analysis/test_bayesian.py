@@ -195,7 +195,9 @@ def test_cli_rejects_a_delta_below_the_failure_probability(
 
 @pytest.mark.parametrize(("write", "message"), [
     (lambda p: np.savez(p / "d.npz", d=np.full((10, 4), 0.05)), "not an .npz archive"),
-    (lambda p: np.save(p / "d.npy", np.full((10, 4), -0.05)), "finite and non-negative"),
+    (lambda p: np.save(p / "d.npy", np.full((10, 4), -0.05)), "d.npy: distances must be "
+                                                              "finite and non-negative"),
+    (lambda p: np.save(p / "d.npy", np.full(10, 0.05)), "numeric array [steps, pairs]"),
 ])
 def test_cli_refuses_distances_that_are_not_a_plain_array_of_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], write, message: str) -> None:
