@@ -133,7 +133,8 @@ class Task:
     benchmarks only (a user's public labels are never read); ``eval_*`` are None without test
     data. ``classes_from`` says where the label set came from; ``pool_file`` the user's public
     file or folder the pool was read from (None for a built-in dataset), ``private_content``
-    a digest of what the private one holds (where read: ``private_content_digest``);
+    a digest of what the private one holds (where read: ``table_digest`` of a CSV,
+    ``files.content_digest`` of the others);
     ``preprocessing`` describes, publicly, how features were made."""
 
     name: str
@@ -177,7 +178,7 @@ class Task:
     @cached_property
     def private_data_fingerprint(self) -> str | None:
         """sha256 (hex) of the private data as given, however it is read (None without it): a
-        user's file's content (``private_content_digest``), a built-in dataset's name (its
+        user's file's content (``private_content``), a built-in dataset's name (its
         files are checked by their checksums). The same whichever label column, label set or
         public pool encodes it: the key of the ledgers that charge the data
         (``pate.aggregation.budget_registry``, docs/design.md rule 5). PRIVATE."""
@@ -219,15 +220,17 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
 
 # --- a user's files -------------------------------------------------------------------------
 
-def table_digest(frame: pd.DataFrame, labels: NDArray | None) -> str:
-    """sha256 (hex) of a table's cells as read (text, missing as such), whatever the order of
-    its rows and columns and however the file was written (line ends, quotes, spaces around
-    values): the rows, each its cells in the order of the sorted column names (the label
-    column last), sorted. PRIVATE for the private file."""
+def table_digest(frame: pd.DataFrame, labels: NDArray | None = None,
+                 label: str | None = None) -> str:
+    """sha256 (hex) of a table's cells as read (text, missing as such), its ``labels`` column
+    ``label`` among them, whatever the order of its rows and columns, whichever column is the
+    label and however the file was written (line ends, quotes, spaces around values): the
+    rows, each its cells in the order of the sorted column names, sorted. PRIVATE for the
+    private file."""
+    if labels is not None and label is not None:
+        frame = frame.assign(**{label: pd.Series(labels, index=frame.index).astype(str)})
     columns = sorted(frame.columns)
     cells = [frame[c].astype(str).where(frame[c].notna(), "\x00") for c in columns]
-    if labels is not None:
-        cells.append(pd.Series(labels, index=frame.index).astype(str))
     rows = (cells[0].str.cat(cells[1:], sep="\x1f")  # cells between unit separators
             if len(cells) > 1 else cells[0])
     digest = hashlib.sha256(json.dumps(columns).encode())
@@ -314,7 +317,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         frames = {role: files.read_csv(path, source.label, labelled)
                   for role, (path, labelled) in wanted.items() if path}
         if "private" in frames:
-            private_content = table_digest(*frames["private"])
+            private_content = table_digest(*frames["private"], source.label)
         columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
         if others := _odd_public(columns, wanted):
             public, their = columns["public"], columns["test"]  # which agrees with private

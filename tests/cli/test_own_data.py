@@ -171,6 +171,11 @@ def test_the_private_data_is_known_by_its_content_however_it_is_read(tmp_path: P
     (tmp_path / "resaved.csv").write_bytes("\r\n".join(rewritten).encode() + b"\r\n")
     resaved = task("resaved.csv", "public.csv", (">50K", "<=50K"))
     assert resaved.private_data_fingerprint == first.private_data_fingerprint
+    # another column taken for the label: the same table, the same data
+    education = load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                                    label="education",
+                                    classes=("HS-grad", "Bachelors", "Masters")))
+    assert education.private_data_fingerprint == first.private_data_fingerprint
     assert load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
                                label="income", classes=(">50K", "<=50K")),
                      need_private=False).private_data_fingerprint is None
