@@ -24,7 +24,7 @@ from pathlib import Path
 from analysis.costs import realised_rdp_independent, worst_case_queries
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
-from pate.aggregation.budget_registry import ledgers_of
+from pate.aggregation.budget_registry import other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.ledger_store import canonical_url, ledger_url
 from pate.comparison import dpsgd_settings, run_comparison
@@ -229,9 +229,8 @@ def _warn_of_other_budgets(config: RunConfig, run: RunDir, task: Task) -> None:
     ledger = config.aggregator.ledger
     url = canonical_url(ledger_url(ledger) if ledger is not None
                         else f"sqlite:///{run.root.resolve() / LEDGER_FILE}")
-    others = list(dict.fromkeys(  # and those older versions entered under the rows' key
-        other for key in (private, task.private_fingerprint) if key is not None
-        for other in ledgers_of(key) if other != url))
+    # the rows' key too: older versions entered the data's ledgers under it
+    others = other_ledgers((private, task.private_fingerprint), url)
     if others:
         warnings.warn(f"this private data is already charged to {len(others)} other ledger(s) "
                       f"({', '.join(others)}): this run's ledger would be another budget for "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pate.aggregation.budget_registry import ledgers_of
+from pate.aggregation.budget_registry import other_ledgers
 from pate.aggregation.label_service import recorded_ledger
 from pate.aggregation.ledger import stored_budget
 from pate.aggregation.ledger_store import canonical_url
@@ -88,10 +88,9 @@ def _other_ledgers(run: RunDir, url: str) -> list[str]:
     this user holds them (``budget_registry``; their budgets add up with this one's)."""
     if not run.votes.is_file():
         return []
-    keys = (load_private_fingerprint(run.votes),  # and the key older versions knew it by
-            load_private_fingerprint(run.votes, "former_private_fingerprint"))
-    return list(dict.fromkeys(other for key in keys if key is not None
-                              for other in ledgers_of(key) if other != canonical_url(url)))
+    return other_ledgers((load_private_fingerprint(run.votes),  # and the key older versions
+                          load_private_fingerprint(run.votes, "former_private_fingerprint")),
+                         canonical_url(url))
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,14 @@ def ledgers_of(private_fingerprint: str) -> list[str]:
     except RuntimeError:  # no home: no registry
         return []
     return [url for url in _read(path).get(private_fingerprint, []) if _still_there(url)]
+
+
+def other_ledgers(fingerprints: Iterable[str | None], ledger: str) -> list[str]:
+    """The ledgers still there entered under any of ``fingerprints`` (one body of private
+    data's: its own, and the one older versions knew it by; None ignored) but ``ledger`` (a
+    canonical URL), in the order they were entered, each once; reads only."""
+    return list(dict.fromkeys(other for key in fingerprints if key is not None
+                              for other in ledgers_of(key) if other != ledger))
 
 
 def enter_ledger(private_fingerprint: str, ledger: str) -> tuple[list[str], bool]:

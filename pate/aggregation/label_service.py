@@ -36,7 +36,7 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import BRANCH_NAMES, Aggregator, check_student_probs
-from pate.aggregation.budget_registry import enter_ledger, ledgers_of
+from pate.aggregation.budget_registry import enter_ledger, other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -336,10 +336,8 @@ def note_ledger(private_fingerprint: str | None, url: str,
     ``former_fingerprint`` (the rows') count as others too."""
     if private_fingerprint is None:
         return
-    others, new = enter_ledger(private_fingerprint, canonical_url(url))
-    if former_fingerprint is not None and former_fingerprint != private_fingerprint:
-        others += [other for other in ledgers_of(former_fingerprint)
-                   if other != canonical_url(url) and other not in others]
+    _, new = enter_ledger(private_fingerprint, canonical_url(url))
+    others = other_ledgers((private_fingerprint, former_fingerprint), canonical_url(url))
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({', '.join(others)}): the budgets of one body of "
