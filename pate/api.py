@@ -402,7 +402,7 @@ class PrivateLabels:
         """Which answers a release covers (``student.sanitised.answers_digest``): the
         mechanism, the votes, the rows asked and the probabilities sent with them; the same
         as ``pate run``'s for the same rows of the same mechanism."""
-        sent = self._probs and steps(self.mechanism).student_gamma is not None
+        sent = bool(self._probs) and steps(self.mechanism).student_gamma is not None
         return answers_digest(self.pool.digest, [(
             self.mechanism, self.received.pool_index,
             np.concatenate(self._probs) if sent else None)])

@@ -32,7 +32,7 @@ def _as_text(frame: Any, name: str) -> pd.DataFrame:
     if len(set(columns)) != len(columns):
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         raise UserError(f"{name} names a column twice: {', '.join(repeated)}")
-    text = files.text_cells(frame.astype(object).map(lambda v: v if pd.isna(v) else str(v)))
+    text = files.text_cells(frame.astype(str).where(frame.notna()))  # str() of each, by column
     text.columns = columns
     return text
 

@@ -94,7 +94,7 @@ class Ensemble:
                          if len(shards) > 1 else shards[0] if shards else {})
         self.shards = vote_groups(self._stacked, self._sizes, 0)
         self._grouped: dict[int, list[dict[str, torch.Tensor]]] = {}
-        self.num_teachers = sum(next(iter(p.values())).shape[0] for p in shards)
+        self.num_teachers = sum(self._sizes)
         self._base = build_model(model, self.in_shape, num_classes, encoder).to(self.device)
         self._activation = activation_floats(self._base, self.in_shape, self.device)
         self._vectorised = vmap(lambda p, xb: functional_call(self._base, p, (xb,)),
