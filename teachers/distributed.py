@@ -7,7 +7,9 @@ arrives and records it in the manifest, so a rerun trains only the shards that a
 worker (or the driver) killed mid-run loses only the shards in flight. Ray retries a task whose
 worker died (``max_retries``). Without ``ray_address`` a private local Ray instance is started;
 ``workers`` bounds how many shards run at once; on ``cuda`` a task asks for ``gpus_per_shard``
-of a GPU, so fractions pack several shards on one device.
+of a GPU, so fractions pack several shards on one device. One local worker needs no Ray: its
+shards train one after the other in this process (``Cluster.in_process``), with the same
+checkpoints, saving Ray's start (seconds, most of a small job's teachers stage).
 """
 
 from __future__ import annotations
@@ -114,13 +116,21 @@ def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int
         counter.start.remote(shard)
         on_epochs = lambda n: counter.add.remote(shard, n)  # noqa: E731
     torch.set_num_threads(threads)
-    xt = torch.tensor(x, device=device)  # copy: object-store arrays are read-only
-    yt = torch.tensor(y, device=device)
-    enc = None if encoder is None else {k: torch.tensor(v, device=device)
-                                        for k, v in encoder.items()}
+    xt, yt, enc = _on_device(x, y, encoder, device)
     params = train_group(cfg, xt, yt, num_classes, np.arange(teachers.start, teachers.stop),
                          parts, min_size, enc, on_epochs)
     return {k: v.numpy() for k, v in params.items()}
+
+
+def _on_device(x: np.ndarray, y: np.ndarray, encoder: dict[str, np.ndarray] | None,
+               device: str) -> tuple[Any, Any, dict[str, Any] | None]:
+    """The private rows, their labels and the pool encoder as tensors on ``device``: copies,
+    since the object store's arrays are read-only and the caller's are not ours to share."""
+    import torch
+
+    enc = None if encoder is None else {k: torch.tensor(v, device=device)
+                                        for k, v in encoder.items()}
+    return torch.tensor(x, device=device), torch.tensor(y, device=device), enc
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,14 @@ class Cluster:
     device: str = "cpu"
     gpus_per_shard: float = 1.0
     max_retries: int = 3
+
+    @property
+    def in_process(self) -> bool:
+        """One local worker: its shards train here, one after the other, without Ray. A Ray
+        this process has started (a notebook's, a test session's) is used all the same."""
+        import ray
+
+        return self.workers == 1 and self.address is None and not ray.is_initialized()
 
 
 @contextmanager
@@ -328,12 +346,17 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         # Here, not in the workers (whose output is not shown): the warning line of a user's
         # network that trains one teacher at a time.
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
-        with _ray_session(cluster, ray_runtime_env(job.train.model)):
-            _check_gpus(cluster)  # before a pool encoder's minutes
+        shards_todo = [(i, shards[i]) for i in todo]
+        if cluster.in_process:
             checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
             encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
-            _run(run_dir, job, manifest, [(i, shards[i]) for i in todo], data, part, cluster,
-                 encoder)
+            _run_here(run_dir, job, manifest, shards_todo, data, part, cluster.device, encoder)
+        else:
+            with _ray_session(cluster, ray_runtime_env(job.train.model)):
+                _check_gpus(cluster)  # before a pool encoder's minutes
+                checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
+                encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
+                _run(run_dir, job, manifest, shards_todo, data, part, cluster, encoder)
     manifest["done"] = len(manifest["shards"]) == len(shards)
     checkpoints.write_manifest(run_dir, manifest)
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}
@@ -387,14 +410,39 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
             except ray.exceptions.RayError as exc:
                 failed.append(f"shard {i} ({type(exc).__name__})")
                 continue
-            manifest["shards"][str(i)] = {
-                "teachers": [teachers.start, teachers.stop],
-                "file": checkpoints.shard_file(i),
-                "sha256": checkpoints.save_shard(run_dir, i, params),
-                "seconds": round(time.time() - t0, 2)}
-            checkpoints.write_manifest(run_dir, manifest)
+            _record_shard(run_dir, manifest, i, teachers, params, t0)
         if not failed:  # the last epochs' reports may reach the counter after their shards
             bar.update(total - shown)
     if failed:
         raise UserError(f"{len(failed)} shard(s) failed: {', '.join(failed)}; the others are "
                         "saved - rerun the same command to train only the missing ones")
+
+
+def _run_here(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
+              data: Task, part: Partition, device: str,
+              encoder: dict[str, np.ndarray] | None) -> None:
+    """Train the shards ``todo`` one after the other in this process (``Cluster.in_process``),
+    on torch's threads as they are; checkpoint each as it is done. A failure stops the run
+    with the shards before it saved, as a shard that failed its Ray retries would."""
+    from teachers.ensemble import train_group
+
+    x, y, enc = _on_device(data.private_x, data.private_y, encoder, device)
+    total = sum(len(t) for _, t in todo) * job.train.epochs
+    with progress_bar("training teachers", total, "teacher-epoch", every=10.0) as bar:
+        for i, teachers in todo:
+            t0 = time.time()
+            params = train_group(job.train, x, y, data.num_classes,
+                                 np.arange(teachers.start, teachers.stop),
+                                 part.parts(teachers), manifest["min_size"], enc, bar.update)
+            _record_shard(run_dir, manifest, i, teachers,
+                          {k: v.numpy() for k, v in params.items()}, t0)
+
+
+def _record_shard(run_dir: Path, manifest: dict, shard: int, teachers: range,
+                  params: dict[str, np.ndarray], started: float) -> None:
+    """Checkpoint one trained shard and record it in the manifest, so a rerun skips it."""
+    manifest["shards"][str(shard)] = {
+        "teachers": [teachers.start, teachers.stop], "file": checkpoints.shard_file(shard),
+        "sha256": checkpoints.save_shard(run_dir, shard, params),
+        "seconds": round(time.time() - started, 2)}
+    checkpoints.write_manifest(run_dir, manifest)

@@ -38,17 +38,18 @@ def test_a_broken_pipe_that_is_not_stdout_stays_an_error(monkeypatch, tmp_path: 
         main(["status", "--run", str(tmp_path)])
 
 
-def test_sigterm_while_teachers_train_on_ray_stops_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])  # in this process; on a local Ray
+def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int) -> None:
     config = tmp_path / "slow.toml"
     text = dump_config(load_config("digits-tiny"))
-    config.write_text(re.sub(r"(\[teachers\][^\[]*?)epochs = \d+", r"\1epochs = 2000", text,
-                             flags=re.S))
+    text = re.sub(r"(\[teachers\][^\[]*?)epochs = \d+", r"\1epochs = 2000", text, flags=re.S)
+    config.write_text(text.replace("workers = 1", f"workers = {workers}"))
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "pate", "run", str(config), "--run", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     manifest = run / "teachers" / "manifest.json"
     deadline = time.monotonic() + 120
-    while not manifest.is_file() and time.monotonic() < deadline:  # written once Ray is up
+    while not manifest.is_file() and time.monotonic() < deadline:  # once training starts
         time.sleep(0.2)
     assert manifest.is_file()
     time.sleep(1)

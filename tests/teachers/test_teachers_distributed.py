@@ -19,7 +19,7 @@ import pytest
 import ray
 import torch
 
-from pate.data.task import Benchmark
+from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
 from teachers import checkpoints
 from teachers.distributed import (
@@ -29,7 +29,8 @@ from teachers.distributed import (
     shard_ranges,
     train_teachers,
 )
-from teachers.ensemble import TrainConfig
+from teachers.ensemble import TrainConfig, train_group
+from teachers.partition import make_partition
 
 CFG = TrainConfig(model="cnn", epochs=3, batch_size=16, augment="none", seed=1)
 JOB = TrainJob("digits", num_teachers=12, shard_size=4, train=CFG)
@@ -93,6 +94,29 @@ def test_train_checkpoint_and_resume(tmp_path, ray_running):
     with pytest.raises(UserError, match=r"other settings \(other train\.epochs, train\.lr\)"):
         train_teachers(run, TrainJob("digits", 12, 4, replace(CFG, epochs=CFG.epochs + 1,
                                                               lr=CFG.lr / 2)), Cluster())
+
+
+def test_one_local_worker_trains_in_this_process_without_ray(tmp_path, monkeypatch, ray_stopped):
+    """``workers = 1`` with no cluster: the shards train here, one after the other, with the
+    checkpoints and the resume of Ray's path, and the parameters ``train_group`` gives.
+    ``RAY_ADDRESS`` names a closed port, so any start of Ray would fail."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    run = tmp_path / "run"
+    assert train_teachers(run, JOB, Cluster(workers=1)) == {"trained": [0, 1, 2], "skipped": []}
+    assert not ray.is_initialized()
+    assert checkpoints.read_manifest(run)["done"]
+    before = _shas(run)
+    (run / "teachers" / checkpoints.shard_file(2)).unlink()
+    assert train_teachers(run, JOB, Cluster(workers=1)) == {"trained": [2], "skipped": [0, 1]}
+    assert _shas(run) == before  # deterministic, as through Ray
+
+    task = load_task(Benchmark("digits"))
+    part = make_partition(len(task.private_y), JOB.num_teachers, CFG.seed)
+    expected = train_group(CFG, torch.tensor(task.private_x), torch.tensor(task.private_y), 10,
+                           np.arange(4, 8), part.parts(range(4, 8)), int(part.sizes.min()))
+    shard = checkpoints.load_shard(run, 1, before["1"])
+    assert expected.keys() == shard.keys()
+    assert all(torch.equal(expected[k], shard[k]) for k in expected)
 
 
 def test_missing_gpus_are_refused_before_the_pool_encoder_trains(tmp_path, ray_running):
@@ -187,8 +211,6 @@ def test_shards_report_their_epochs_as_they_train(digits, ray_running):
     """A shard tells the driver's counter after each epoch (its progress within shards that
     take minutes each), vectorised or one teacher at a time."""
     from teachers.distributed import EpochCounter, train_shard
-    from teachers.ensemble import train_group
-    from teachers.partition import make_partition
 
     part = make_partition(len(digits.train_y), 4, CFG.seed)
     min_size = int(part.sizes.min())
