@@ -73,7 +73,8 @@ class Releases:
         whose digest is ``answers``, or was one of ``formerly`` in earlier versions): the one
         released before for them, else a new release of ``analyse(earlier releases)``'s bound,
         composed with every earlier one (None where there is none: LNMax, the analysis cannot
-        be made, or a figure without noise would follow a noisy release)."""
+        be made, its conditions C5/C6 fail, or a figure without noise would follow a noisy
+        release; the data-independent epsilon stands)."""
         known = (answers, *formerly, None)  # a run file's (None): that run's first queries
         for r in self.records:
             if r.queries == queries and r.answers in known:
@@ -84,7 +85,12 @@ class Releases:
         if analysis is None or analysis.smooth_sensitivity is None:
             return None
         bound = analysis.smooth_sensitivity
-        noisy = not bound.fallback and bound.sigma is not None and bool(bound.value)
+        if bound.fallback:
+            # the proof does not hold at this order (C5/C6): the figure would be the
+            # data-independent bound of every query answered, never below the one the ledger
+            # charged for the answers, and once published it would be the guarantee
+            return None
+        noisy = bound.sigma is not None and bool(bound.value)
         if earlier and not noisy:
             # a figure with no noise would carry the earlier releases' cost, whose sigma_ss
             # was chosen from the votes: nothing is released (the data-independent one stands)

@@ -149,7 +149,9 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
             "epsilon_data_independent_expected": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
             "epsilon_smooth_sensitivity": student_eps.get("data_dependent_sanitised"),
-            "epsilon_smooth_sensitivity_expected": ss["epsilon"] if ss else None,
+            # a fallback (C5/C6 fail) is the data-independent bound, never released
+            "epsilon_smooth_sensitivity_expected": (ss["epsilon"] if ss and not ss.get("fallback")
+                                                    else None),
             # without the student's metrics (its training failed after the answers were
             # charged), what the ledger charged for the answers in hand
             "epsilon_spent": student_eps.get("data_independent",

@@ -62,6 +62,8 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
         f"<td>{m['likelihood_factor']:.3g}</td><td>{100 * m['membership_accuracy']:.1f} %</td>"
         f"<td>{100 * m['true_positive_rate']:.1f} %</td></tr>" for m in meaning)
     return (
+        f'<p><b>The figure to quote: ε = {held["value"]:.3g} at δ = {delta:g}</b> (the '
+        f"{html.escape(held['epsilon'])} ε), for everything published from this run.</p>"
         "<p>Each ε is a guarantee about everything published from this run together (the "
         "student, the labels it received and that ε): for any one person, having their record "
         "in the private data or not makes anything those outputs show at most e<sup>ε</sup> "

@@ -106,6 +106,10 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
         rows.append(("Private records n, and δ against them",
                      f"{n}; δ = {delta:g} = {delta * n:.2g} / n (1/n or more is refused)"))
     aggregator = (report.get("config") or {}).get("aggregator")
+    if aggregator and aggregator.get("budget_epsilon") is not None:
+        rows.append(("Budget of the private data", f"ε = {aggregator['budget_epsilon']:g} at "
+                     f"δ = {delta:g}, data-independent: the ledger refuses a batch whose worst "
+                     "case would pass it"))
     if aggregator:
         rows.append(("Aggregator parameters", ", ".join(
             f"{name} = {aggregator[key]:g}" for key, name in (
@@ -122,7 +126,9 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     q, privacy = report["queries"], report["privacy"]
-    details = [("Dataset", report["dataset"]), ("Teachers", report["teachers"]),
+    dataset = (report["dataset"] if report.get("classes_from") == "dataset" else
+               f"your own files (named after the public pool's: {report['dataset']})")
+    details = [("Dataset", dataset), ("Teachers", report["teachers"]),
                ("Classes", f"{report['classes']}, from "
                            f"{_CLASSES_FROM.get(report.get('classes_from'), 'the dataset')}"),
                ("Public pool", report["pool_size"]),
@@ -148,9 +154,14 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                         "are in owner-evaluation.html)"))
     if privacy and privacy["smooth_sensitivity"]:
         ss = privacy["smooth_sensitivity"]
-        details.append(("Smooth-sensitivity release (order, β, SS, σ)",
-                        ", ".join(format_value(ss[k]) for k in ("order", "beta", "value",
-                                                                  "sigma"))))
+        if ss.get("fallback"):
+            details.append(("Smooth-sensitivity release", "none: the analysis's conditions "
+                            "C5/C6 fail at its order, so the data-independent ε is the guarantee "
+                            "(docs/privacy-math.md §5)"))
+        else:
+            details.append(("Smooth-sensitivity release (order, β, SS, σ)",
+                            ", ".join(format_value(ss[k]) for k in ("order", "beta", "value",
+                                                                      "sigma"))))
     detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
     note = ('<p class="note">This report contains private statistics, computed from the '

@@ -55,8 +55,9 @@ def run_facts(run: RunDir) -> RunFacts:
     if run.config.is_file():
         config = parse_config(run.config.read_text(), str(run.config))
         a = config.aggregator
+        # the report names the data by its public files, never the private file's path
         return RunFacts(config.data.source(), a.delta, a.lnmax_scale, a,
-                        json.loads(config.model_dump_json()))
+                        json.loads(config.model_dump_json(exclude={"data": {"private"}})))
     metrics = run.read_json(run.student_metrics)
     if metrics is None:
         raise UserError(f"{run}: neither a config.toml (pate run) nor a student's metrics "

@@ -134,6 +134,9 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert "What these epsilons mean" in page and "99.8 %" in page  # (e^6.5 + d) / (1 + e^6.5)
     assert "rules out almost no attack" in page  # said where a guess is right 99 % of the time
     assert "probability 97.7 %" in page
+    # the one figure to quote, and the budget it was spent under (public: the config's)
+    assert "<b>The figure to quote: ε = 6.5 at δ = 1e-05</b> (the sanitised, released ε)" in page
+    assert "ε = 1000 at δ = 1e-05, data-independent" in page
     assert page.count("(private)</") >= 2  # the private columns; each figure says so too
     # a student that failed to train after its answers were charged: the charge is still said
     (run / "student" / "metrics.json").unlink()
@@ -253,6 +256,43 @@ def test_a_model_audit_is_said_in_the_report_and_shown_to_the_owner(tmp_path: Pa
     text = owner.read_text()
     assert "Owner only: not for publication" in text and "0.3125" in text
     assert "privacy bug: teacher" in text
+
+
+def test_the_report_names_no_private_file(tmp_path: Path) -> None:
+    """report.json carries the run's config, but not where the private data lies (cli.md:
+    your own files are named by the public pool's)."""
+    from pate.report.run_report import run_facts
+    from pate.rundir import RunDir
+
+    text = dump_config(load_config("digits-tiny")).replace(
+        'dataset = "digits"', 'private = "/secret/patients.csv"\npublic = "/data/pool.csv"\n'
+        'label = "y"')
+    run = RunDir(tmp_path / "run").create()
+    run.write_config(text)
+    config = run_facts(run).config
+    assert config["data"]["public"] == "/data/pool.csv" and "private" not in config["data"]
+    assert "patients" not in json.dumps(config)
+
+
+def test_a_fallback_is_not_shown_as_a_sanitised_figure(tmp_path: Path) -> None:
+    """Where C5/C6 fail nothing sanitised is released (student.sanitised): the report says so
+    in its Details, and puts no figure in the sanitised columns."""
+    from pate.report.content import summary_table
+    from pate.report.page import run_sections
+
+    run = tmp_path / "run"
+    make_run(run, rounds=False)
+    assert pate("report", "--run", str(run)).returncode == 0
+    report = json.loads((run / "report" / "report.json").read_text())
+    report["privacy"]["smooth_sensitivity"] |= {"fallback": "data-independent", "beta": None,
+                                                "value": None, "sigma": None}
+    report["student"]["epsilon"]["data_dependent_sanitised"] = None
+    row = summary_table(report)[0]
+    assert row["epsilon_smooth_sensitivity"] is None
+    assert row["epsilon_smooth_sensitivity_expected"] is None
+    details = run_sections({**report, "table": [row]})[2][1]
+    assert "conditions C5/C6 fail at its order, so the data-independent ε is the guarantee" \
+        in details
 
 
 def test_report_of_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None:

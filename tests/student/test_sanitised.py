@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.costs import realised_rdp_independent
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax
 from analysis.orders import default_orders
-from analysis.rdp import epsilon_curve
+from analysis.rdp import epsilon_curve, epsilon_from_rdp
 from analysis.smooth_sensitivity import gnss_rdp
 from analysis.votes_analysis import (
     RELEASE_MARGIN,
@@ -154,5 +155,18 @@ def test_no_figure_without_noise_follows_a_noisy_release() -> None:
                                               ConfidentGNMax(14, 4, 2))], 1e-5)
     assert fallback.smooth_sensitivity.fallback
     assert releases.release(300, lambda earlier: fallback) is None
-    assert Releases().release(10, lambda earlier: fallback) == \
-        fallback.smooth_sensitivity.epsilon  # alone, the fallback reads no vote
+
+
+def test_a_fallback_is_never_released() -> None:
+    """Where C5/C6 fail the sanitised bound is the data-independent one of every query
+    answered: at least what the ledger charged for the answers (here 3 of 10 answered), so
+    publishing it would only weaken the guarantee. Nothing is released, nor kept."""
+    mechanism = ConfidentGNMax(14, 4, 2)
+    fallback = analyze_segments([QuerySegment(np.array([[7, 7, 6]] * 10), mechanism)], 1e-5)
+    orders = default_orders()
+    charged, _ = epsilon_from_rdp(realised_rdp_independent(mechanism, 10, 3, orders), orders,
+                                  1e-5)
+    assert fallback.smooth_sensitivity.epsilon > charged
+    releases = Releases()
+    assert releases.release(10, lambda earlier: fallback) is None
+    assert releases.records == []
