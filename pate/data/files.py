@@ -100,6 +100,7 @@ def _check_field_counts(path: Path, raw: bytes) -> None:
     if (data == ord('"')).any():
         _check_quoted_rows(path, raw)
         return
+    data = _line_feeds_only(path, data)
     ends = np.flatnonzero(data == ord("\n"))
     if not len(ends) or ends[-1] != len(data) - 1:
         ends = np.append(ends, len(data))
@@ -131,6 +132,24 @@ def _check_utf8(path: Path, raw: bytes) -> None:
         wide = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
         raise UserError(f"{path}: not UTF-8 text{' (it is UTF-16)' if wide else ''}: save it "
                         "as UTF-8") from None
+
+
+def _line_feeds_only(path: Path, data: np.ndarray) -> np.ndarray:
+    """The bytes with classic Mac line ends (a carriage return alone) made line feeds, as
+    pandas reads them. A file that mixes them with line feeds is refused, by line: pandas would
+    split a line at its stray carriage return (one pasted from another file, say) and read two
+    rows, each of them wrong, without a word."""
+    carriage = data == ord("\r")
+    alone = carriage & np.append(data[1:] != ord("\n"), True)
+    if not alone.any():
+        return data
+    feeds = data == ord("\n")
+    if feeds.any():
+        line = int(feeds[:int(np.argmax(alone))].sum()) + 1
+        raise UserError(f"{path}: line {line} holds a carriage return that ends no line (a "
+                        "file of mixed line ends: it would be read as two rows); save it with "
+                        "one kind of line end")
+    return np.where(carriage, np.uint8(ord("\n")), data)
 
 
 def _check_quoted_rows(path: Path, raw: bytes) -> None:

@@ -102,11 +102,16 @@ def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_pa
                           ('code,x\n"0,1",2\n02,3,4\n', "line 3 has more fields"),
                           ('code,x\n"0,1",2\n02\n03,4\n', "row 2 after the header has fewer"),
                           ('code,x\n"0\n1",2\n"say ""a,b""",3\n02\n', "row 3 after the header"
-                                                                       " has fewer")):
+                                                                       " has fewer"),
+                          # a carriage return pasted into a line: pandas splits it there
+                          ("code,x\n01,2\n02,3\r,4\n", "line 3 holds a carriage return that "
+                                                      "ends no line")):
         (tmp_path / "ragged.csv").write_text(text)
         with pytest.raises(UserError, match=message):
             encode_new_rows(record, tmp_path / "ragged.csv")
     (tmp_path / "fine.csv").write_text('code,x\n"0,1",2\n\n02,3\n')
+    assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
+    (tmp_path / "fine.csv").write_text("code,x\r01,2\r02,3\r")  # classic Mac line ends
     assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
     (tmp_path / "fine.csv").write_text("code,x\n01,\n02,3\n")  # an empty last field
     assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
