@@ -446,6 +446,15 @@ def test_8_bit_images_are_scaled_as_image_files_are() -> None:
     votes = [Teachers(2, 3, epochs=1).fit(x, labels).vote(x)
              for x in (images, images.astype(np.float32) / 255)]
     np.testing.assert_array_equal(*votes)
+    # the same pixels as floats would be read 255 times brighter than as integers: refused,
+    # before anything trains, in fit and in vote alike (features are taken as they are)
+    fitted = Teachers(2, 3, epochs=1).fit(images, labels)
+    for call in (lambda: Teachers(2, 3, epochs=1).fit(images.astype(np.float64), labels),
+                 lambda: fitted.vote(images.astype(np.float32))):
+        with pytest.raises(UserError, match="whole numbers above 1 stored as floats"):
+            call()
+    assert fitted.vote(images.astype(np.float32) / 255).shape == (40, 3)
+    Teachers(2, 3, epochs=1).fit(images.reshape(40, -1).astype(np.float64), labels)
 
 
 def test_teachers_saved_and_loaded_vote_the_same_and_stay_private(tmp_path: Path) -> None:

@@ -165,12 +165,19 @@ class Standardiser:
 def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.float32]:
     """``.npz`` arrays as float32: integer images scaled to [0, 1] (divided by ``pixel_max``),
     ``[n, H, W]`` given a channel axis. NaN, infinite values and numbers beyond float32 are
-    refused."""
+    refused, and so are float images of whole numbers above 1: integer pixels stored as
+    floats, which would not be scaled as the same pixels stored as integers are (a model
+    trained on one would read the other wrong)."""
     if np.issubdtype(x.dtype, np.integer) and x.ndim > 2:
         if x.size and (x.min() < 0 or x.max() > pixel_max):
             raise UserError(f"{what}: integer pixels must lie in [0, {pixel_max:g}] for this "
                             "data (give floats in [0, 1] otherwise)")
         x = x / pixel_max
+    elif (np.issubdtype(x.dtype, np.floating) and x.ndim > 2 and x.size
+          and np.nanmax(x) > 1 and bool(np.all(np.mod(x[np.isfinite(x)], 1) == 0))):
+        raise UserError(f"{what}: its pixels are whole numbers above 1 stored as floats, as "
+                        "integer pixels are: give them as integers (uint8, scaled to [0, 1] "
+                        "here) or as floats in [0, 1]")
     with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
         x = np.asarray(x, np.float32)
     if not np.isfinite(x).all():
