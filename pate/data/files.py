@@ -353,24 +353,29 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
-def _check_memory(folder: Path, count: int, channels: int, size: tuple[int, int]) -> None:
+def _check_memory(folder: Path, count: int, channels: int, size: tuple[int, int],
+                  private: bool) -> None:
     """Refuse images whose float32 array would not fit in the memory available now: decoding
-    them would end with the kernel killing the process, not with a message."""
+    them would end with the kernel killing the process, not with a message. A ``private``
+    folder's message says neither how many images it holds nor the memory they need (which
+    would tell how many)."""
     need = 4 * count * channels * size[0] * size[1]
     free = available_memory()
     if free is not None and need > free:
-        raise UserError(f"{folder}: {count} images of {size[0]}x{size[1]} pixels need "
-                        f"{need / 2**30:.1f} GiB as float32, more than the {free / 2**30:.1f} "
-                        "GiB of memory available: give a smaller [data] image_size")
+        what = ("its images need more memory as float32 than" if private else
+                f"{count} images of {size[0]}x{size[1]} pixels need {need / 2**30:.1f} GiB "
+                "as float32, more than")
+        raise UserError(f"{folder}: {what} the {free / 2**30:.1f} GiB of memory available: "
+                        "give a smaller [data] image_size")
 
 
-def _private_position(folder: Path, file: Path) -> str:
-    """A private image named by its place, not its name: ``FOLDER/CLASS/: image k in name
-    order``; not how many images the class holds (a count of private data)."""
-    inside = [e for e in _visible(file.parent) if _is_image(e)]
+def _private_place(folder: Path, file: Path) -> str:
+    """A private image named by its class folder alone: ``FOLDER/CLASS/: an image``; not its
+    name, nor its place in the folder (the place of the last one is how many images the class
+    holds, a count of private data)."""
     where = file.parent.relative_to(folder).as_posix()
-    return (f"{folder}/{'' if where == '.' else where + '/'}: image {inside.index(file) + 1} in "
-            "name order (names of private files are not shown)")
+    return (f"{folder}/{'' if where == '.' else where + '/'}: an image (names and places of "
+            "private files are not shown)")
 
 
 def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = None,
@@ -379,9 +384,9 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
     """Images ``float32 [n, C, H, W]`` in [0, 1], their class names (if ``need_labels``), and
     the colour mode and size (W, H) used. ``mode`` (``L`` or ``RGB``) and ``size`` default to
     those of the folder: grey if every image is, and the first image's size; every image is
-    converted and resized to them (bilinear). Errors about a ``private`` folder's image say
-    where it is in its class folder's name order, not its name (private data, design.md's
-    privacy rule 2)."""
+    converted and resized to them (bilinear). Errors about a ``private`` folder's image name
+    its class folder only, not the image nor its place (private data, design.md's privacy
+    rule 2)."""
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
@@ -400,14 +405,14 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
                 im.load()
                 images.append(_eight_bit(im))
         except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
-            where = _private_position(p, f) if private else str(f)
+            where = _private_place(p, f) if private else str(f)
             raise UserError(f"{where}: unreadable image ({exc.__class__.__name__})") from None
     if mode is None:
         mode = "L" if all(im.mode in ("1", "L", "I;16", "I") for im in images) else "RGB"
     if size is None:
         size = images[0].size
     channels = 1 if mode == "L" else 3
-    _check_memory(p, len(images), channels, size)
+    _check_memory(p, len(images), channels, size, private)
     x = np.empty((len(images), channels, size[1], size[0]), np.float32)  # filled in place:
     for i, im in enumerate(images):  # the array once, not a list, a stack and a copy
         pixels = np.asarray(im.convert(mode).resize(size, Image.BILINEAR), np.float32)

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from pate.cli.main import main
+from pate.data.files import read_image_folder
 from pate.data.task import DataFiles, Task, load_task, unused_setting_problem
 from pate.errors import UserError
 
@@ -335,14 +336,12 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
     (tmp_path / "private" / "loose.png").unlink()
     (tmp_path / "private" / "dark" / "patient-jones.png").write_bytes(b"not a png")
     (tmp_path / "private" / "dark" / "notes-on-jones.txt").write_text("x")
-    dark = sorted(p.name for p in (tmp_path / "private" / "dark").glob("*.png"))
     with pytest.warns(UserWarning) as warned, pytest.raises(UserError) as info:
         load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
                             classes=("bright", "dark")), need_private=True)
-    assert str(info.value) == (
-        f"{tmp_path / 'private'}/dark/: image {dark.index('patient-jones.png') + 1} in name "
-        "order (names of private files are not shown): unreadable image "
-        "(UnidentifiedImageError)")
+    assert str(info.value) == (  # nor its place: the last one's is the class's count
+        f"{tmp_path / 'private'}/dark/: an image (names and places of private files are not "
+        "shown): unreadable image (UnidentifiedImageError)")
     assert [str(w.message) for w in warned] == [  # nor how many images a private class holds
         f"{tmp_path / 'private'}: entries skipped, not .png/.jpg/.jpeg images one level down "
         "(their number and names are private data, not shown)"]
@@ -369,6 +368,10 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
                                         r"1490\.1 GiB as float32, more than the [0-9.]+ GiB"):
         load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
                             image_size=(100000, 100000)), need_private=True)
+    # the private folder's says neither its count nor the memory (which would tell it)
+    with pytest.raises(UserError, match=r"private: its images need more memory as float32 "
+                                        r"than the [0-9.]+ GiB of memory available"):
+        read_image_folder(tmp_path / "private", True, size=(100000, 100000), private=True)
 
 
 def test_the_students_data_is_the_teachers_pool_wherever_its_files_lie(
