@@ -7,7 +7,9 @@ The rows are shuffled with numpy's generator seeded by ``--seed`` and cut in the
 with Python's ``csv`` module, leading and trailing spaces removed (UCI's ``adult.data`` separates
 its fields with ", " and ends its header with a space), blank lines dropped, and written back as
 plain CSV with the header row in every part; the values themselves (``?`` for a missing one
-included) are kept as they are. Nothing is fetched: the input is a local file.
+included) are kept as they are. Every part is written whole or not at all (a temporary file,
+then renamed) and readable by its owner only (0600): all of them are rows of the private table
+until you decide to publish one. Nothing is fetched: the input is a local file.
 
     python scripts/split_csv.py adult.csv --out DIR [--fractions 0.83 0.09 0.08] \
         [--names private public test] [--seed 0]
@@ -17,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import itertools
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from pate.io import write_bytes_atomic
 
 
 def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -81,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, part in zip(args.names, parts, strict=True):
         path = args.out / f"{name}.csv"
-        with path.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(part)
+        text = io.StringIO(newline="")
+        writer = csv.writer(text)
+        writer.writerow(header)
+        writer.writerows(part)
+        write_bytes_atomic(path, text.getvalue().encode(), private=True)
         print(f"{path}: {len(part)} rows")
     return 0
 
