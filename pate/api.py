@@ -17,6 +17,11 @@ images are scaled to [0, 1].
 
 Privacy: the votes, the ledger and the private arrays stay private; publish the student and
 the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
+
+Errors: every error raised on purpose is a :class:`pate.errors.PateError` with a one-line
+message: ``UserError`` for input you can fix, ``BudgetExhausted`` where the budget cannot cover
+a request (nothing was asked or spent), ``LedgerError`` where the ledger cannot be opened or
+trusted (nothing released). Catch ``PateError`` for all of them.
 """
 
 from __future__ import annotations
