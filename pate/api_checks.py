@@ -108,13 +108,21 @@ def data_kind(x: NDArray[np.float32], augment: str = "none") -> str:
 
 
 def checked_labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
-    """Class indices in [0, n_classes), one per row (the label set is the caller's, public)."""
+    """Class indices in [0, n_classes), one per row (the label set is the caller's, public).
+    The message says which rule failed, not a label's value (``y`` may be private)."""
     a = np.asarray(y)
-    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) or a.size == 0 or \
-            a.min() < 0 or a.max() >= n_classes:
-        raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row "
-                        "(map names to indices first)")
-    return a.astype(np.int64)
+    if a.ndim != 1 or a.size == 0:
+        got = f"shape {list(a.shape)}"
+    elif not np.issubdtype(a.dtype, np.integer):
+        got = f"{a.dtype} values" + (" (names?)" if a.dtype.kind in "USO" else "")
+    elif a.min() < 0:
+        got = "a negative index"
+    elif a.max() >= n_classes:
+        got = f"an index of {n_classes} or more (labels counted from 1, or too few classes?)"
+    else:
+        return a.astype(np.int64)
+    raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row (map "
+                    f"names to indices first): got {got}")
 
 
 def checked_network(value: object, name: str) -> str | None:

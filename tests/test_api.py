@@ -321,8 +321,11 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
             scripted.save(tmp_path / "scripted")
     finally:
         del sys.modules["__main__"].pate_test_factory
-    with pytest.raises(UserError, match="integer class indices"):
-        Teachers(3, 2).fit(x, np.where(y == 1, "yes", "no"))
+    for labels, got in ((np.where(y == 1, "yes", "no"), r"<U3 values \(names\?\)"),
+                        (y + 1, "an index of 2 or more"), (y - 1, "a negative index"),
+                        (y[:, None], r"shape \[300, 1\]"), (y.astype(float), "float64 values")):
+        with pytest.raises(UserError, match=f"integer class indices .*: got {got}"):
+            Teachers(3, 2).fit(x, labels)
     with pytest.raises(UserError, match="x must be numbers"):
         Teachers(3, 2).fit([["a"] * 6] * 300, y)
 
