@@ -72,7 +72,9 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
                         ) from None
     for part in attr.split("."):
         if not hasattr(found, part):
-            raise UserError(f"{what} {name!r}: {module_name} has no attribute {attr}")
+            hint = (" (a factory of a running script: define it in this script too, or in a "
+                    "module of its own)" if module_name == "__main__" else "")
+            raise UserError(f"{what} {name!r}: {module_name} has no attribute {attr}{hint}")
         found = getattr(found, part)
     if not callable(found):
         raise UserError(f"{what} {name!r}: {attr} is not callable")

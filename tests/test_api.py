@@ -321,6 +321,9 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
             scripted.save(tmp_path / "scripted")
     finally:
         del sys.modules["__main__"].pate_test_factory
+    with pytest.raises(UserError, match="no attribute pate_test_factory \\(a factory of a "
+                                        "running script: define it in this script too"):
+        load_student(tmp_path / "scripted")  # loaded where that script is not running
     for labels, got in ((np.where(y == 1, "yes", "no"), r"<U3 values \(names\?\)"),
                         (y + 1, "an index of 2 or more"), (y - 1, "a negative index"),
                         (y[:, None], r"shape \[300, 1\]"), (y.astype(float), "float64 values")):
