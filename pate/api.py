@@ -302,6 +302,11 @@ class PrivateLabels:
             private_records = teachers.private_records_
         if private_records is not None:
             private_records = checked_integer("private_records", private_records, 1)
+        elif not allow_large_delta:
+            warnings.warn("PrivateLabels: delta is not checked against the size n of the "
+                          "private data (it must be well below 1/n): give teachers= (which also "
+                          "warns of other ledgers charging the same data) or private_records=",
+                          stacklevel=2)
         check_delta(delta, private_records, allow_large_delta, "allow_large_delta=True")
         self.mechanism = mechanism
         url = ledger_url(ledger)

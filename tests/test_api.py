@@ -8,6 +8,7 @@ import re
 import runpy
 import sqlite3
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -198,8 +199,14 @@ def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> 
     with pytest.warns(UserWarning, match=r"above 1/\(10 n\)"):
         PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-3, ledger=ledger,
                       private_records=1000, allow_large_delta=True).close()
-    PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-5,
-                  ledger=tmp_path / "other.db", private_records=1000).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # n known: nothing to say
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-5,
+                      ledger=tmp_path / "other.db", private_records=1000).close()
+    # n unknown (neither teachers nor private_records): said, since nothing can be checked
+    with pytest.warns(UserWarning, match="delta is not checked against the size n"):
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-5,
+                      ledger=tmp_path / "third.db").close()
 
 
 def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
