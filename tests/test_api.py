@@ -499,3 +499,24 @@ def test_teachers_saved_and_loaded_vote_the_same_and_stay_private(tmp_path: Path
     damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
     with pytest.raises(UserError, match="missing or corrupt"):
         Teachers.load(saved)
+
+
+def test_a_users_module_named_as_a_layer_is_one_clear_error(tmp_path: Path) -> None:
+    """A ``student.py`` (or a ``teachers`` package) in the folder Python starts from comes
+    before this project's packages of those names: ``import pate`` says so in one line, not
+    with a failure deep in another import. A folder without ``__init__.py`` shadows nothing."""
+    import subprocess
+
+    def imported(folder: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import pate.api"], cwd=folder,
+                              capture_output=True, text=True, timeout=120)
+
+    (tmp_path / "student.py").write_text("raise SystemExit('a user script, run on import')\n")
+    proc = imported(tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ImportError: pate: the package 'student' installed beside pate is shadowed by "
+        f"{tmp_path / 'student.py'}: rename that, or work from another folder")
+    (tmp_path / "student.py").unlink()
+    (tmp_path / "analysis").mkdir()  # a plain folder of the user's: no package
+    assert imported(tmp_path).returncode == 0
