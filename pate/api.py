@@ -350,6 +350,7 @@ class PrivateLabels:
         if exhausted and not len(got):
             raise BudgetExhausted("the privacy budget does not cover even one more query: "
                                   f"nothing was asked or spent ({BUDGET_SPENT_HINT})")
+        got = replace(got, pool_size=len(self.pool.votes))  # Student.fit checks its pool
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])
@@ -463,8 +464,8 @@ class Student:
             label: str = "label") -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``). ``x_public`` must be the rows the votes were cast on,
-        in their order: only that it holds every row asked is checked (``pate run`` checks the
-        pool's fingerprint). Given the ``table`` encoder that made the rows, the student also
+        in their order: only its length is checked (``pate run`` checks the pool's
+        fingerprint). Given the ``table`` encoder that made the rows, the student also
         scores raw ``.csv`` files (``predict_file``, and ``pate student predict --student`` on
         its ``save``), naming its outputs ``classes`` (default ``0``, ``1``, ...) and leaving a
         file's ``label`` column out."""
@@ -476,6 +477,10 @@ class Student:
         answered = labels.answered
         if not answered.any():
             raise UserError("no answered labels to learn from")
+        if labels.pool_size is not None and labels.pool_size != len(x):
+            raise UserError(f"x_public has {len(x)} rows, the votes these labels answer were "
+                            f"cast on {labels.pool_size}: give the pool they were cast on, in "
+                            "their order")
         if labels.pool_index.max() >= len(x) or labels.label.max() >= n_classes:
             raise UserError(f"the labels are of pool rows up to {labels.pool_index.max()} and "
                             f"classes up to {labels.label.max()}: x_public has {len(x)} rows "

@@ -50,12 +50,14 @@ from student.choices import SELECTIONS
 @dataclass(frozen=True)
 class Received:
     """Answers received so far, one row per asked pool index; ``pool_fingerprint``: the pool's
-    ``Task.pool_fingerprint`` where known (public)."""
+    ``Task.pool_fingerprint`` where known (public); ``pool_size``: how many rows the votes
+    asked of hold, where known (``pate.api.PrivateLabels``'; in memory only, not saved)."""
 
     pool_index: NDArray[np.int64]
     label: NDArray[np.int64]
     branch: NDArray[np.int8]
     pool_fingerprint: str | None = None
+    pool_size: int | None = None
 
     @classmethod
     def empty(cls) -> Received:
@@ -92,11 +94,13 @@ class Received:
         if np.intersect1d(self.pool_index, other.pool_index).size:
             raise ValueError("a pool index was asked twice")
         pools = {self.pool_fingerprint, other.pool_fingerprint} - {None}
-        if len(pools) > 1:
+        sizes = {self.pool_size, other.pool_size} - {None}
+        if len(pools) > 1 or len(sizes) > 1:
             raise ValueError("answers about two different pools")
         return Received(np.concatenate([self.pool_index, other.pool_index]),
                         np.concatenate([self.label, other.label]),
-                        np.concatenate([self.branch, other.branch]), next(iter(pools), None))
+                        np.concatenate([self.branch, other.branch]), next(iter(pools), None),
+                        next(iter(sizes), None))
 
     def __len__(self) -> int:
         return int(self.pool_index.size)
@@ -104,12 +108,12 @@ class Received:
     def first(self, n: int) -> Received:
         """The first ``n`` rows asked (a prefix in asking order)."""
         return Received(self.pool_index[:n], self.label[:n], self.branch[:n],
-                        self.pool_fingerprint)
+                        self.pool_fingerprint, self.pool_size)
 
     def since(self, n: int) -> Received:
         """The rows asked after the first ``n``."""
         return Received(self.pool_index[n:], self.label[n:], self.branch[n:],
-                        self.pool_fingerprint)
+                        self.pool_fingerprint, self.pool_size)
 
     @property
     def answered(self) -> NDArray[np.bool_]:

@@ -237,6 +237,10 @@ def test_bad_input_is_one_user_error_and_costs_nothing(tmp_path: Path) -> None:
     student = Student("supervised", arch="mlp", epochs=1)
     for call, message in ((lambda: student.fit(x, got.label, 3), "what PrivateLabels.ask"),
                           (lambda: student.fit(x[:5], got, 3), "x_public has 5 rows"),
+                          # another array than the pool (the test rows, say): its length
+                          (lambda: student.fit(np.vstack([x, x]), got, 3),
+                           "x_public has 80 rows, the votes these labels answer were cast on "
+                           "40"),
                           (lambda: student.fit(np.where(x > 1, np.nan, x), got, 3), "NaN"),
                           (lambda: student.fit(x[:0], got, 3), "n >= 1")):
         with pytest.raises(UserError, match=message):
