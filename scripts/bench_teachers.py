@@ -3,8 +3,9 @@
 Cases (one JSON object per case on stdout, also written to results/bench_teachers/CASE.json):
   one_at_a_time    plain modules, one teacher after another (teachers.ensemble.train_one)
   vectorised       one group of --group teachers in this process (teachers.ensemble.train_group)
-  ray_1, ray_2     the first --ray-teachers teachers through teachers.distributed on a local
-                   Ray with 1 and 2 workers (shards of --group)
+  driver_1         the first --ray-teachers teachers through teachers.distributed (what
+                   pate teachers train runs) with 1 worker: in this process, without Ray
+  driver_2         the same with 2 workers: on a local Ray (shards of --group)
   votes            ensemble inference: votes per second for an ensemble of all --teachers
                    (the trained group's parameters repeated, or the teachers of --run)
 Each training case reports teachers per second, the mean accuracy of its teachers on the
@@ -66,7 +67,7 @@ def main() -> None:
     ap.add_argument("--run", type=Path, help="a trained run whose ensemble votes (votes case)")
     ap.add_argument("--vote-rows", type=int, default=1000, help="pool rows voted on")
     ap.add_argument("--cases", nargs="+",
-                    default=["one_at_a_time", "vectorised", "ray_1", "ray_2", "votes"])
+                    default=["one_at_a_time", "vectorised", "driver_1", "driver_2", "votes"])
     args = ap.parse_args()
 
     cfg = TrainConfig(model=args.model, epochs=args.epochs, mixup=args.mixup)
@@ -120,9 +121,9 @@ def main() -> None:
              teachers_per_second=args.group / dt, **scores(ensemble([group_params])), **common)
 
     for workers in (1, 2):
-        if f"ray_{workers}" not in args.cases:
+        if f"driver_{workers}" not in args.cases:
             continue
-        # imported for the Ray cases only: a GPU machine without Ray runs the others
+        # imported for the driver cases only: a GPU machine without Ray runs the others
         from teachers.distributed import Cluster, TrainJob, train_teachers
 
         job = TrainJob("fashion-mnist", args.teachers, args.group, cfg)
@@ -133,9 +134,10 @@ def main() -> None:
             dt = time.perf_counter() - t0
             ens = load_ensemble_partial(Path(tmp), job, ds.train_x.shape[1:], args.device)
             found = scores(ens)
-        emit(f"ray_{workers}", teachers=ens.num_teachers, workers=workers,
+        emit(f"driver_{workers}", teachers=ens.num_teachers, workers=workers,
              seconds=round(dt, 2), teachers_per_second=ens.num_teachers / dt, **found,
-             note="wall time includes starting Ray", **common)
+             note="in this process, no Ray" if workers == 1 else
+             "wall time includes starting Ray", **common)
 
     if "votes" in args.cases:
         if args.run is not None:
