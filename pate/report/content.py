@@ -66,6 +66,8 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
                     "label_accuracy": label_accuracy,
                     "epsilon_data_independent": (prefix_epsilon(data, int(labels.size))
                                                  if labels.size else None),
+                    "epsilon_every_answered": (prefix_epsilon(data, int(labels.size), True)
+                                               if labels.size else None),
                     "per_round": [{"mechanism": s.mechanism.name, "asked": int(s.labels.size),
                                    "answered": int((s.labels >= 0).sum())}
                                   for s in data.segments]},
@@ -90,17 +92,20 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
     return report, figures
 
 
-def prefix_epsilon(data: RunData, count: int) -> float:
+def prefix_epsilon(data: RunData, count: int, every_answered: bool = False) -> float:
     """Data-independent epsilon, at the run's delta, of the first ``count`` queries asked (rounds
     in order) as realised: ``analysis.costs.realised_rdp_independent`` of each round's asked
-    count and count of the teachers' answers, as the ledger charged them. It is a function of
-    public counts only, so free to publish."""
+    count and count of the teachers' answers, as the ledger charged them; or, with
+    ``every_answered``, as if the teachers had answered every one (the worst case, which rests
+    on nothing the votes decided: docs/privacy-math.md §12). A function of public counts only,
+    so free to publish."""
     orders = default_orders()
     total, left = np.zeros_like(orders), count
     for s in data.segments:
         by_teachers = s.by_teachers[:left]
-        total = total + realised_rdp_independent(s.mechanism, by_teachers.size,
-                                                 int(by_teachers.sum()), orders)
+        answered = by_teachers.size if every_answered else int(by_teachers.sum())
+        total = total + realised_rdp_independent(s.mechanism, by_teachers.size, answered,
+                                                 orders)
         left -= by_teachers.size
     return epsilon_from_rdp(total, orders, data.delta, warn_at_edge=False)[0]
 
@@ -146,6 +151,7 @@ def summary_table(report: dict[str, Any]) -> list[dict[str, Any]]:
             "student": _student_name(report["student"] or {}),
             "queries_answered": report["queries"]["answered"],
             "epsilon_data_independent": report["queries"]["epsilon_data_independent"],
+            "epsilon_every_answered": report["queries"].get("epsilon_every_answered"),
             "epsilon_data_independent_expected": privacy["data_independent"]["epsilon"],
             "epsilon_data_dependent": privacy["data_dependent"]["epsilon"],
             "epsilon_smooth_sensitivity": student_eps.get("data_dependent_sanitised"),

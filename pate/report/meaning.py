@@ -18,7 +18,8 @@ from analysis.interpretation import (
 # al., "Membership Inference Attacks From First Principles", IEEE S&P 2022, argue for low rates).
 FALSE_POSITIVE_RATE = 0.01
 _PUBLISHABLE = (("epsilon_smooth_sensitivity", "sanitised, released"),
-                ("epsilon_data_independent", "data-independent"))
+                ("epsilon_data_independent", "data-independent"),
+                ("epsilon_every_answered", "data-independent, every query answered"))
 
 
 def epsilon_meaning(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,8 +74,11 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
         "multiplies the chance of any outcome</th><th>best accuracy of a guess whether one "
         "record was in the data (even odds; 50 % is chance)</th><th>best share of members "
         f"caught at {fpr} false alarms</th></tr></thead><tbody>{rows}</tbody></table>"
-        f"{weak}<p>The data-independent ε holds whatever the votes were, but covers the "
-        "answers alone. The sanitised ε covers the answers and its own release, and is smaller "
+        f"{weak}<p>The data-independent ε charges the answering step only where the threshold "
+        "let a query through, as PATE 2018 and the ledger do; with every query answered it "
+        "rests on nothing the votes or the noise decided, for the answers alone (the strictest "
+        "reading, docs/privacy-math.md §12). The sanitised ε covers the answers and its own "
+        "release, and is smaller "
         "when the teachers agree; it carries noise, to which two of its standard deviations "
         "are added, so that it bounds the exact data-dependent ε with probability 97.7 % (one "
         "draw can sit well above it). <code>pate run</code> releases it in "

@@ -29,6 +29,7 @@ def format_value(value: Any) -> str:
 TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("queries_answered", "Queries answered"),
                  ("epsilon_data_independent", "ε data-independent"),
+                 ("epsilon_every_answered", "ε data-independent, every query answered"),
                  ("epsilon_data_independent_expected", "ε data-independent, expected (private)"),
                  ("epsilon_data_dependent", "ε data-dependent, expected (private)"),
                  ("epsilon_smooth_sensitivity", "ε sanitised (smooth sensitivity), released"),

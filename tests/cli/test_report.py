@@ -100,6 +100,12 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
         int((made["labels"] >= 0).sum()), orders), orders, a.delta)[0]
     assert row["epsilon_data_independent"] == pytest.approx(realised, rel=1e-12)
     assert row["epsilon_data_independent"] != row["epsilon_data_independent_expected"]
+    # the strictest: as if every query asked had been answered (privacy-math.md §12)
+    worst = epsilon_from_rdp(realised_rdp_independent(
+        ConfidentGNMax(a.threshold, a.sigma1, a.sigma2), made["labels"].size,
+        made["labels"].size, orders), orders, a.delta)[0]
+    assert row["epsilon_every_answered"] == pytest.approx(worst, rel=1e-12)
+    assert row["epsilon_every_answered"] > row["epsilon_data_independent"]
     # the released figure is the student's (drawn once, with noise); the analysis' is private
     assert row["epsilon_smooth_sensitivity_expected"] == \
         report["privacy"]["smooth_sensitivity"]["epsilon"]
@@ -122,7 +128,8 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") == 4
     # what the two publishable epsilons allow an attacker, at the run's delta
     meaning = {m["epsilon"]: m for m in report["epsilon_meaning"]}
-    assert set(meaning) == {"sanitised, released", "data-independent"}
+    assert set(meaning) == {"sanitised, released", "data-independent",
+                            "data-independent, every query answered"}
     released = meaning["sanitised, released"]
     assert released["value"] == 6.5 and released["delta"] == a.delta
     assert released["likelihood_factor"] == pytest.approx(math.exp(6.5))
