@@ -189,12 +189,19 @@ def bayesian_epsilon(distances: NDArray[np.float64], noise_std: float, sampling_
     2020, Theorem 2). ``ValueError`` for distances that are not finite, non-negative numbers
     ``[steps, pairs]``."""
     distances = np.asarray(distances)
-    if distances.ndim != 2 or not np.issubdtype(distances.dtype, np.number):
-        raise ValueError(f"distances must be a numeric array [steps, pairs], got shape "
-                         f"{list(distances.shape)}")
+    if (distances.ndim != 2 or not np.issubdtype(distances.dtype, np.number)
+            or 0 in distances.shape):
+        raise ValueError(f"distances must be a numeric array [steps >= 1, pairs >= 1], got "
+                         f"shape {list(distances.shape)}")
     distances = distances.astype(np.float64)
     if not np.all(np.isfinite(distances)) or np.any(distances < 0):
         raise ValueError("distances must be finite and non-negative")
     accountant = BayesianAccountant(moments, total_steps=len(distances), confidence=confidence)
-    accountant.accumulate_each(distances, noise_std, sampling_rate)
-    return accountant.epsilon_and_moment(delta)
+    fail = -np.expm1(len(distances) * np.log1p(-accountant.gamma))  # said before the work
+    if not fail < delta:
+        raise ValueError(f"at confidence {confidence:g} per step the estimate of {len(distances)} "
+                         f"steps fails with probability {fail:.3g}, not below delta={delta:g}: "
+                         "raise the confidence")
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # no noise: inf
+        accountant.accumulate_each(distances, noise_std, sampling_rate)
+        return accountant.epsilon_and_moment(delta)

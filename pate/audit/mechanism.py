@@ -87,6 +87,7 @@ ARGMAX_SPAN = 6.0      # largest gap between the top two counts, in noise scales
 THRESHOLD_SPAN = 4.0   # deepest thresholded value below T, in sigma1
 MAX_PAIRS = 20         # neighbouring pairs searched at most (the defaults' ladders are whole)
 DEFAULT_DRAWS = 1_000_000
+MAX_DRAWS = 10**10     # about 16 s per 10^6 draws on 2 cores: this is days, not a typo's years
 DEFAULT_DELTA = 1e-5
 DEFAULT_CONFIDENCE = 0.95
 # A direct noise test failing below this p-value fails the audit: spurious failures are rarer
@@ -329,8 +330,9 @@ def audit_mechanism(mechanism: Mechanism, *, draws: int = DEFAULT_DRAWS,
     """Audit ``aggregator`` (by default ``build_aggregator(mechanism)``) against the bounds of
     ``mechanism``: ``draws`` answers per histogram, half to search, half to estimate.
     ``powered``: whether the parameters let the audit catch a noise bug (module docstring)."""
-    if draws < 2 * BATCH_TEST_SIZE:
-        raise ValueError(f"draws must be >= {2 * BATCH_TEST_SIZE}, got {draws!r}")
+    if not 2 * BATCH_TEST_SIZE <= draws <= MAX_DRAWS:
+        raise ValueError(f"draws must be in [{2 * BATCH_TEST_SIZE}, {MAX_DRAWS:.0e}], got "
+                         f"{draws!r}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if not 0.0 < delta < 1.0:

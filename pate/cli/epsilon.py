@@ -95,8 +95,9 @@ def _read_npy(path: Path) -> np.ndarray:
     """The one array of a ``.npy`` file; ``UserError`` where it is not one."""
     try:
         d = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read distances from {path}: {exc}") from None
+    except (OSError, ValueError) as exc:  # numpy's own text would advise allow_pickle
+        raise UserError(f"{path}: not a readable .npy file of distances "
+                        f"({exc.__class__.__name__})") from None
     if not isinstance(d, np.ndarray):  # an .npz archive
         d.close()
         raise UserError(f"{path}: a .npy file of one array [steps, pairs] is needed, not an "

@@ -190,14 +190,30 @@ def test_cli_rejects_a_delta_below_the_failure_probability(
                  "--noise-std", "0.1", "--sampling-rate", "0.04", "--delta", "1e-6",
                  "--confidence", "0.99"])
     err = capsys.readouterr().err
-    assert code == 2 and "failure probability" in err and err.count("\n") == 1
+    assert code == 2 and "fails with probability" in err and err.count("\n") == 1
+    # a confidence so low that no delta could be covered: said before any work, no warning
+    code = main(["epsilon", "bayesian", "--distances", str(tmp_path / "d.npy"),
+                 "--noise-std", "0.1", "--sampling-rate", "0.04", "--delta", "1e-5",
+                 "--confidence", "0.5"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("pate: error: at confidence 0.5 per step the estimate of 10 "
+                                 "steps fails with probability 0.999, not below delta=1e-05: "
+                                 "raise the confidence\n")
+    # no noise to speak of: epsilon is infinite, said without numpy's warnings
+    assert main(["epsilon", "bayesian", "--distances", str(tmp_path / "d.npy"), "--noise-std",
+                 "1e-200", "--sampling-rate", "0.04", "--delta", "1e-5", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["epsilon"] == float("inf") and err == ""
 
 
 @pytest.mark.parametrize(("write", "message"), [
     (lambda p: np.savez(p / "d.npz", d=np.full((10, 4), 0.05)), "not an .npz archive"),
     (lambda p: np.save(p / "d.npy", np.full((10, 4), -0.05)), "d.npy: distances must be "
                                                               "finite and non-negative"),
-    (lambda p: np.save(p / "d.npy", np.full(10, 0.05)), "numeric array [steps, pairs]"),
+    (lambda p: np.save(p / "d.npy", np.full(10, 0.05)), "numeric array [steps >= 1, pairs"),
+    (lambda p: np.save(p / "d.npy", np.zeros((0, 10))), "got shape [0, 10]"),
+    (lambda p: (p / "d.npy").write_text("hello"), "d.npy: not a readable .npy file of "
+                                                  "distances (ValueError)"),
 ])
 def test_cli_refuses_distances_that_are_not_a_plain_array_of_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], write, message: str) -> None:

@@ -107,7 +107,8 @@ def test_cli_json(capsys: pytest.CaptureFixture) -> None:
         assert np.abs(a - b).sum() == 2 and a.sum() == b.sum()
 
 
-@pytest.mark.parametrize("args", [["--draws", "10"], ["--delta", "2"], ["--confidence", "1"]])
+@pytest.mark.parametrize("args", [["--draws", "10"], ["--draws", str(10**20)], ["--delta", "2"],
+                                  ["--confidence", "1"]])
 def test_cli_bad_input(capsys: pytest.CaptureFixture, args: list[str]) -> None:
     assert main(["audit", "mechanism", "--mechanism", "gnmax", *args]) == 2
     err = capsys.readouterr().err.strip()
