@@ -49,7 +49,7 @@ import numpy as np
 import sqlalchemy as sa
 from numpy.typing import NDArray
 
-from analysis.rdp import CONVERSIONS, Conversion, epsilon_curve
+from analysis.rdp import CONVERSIONS, Conversion, epsilon_from_rdp
 from pate.aggregation.ledger_store import (
     F64,
     I8,
@@ -116,6 +116,12 @@ def budget_basis(conversion: Conversion, delta: float) -> str:
             "refused unless its worst case fits")
 
 
+def _fresh(blob: bytes | None, queries: int) -> NDArray[np.bool_]:
+    """A request row's ``fresh`` column: which of its ``queries`` were answered afresh and
+    charged (all of them in a row written before the column existed, ``None``)."""
+    return np.ones(queries, bool) if blob is None else from_blob(blob, I8).astype(bool)
+
+
 def check_totals(reader: sa.Engine) -> None:
     """Check that a ledger's budget row equals the sum of its request rows (in commit order, as
     they were added): every answer ever recorded is covered by the totals. ``LedgerError``
@@ -134,8 +140,7 @@ def check_totals(reader: sa.Engine) -> None:
                       requests_table.c.rdp_dependent).order_by(requests_table.c.seq))
         for row in rows:
             labels = from_blob(row.labels, I32)
-            fresh = (np.ones(labels.size, bool) if row.fresh is None
-                     else from_blob(row.fresh, I8).astype(bool))
+            fresh = _fresh(row.fresh, labels.size)
             if (labels.size != row.queries or fresh.size != labels.size
                     or np.count_nonzero(labels[fresh] >= 0) != row.answered):
                 raise LedgerError("the ledger is inconsistent: a request's answers do not "
@@ -363,8 +368,7 @@ class Ledger:
         process or another); called inside the write transaction, under the lock."""
         for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
             if row.indices is not None and row.pool is not None:  # not inputs, nor schema 2
-                fresh = (np.ones(len(row.labels) // I32.itemsize, bool) if row.fresh is None
-                         else from_blob(row.fresh, I8).astype(bool))
+                fresh = _fresh(row.fresh, len(row.labels) // I32.itemsize)
                 self._releases.setdefault((row.mechanism, row.pool), _Replays()).add(
                     from_blob(row.indices, I64)[fresh], from_blob(row.labels, I32)[fresh],
                     from_blob(row.branch, I8)[fresh])
@@ -381,7 +385,8 @@ class Ledger:
         spent), minimised over the orders grid."""
         if not np.any(rdp > 0):
             return 0.0
-        return float(np.nanmin(epsilon_curve(rdp, self.orders, self.delta, self.conversion)))
+        return epsilon_from_rdp(rdp, self.orders, self.delta, self.conversion,
+                                warn_at_edge=False)[0]
 
     @contextmanager
     def sanitised_releases(self) -> Iterator[tuple[list[dict[str, Any]],
@@ -445,8 +450,7 @@ class Ledger:
     @staticmethod
     def _stored(row: Any, retried: bool) -> Stored:
         labels = from_blob(row.labels, I32).astype(np.int64)
-        fresh = (np.ones(labels.size, bool) if row.fresh is None
-                 else from_blob(row.fresh, I8).astype(bool))
+        fresh = _fresh(row.fresh, labels.size)
         return Stored(row.request_id.partition("/")[2], row.body_digest, labels,
                       from_blob(row.branch, I8).copy(), fresh, retried)
 
