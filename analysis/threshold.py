@@ -19,6 +19,13 @@ from analysis.gaussian import (
 from analysis.logmath import log1mexp
 
 
+def student_baseline(votes: ArrayLike, probs: ArrayLike) -> NDArray[np.float64]:
+    """Interactive-GNMax's baseline N p_j (PATE 2018, Alg. 2): each query's number of teachers
+    N (its row sum) times the class probabilities ``probs`` the student sent for it."""
+    v = np.atleast_2d(np.asarray(votes, np.float64))
+    return v.sum(axis=1, keepdims=True) * np.asarray(probs, np.float64)
+
+
 def threshold_inputs(votes: ArrayLike, baseline: ArrayLike | None = None) -> NDArray[np.float64]:
     """What the step thresholds, per query: max_j (n_j - baseline_j), rounded to an integer as the
     published analysis does (so Interactive's fractional values have a finite sensitivity table)."""

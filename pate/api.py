@@ -40,6 +40,7 @@ from numpy.typing import ArrayLike, NDArray
 from analysis.costs import realised_rdp_independent, steps, worst_case_queries
 from analysis.mechanisms import MECHANISMS, Mechanism, ParameterError, mechanism_to_dict
 from analysis.rdp import Conversion
+from analysis.threshold import student_baseline
 from analysis.votes_analysis import (
     EarlierRelease,
     PrivacyAnalysis,
@@ -395,7 +396,7 @@ class PrivateLabels:
         def analyse(earlier: list[EarlierRelease]) -> PrivacyAnalysis:  # only for a new release
             votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
             baseline = (None if not self._probs
-                        else votes[0].sum() * np.concatenate(self._probs))
+                        else student_baseline(votes, np.concatenate(self._probs)))
             return analyze_segments([QuerySegment(votes, self.mechanism, baseline)],
                                     budget.delta, conversion=self.ledger.conversion,
                                     earlier=earlier)

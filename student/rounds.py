@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from analysis.costs import steps
 from analysis.mechanisms import Mechanism, mechanism_from_dict
+from analysis.threshold import student_baseline
 from analysis.votes_analysis import (
     EarlierRelease,
     PrivacyAnalysis,
@@ -312,7 +313,7 @@ def round_segments(rounds: list[dict], received: Received,
     segments = []
     for mechanism, index, probs in asked:
         votes = votes_of(index)
-        baseline = None if probs is None else float(votes[0].sum()) * probs
+        baseline = None if probs is None else student_baseline(votes, probs)
         segments.append(QuerySegment(votes, mechanism, baseline))
     return segments
 

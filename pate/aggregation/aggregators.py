@@ -33,6 +33,7 @@ from analysis.costs import (
 )
 from analysis.mechanisms import Mechanism
 from analysis.orders import as_orders
+from analysis.threshold import student_baseline
 
 # Distinct threshold-step inputs whose data-dependent cost is memoised (2N + 1 at most for N
 # teachers; beyond the limit costs are computed afresh).
@@ -265,7 +266,7 @@ class Aggregator:
         select, gamma = self.steps.select, self.steps.student_gamma
         assert select is not None
         n = v.shape[0]
-        baseline = None if probs is None else v.sum(axis=1, keepdims=True) * probs
+        baseline = None if probs is None else student_baseline(v, probs)
         shifted = v if baseline is None else v - baseline
         step_noise = self.noise(select, (n,))
         passed = shifted.max(axis=1) + step_noise >= select.threshold

@@ -62,6 +62,7 @@ from analysis.mechanisms import (
 )
 from analysis.orders import default_orders
 from analysis.rdp import Conversion, epsilon_from_rdp
+from analysis.threshold import student_baseline
 from pate.aggregation.aggregators import Aggregator, Answers
 
 DEFAULT_MECHANISMS: dict[str, Mechanism] = {
@@ -126,7 +127,7 @@ class Ladder:
         """N p_j per rung, what Interactive's threshold step subtracts."""
         if self.student_probs is None:
             return None
-        return self.histograms.sum(axis=1, keepdims=True) * self.student_probs[None, :]
+        return student_baseline(self.histograms, self.student_probs[None, :])
 
 
 def ladder(mechanism: Mechanism, num_teachers: int = NUM_TEACHERS,
