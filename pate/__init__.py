@@ -20,10 +20,12 @@ def _check_siblings() -> None:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin is None:  # a namespace: ours is found through it
             continue
-        if spec is None or Path(spec.origin).resolve().parent.parent != home:
+        if spec is None:
+            raise ImportError(f"pate: the package {name!r} is not installed beside pate: "
+                              "reinstall the project")
+        if Path(spec.origin).resolve().parent.parent != home:
             raise ImportError(f"pate: the package {name!r} installed beside pate is shadowed by "
-                              f"{spec.origin if spec else 'nothing'}: rename that, or work from "
-                              "another folder")
+                              f"{spec.origin}: rename that, or work from another folder")
 
 
 _check_siblings()

@@ -465,11 +465,12 @@ class Student:
             label: str = "label") -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``). ``x_public`` must be the rows the votes were cast on,
-        in their order: only its length is checked (``pate run`` checks the pool's
-        fingerprint). Given the ``table`` encoder that made the rows, the student also
-        scores raw ``.csv`` files (``predict_file``, and ``pate student predict --student`` on
-        its ``save``), naming its outputs ``classes`` (default ``0``, ``1``, ...) and leaving a
-        file's ``label`` column out."""
+        in their order: only its length is checked, against the votes of the
+        ``PrivateLabels`` that asked (``pate run`` checks the pool's fingerprint). Given the
+        ``table`` encoder that made the rows, the student also scores raw ``.csv`` files
+        (``predict_file``, and ``pate student predict --student`` on its ``save``), naming its
+        outputs ``classes`` (default ``0``, ``1``, ...) and leaving a file's ``label`` column
+        out."""
         x = checked_rows(x_public)
         kind = data_kind(x, self.fit_config.augment)
         n_classes = checked_integer("n_classes", n_classes, 2)

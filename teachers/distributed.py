@@ -347,6 +347,7 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         # network that trains one teacher at a time.
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
         shards_todo = [(i, shards[i]) for i in todo]
+        manifest["done"] = False  # until every shard is back (a resume of a damaged run)
         if cluster.in_process:
             checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
             encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
@@ -422,8 +423,10 @@ def _run_here(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int
               data: Task, part: Partition, device: str,
               encoder: dict[str, np.ndarray] | None) -> None:
     """Train the shards ``todo`` one after the other in this process (``Cluster.in_process``),
-    on torch's threads as they are; checkpoint each as it is done. A failure stops the run
-    with the shards before it saved, as a shard that failed its Ray retries would."""
+    on torch's threads as they are; checkpoint each as it is done. A shard that fails (a
+    user's network, the device's memory) stops the run with one ``UserError`` naming only its
+    error's class, the shards before it saved, as a shard that failed on Ray would; an
+    interruption (Ctrl-C) goes through as it is."""
     from teachers.ensemble import train_group
 
     x, y, enc = _on_device(data.private_x, data.private_y, encoder, device)
@@ -431,9 +434,16 @@ def _run_here(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int
     with progress_bar("training teachers", total, "teacher-epoch", every=10.0) as bar:
         for i, teachers in todo:
             t0 = time.time()
-            params = train_group(job.train, x, y, data.num_classes,
-                                 np.arange(teachers.start, teachers.stop),
-                                 part.parts(teachers), manifest["min_size"], enc, bar.update)
+            try:
+                params = train_group(job.train, x, y, data.num_classes,
+                                     np.arange(teachers.start, teachers.stop),
+                                     part.parts(teachers), manifest["min_size"], enc, bar.update)
+            except UserError:
+                raise
+            except Exception as exc:  # whatever a user's network or the device raises
+                raise UserError(f"shard {i} failed ({type(exc).__name__}); the shards before "
+                                "it are saved - rerun the same command to train only the "
+                                "missing ones") from None
             _record_shard(run_dir, manifest, i, teachers,
                           {k: v.numpy() for k, v in params.items()}, t0)
 

@@ -97,10 +97,10 @@ def _check_field_counts(path: Path, raw: bytes) -> None:
     data = np.frombuffer(raw, np.uint8)
     if not len(data):
         return
+    data = _line_feeds_only(path, data)
     if (data == ord('"')).any():
         _check_quoted_rows(path, raw)
         return
-    data = _line_feeds_only(path, data)
     ends = np.flatnonzero(data == ord("\n"))
     if not len(ends) or ends[-1] != len(data) - 1:
         ends = np.append(ends, len(data))
@@ -135,21 +135,26 @@ def _check_utf8(path: Path, raw: bytes) -> None:
 
 
 def _line_feeds_only(path: Path, data: np.ndarray) -> np.ndarray:
-    """The bytes with classic Mac line ends (a carriage return alone) made line feeds, as
-    pandas reads them. A file that mixes them with line feeds is refused, by line: pandas would
-    split a line at its stray carriage return (one pasted from another file, say) and read two
-    rows, each of them wrong, without a word."""
+    """The bytes with classic Mac line ends (a carriage return alone, in a file without line
+    feeds) made line feeds, as pandas reads them. In a file of line feeds, a carriage return
+    outside quotes followed by a field's byte (not a line end, another carriage return or the
+    end of the file) is refused, by line: pandas would split the row there (one pasted from
+    another file, say) and read two rows, each of them wrong, without a word."""
     carriage = data == ord("\r")
-    alone = carriage & np.append(data[1:] != ord("\n"), True)
-    if not alone.any():
+    if not carriage.any():
         return data
     feeds = data == ord("\n")
-    if feeds.any():
-        line = int(feeds[:int(np.argmax(alone))].sum()) + 1
+    if not feeds.any():
+        return np.where(carriage, np.uint8(ord("\n")), data)
+    following = np.append(data[1:], np.uint8(ord("\n")))  # the end of the file ends a line
+    quoted = np.cumsum(data == ord('"')) % 2 == 1  # inside a quoted value (parity of quotes)
+    stray = carriage & ~quoted & (following != ord("\n")) & (following != ord("\r"))
+    if stray.any():
+        line = int(feeds[:int(np.argmax(stray))].sum()) + 1
         raise UserError(f"{path}: line {line} holds a carriage return that ends no line (a "
                         "file of mixed line ends: it would be read as two rows); save it with "
                         "one kind of line end")
-    return np.where(carriage, np.uint8(ord("\n")), data)
+    return data
 
 
 def _check_quoted_rows(path: Path, raw: bytes) -> None:

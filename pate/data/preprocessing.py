@@ -173,8 +173,9 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
             raise UserError(f"{what}: integer pixels must lie in [0, {pixel_max:g}] for this "
                             "data (give floats in [0, 1] otherwise)")
         x = x / pixel_max
-    elif (np.issubdtype(x.dtype, np.floating) and x.ndim > 2 and x.size
-          and np.nanmax(x) > 1 and bool(np.all(np.mod(x[np.isfinite(x)], 1) == 0))):
+    elif (np.issubdtype(x.dtype, np.floating) and x.ndim > 2
+          and (finite := x[np.isfinite(x)]).size and finite.max() > 1
+          and bool(np.all(np.mod(finite, 1) == 0))):
         raise UserError(f"{what}: its pixels are whole numbers above 1 stored as floats, as "
                         "integer pixels are: give them as integers (uint8, scaled to [0, 1] "
                         "here) or as floats in [0, 1]")

@@ -17,9 +17,11 @@ from analysis.interpretation import (
 # The false-positive rate at which the report states the best true-positive rate (Carlini et
 # al., "Membership Inference Attacks From First Principles", IEEE S&P 2022, argue for low rates).
 FALSE_POSITIVE_RATE = 0.01
+# In the order of preference for the figure to quote: the sanitised one where released (PATE
+# 2018's analysis), else the one that rests on the least (docs/privacy-math.md §12).
 _PUBLISHABLE = (("epsilon_smooth_sensitivity", "sanitised, released"),
-                ("epsilon_data_independent", "data-independent"),
-                ("epsilon_every_answered", "data-independent, every query answered"))
+                ("epsilon_every_answered", "data-independent, every query answered"),
+                ("epsilon_data_independent", "data-independent"))
 
 
 def epsilon_meaning(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -49,8 +51,8 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
     if not meaning:
         return "<p>No publishable epsilon yet: the student has asked nothing.</p>"
     delta = meaning[0]["delta"]
-    # the guarantee: the sanitised epsilon where one was released (it covers everything
-    # published), else the data-independent one
+    # the figure to quote: the sanitised epsilon where one was released (it covers everything
+    # published), else the data-independent one of every query answered (_PUBLISHABLE's order)
     held = meaning[0]
     weak = ("" if held["membership_accuracy"] < 0.99 else
             f'<p class="note">At ε = {held["value"]:.3g} the guarantee rules out almost no '
@@ -74,17 +76,17 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
         "multiplies the chance of any outcome</th><th>best accuracy of a guess whether one "
         "record was in the data (even odds; 50 % is chance)</th><th>best share of members "
         f"caught at {fpr} false alarms</th></tr></thead><tbody>{rows}</tbody></table>"
-        f"{weak}<p>The data-independent ε charges the answering step only where the threshold "
-        "let a query through, as PATE 2018 and the ledger do; with every query answered it "
-        "rests on nothing the votes or the noise decided, for the answers alone (the strictest "
-        "reading, docs/privacy-math.md §12). The sanitised ε covers the answers and its own "
-        "release, and is smaller "
-        "when the teachers agree; it carries noise, to which two of its standard deviations "
-        "are added, so that it bounds the exact data-dependent ε with probability 97.7 % (one "
-        "draw can sit well above it). <code>pate run</code> releases it in "
+        f"{weak}<p>The data-independent ε with every query answered rests on nothing the "
+        "votes or the noise decided, and covers the answers alone: it is the strictest "
+        "reading. The data-independent ε charges the answering step only where the threshold "
+        "let a query through, as PATE 2018 and the ledger do: a running total, held strictly "
+        "by the ledger's budget, fixed in advance (docs/privacy-math.md §12). The sanitised ε "
+        "is PATE 2018's data-dependent analysis; it covers the answers and its own release, and "
+        "is smaller when the teachers agree; it carries noise, to which two of its standard "
+        "deviations are added, so that it bounds the analysis' figure with probability 97.7 % "
+        "(one draw can sit well above it). <code>pate run</code> releases it in "
         "<code>student/metrics.json</code>, a public file: once published, it is the figure "
-        "that covers everything published; the data-independent ε is the guarantee only where "
-        "the sanitised one never is. Real "
+        "that covers everything published. Real "
         "attacks usually reach far less than these bounds (<code>pate audit models</code> "
         "measures some). The bounds are the hypothesis-testing reading of differential privacy "
         "(Kairouz, Oh and Viswanath, ICML 2015, Theorem 2.1).</p>")

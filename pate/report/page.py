@@ -127,7 +127,8 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
     q, privacy = report["queries"], report["privacy"]
-    dataset = (report["dataset"] if report.get("classes_from") == "dataset" else
+    # a user's files by their label set's origin; unknown (the data not found now): as named
+    dataset = (report["dataset"] if report.get("classes_from") in (None, "dataset") else
                f"your own files (named after the public pool's: {report['dataset']})")
     details = [("Dataset", dataset), ("Teachers", report["teachers"]),
                ("Classes", f"{report['classes']}, from "
@@ -155,7 +156,9 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                         "are in owner-evaluation.html)"))
     if privacy and privacy["smooth_sensitivity"]:
         ss = privacy["smooth_sensitivity"]
-        if ss.get("fallback"):
+        released = ((report["student"] or {}).get("epsilon") or {}).get(
+            "data_dependent_sanitised")
+        if ss.get("fallback") and released is None:  # (an older version released fallbacks)
             details.append(("Smooth-sensitivity release", "none: the analysis's conditions "
                             "C5/C6 fail at its order, so the data-independent ε is the guarantee "
                             "(docs/privacy-math.md §5)"))

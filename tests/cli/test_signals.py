@@ -43,6 +43,7 @@ def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int
     config = tmp_path / "slow.toml"
     text = dump_config(load_config("digits-tiny"))
     text = re.sub(r"(\[teachers\][^\[]*?)epochs = \d+", r"\1epochs = 2000", text, flags=re.S)
+    assert text.count("workers = 1") == 1
     config.write_text(text.replace("workers = 1", f"workers = {workers}"))
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "pate", "run", str(config), "--run", str(run)],

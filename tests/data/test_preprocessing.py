@@ -103,16 +103,22 @@ def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_pa
                           ('code,x\n"0,1",2\n02\n03,4\n', "row 2 after the header has fewer"),
                           ('code,x\n"0\n1",2\n"say ""a,b""",3\n02\n', "row 3 after the header"
                                                                        " has fewer"),
-                          # a carriage return pasted into a line: pandas splits it there
+                          # a carriage return pasted into a line: pandas splits it there,
+                          # quotes elsewhere in the file or not
                           ("code,x\n01,2\n02,3\r,4\n", "line 3 holds a carriage return that "
-                                                      "ends no line")):
+                                                      "ends no line"),
+                          ('code,x\n"01",2\n02,3\r,4\n', "line 3 holds a carriage return")):
         (tmp_path / "ragged.csv").write_text(text)
         with pytest.raises(UserError, match=message):
             encode_new_rows(record, tmp_path / "ragged.csv")
     (tmp_path / "fine.csv").write_text('code,x\n"0,1",2\n\n02,3\n')
     assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
-    (tmp_path / "fine.csv").write_text("code,x\r01,2\r02,3\r")  # classic Mac line ends
-    assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
+    for fine in ("code,x\r01,2\r02,3\r",  # classic Mac line ends
+                 "code,x\n01,2\n02,3\r",  # a carriage return ending the file
+                 "code,x\r\r\n01,2\r\r\n02,3\r\r\n",  # CR CR LF, as some tools write
+                 'code,x\n"0\r1",2\n02,3\n'):  # one inside a quoted value
+        (tmp_path / "fine.csv").write_text(fine)
+        assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2, repr(fine)
     (tmp_path / "fine.csv").write_text("code,x\n01,\n02,3\n")  # an empty last field
     assert len(encode_new_rows(record, tmp_path / "fine.csv")[0]) == 2
     (tmp_path / "fine.csv").write_text("code,x,\n01,2,\n02,3,\n")  # a comma ending every line

@@ -79,6 +79,23 @@ NETS = textwrap.dedent('''
         raise ValueError("no such\\nshape")
 
 
+    class FailsInTraining(nn.Module):
+        """Builds and predicts, then fails once it trains (a user's bug, out of memory)."""
+
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.out = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+        steps = 0
+
+        def forward(self, x):
+            if self.training:
+                type(self).steps += 1
+                if type(self).steps > 20:  # past the checks' few calls, into training
+                    raise RuntimeError("patient 17's row")  # a message not to be shown
+            return self.out(x)
+
+
     NOT_CALLABLE = 3
 ''')
 NAME = "user_nets_teachers"
@@ -274,6 +291,25 @@ def test_a_running_ray_cannot_take_a_module_that_is_not_installed(tmp_path, ray_
     with pytest.raises(UserError, match=r"Ray is already running in this process and cannot "
                                         rf"ship the model's package .*{NAME}\.py"):
         train_teachers(tmp_path / "run", job, Cluster())
+
+
+def test_one_worker_trains_a_user_network_in_this_process(tmp_path, digits, ray_stopped):
+    """Without Ray (one local worker): an unmappable network trains one teacher at a time with
+    its one warning, and a network that fails as it trains stops the run in one line that
+    names its error's class only, the shards before it kept."""
+    job = TrainJob("digits", num_teachers=4, shard_size=2,
+                   train=TrainConfig(model=f"{NAME}:Branchy", **SETTINGS))
+    with pytest.warns(UserWarning, match="training its teachers one at a time"):
+        assert train_teachers(tmp_path / "a", job, Cluster(workers=1))["trained"] == [0, 1]
+    assert not ray.is_initialized()
+    job = TrainJob("digits", num_teachers=4, shard_size=2,
+                   train=TrainConfig(model=f"{NAME}:FailsInTraining", **SETTINGS))
+    with pytest.raises(UserError) as failed, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its branch on a value: one at a time, as Branchy
+        train_teachers(tmp_path / "b", job, Cluster(workers=1), only=[0])
+    assert _one_line(failed) == ("shard 0 failed (RuntimeError); the shards before it are "
+                                 "saved - rerun the same command to train only the missing ones")
+    assert not checkpoints.read_manifest(tmp_path / "b")["shards"]
 
 
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
