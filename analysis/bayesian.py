@@ -69,6 +69,12 @@ def upper_confidence_log_mean(log_samples: ArrayLike, failure_probability: float
     return np.logaddexp(log_mean, log_t + log_std - 0.5 * np.log(m - 1.0))
 
 
+def failure_probability(gamma: float, estimates: int) -> float:
+    """1 - (1 - gamma)^K: the probability that at least one of K independent estimates, each
+    failing with probability gamma, fails; the part of delta the estimator takes."""
+    return float(-np.expm1(estimates * np.log1p(-gamma)))
+
+
 class BayesianAccountant:
     """Accumulates the Bayesian privacy cost of DP-SGD steps (docs/privacy-math.md §7).
 
@@ -105,7 +111,7 @@ class BayesianAccountant:
     @property
     def failure_probability(self) -> float:
         """1 - (1 - gamma)^K for the K estimates so far: the part of delta the estimator takes."""
-        return float(-np.expm1(self.estimates * np.log1p(-self.gamma)))
+        return failure_probability(self.gamma, self.estimates)
 
     def step_cost(self, distances: ArrayLike, noise_std: float, sampling_rate: float,
                   steps: int = 1) -> NDArray[np.float64]:
@@ -197,7 +203,7 @@ def bayesian_epsilon(distances: NDArray[np.float64], noise_std: float, sampling_
     if not np.all(np.isfinite(distances)) or np.any(distances < 0):
         raise ValueError("distances must be finite and non-negative")
     accountant = BayesianAccountant(moments, total_steps=len(distances), confidence=confidence)
-    fail = -np.expm1(len(distances) * np.log1p(-accountant.gamma))  # said before the work
+    fail = failure_probability(accountant.gamma, len(distances))  # said before the work
     if not fail < delta:
         raise ValueError(f"at confidence {confidence:g} per step the estimate of {len(distances)} "
                          f"steps fails with probability {fail:.3g}, not below delta={delta:g}: "
