@@ -30,8 +30,9 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("queries_answered", "Queries answered"),
                  ("epsilon_data_independent", "ε data-independent"),
                  ("epsilon_every_answered", "ε data-independent, every query answered"),
-                 ("epsilon_data_independent_expected", "ε data-independent, expected (private)"),
-                 ("epsilon_data_dependent", "ε data-dependent, expected (private)"),
+                 ("epsilon_data_independent_expected",
+                  "ε data-independent, Table 2 expectation over the threshold (private)"),
+                 ("epsilon_data_dependent", "ε data-dependent, Table 2 expectation (private)"),
                  ("epsilon_smooth_sensitivity", "ε sanitised (smooth sensitivity), released"),
                  ("epsilon_smooth_sensitivity_expected", "ε sanitised, before noise (private)"),
                  ("epsilon_spent", "ε charged by the ledger"),
@@ -172,11 +173,12 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
             "private data or the votes: the columns marked private, every figure (each says "
             "so in its title), and in the Details the teachers' and their plurality's "
             "accuracies and the smooth-sensitivity release's order, β, SS and σ. Share only "
-            "the data-independent ε, the sanitised ε and the student's accuracy. The "
+            "the data-independent ε (either), the sanitised ε and the student's accuracy. The "
             "data-independent ε depends only on how many queries were asked and how many the "
-            "teachers answered, counts the student holds anyway; the columns marked expected "
-            "are PATE 2018's Table 2 analysis, expectations over which queries the threshold "
-            "lets through, and depend on the votes.</p>")
+            "teachers answered, counts the student holds anyway (with every query answered, on "
+            "the first alone); the columns marked Table 2 are PATE 2018's Table 2 analysis, "
+            "expectations over which queries the threshold lets through, and depend on the "
+            "votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("What these epsilons mean", meaning_html(report["epsilon_meaning"])),
             ("Details", f"<table>{detail_rows}</table>")]
