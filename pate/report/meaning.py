@@ -45,9 +45,24 @@ def epsilon_meaning(row: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def meaning_html(meaning: list[dict[str, Any]]) -> str:
-    """The report's section: the definition in words, one row per epsilon, which is the
-    guarantee."""
+# What each publishable figure rests on (docs/privacy-math.md §12), said beside the figure to quote.
+_RESTS_ON = {
+    "sanitised, released": "PATE 2018's data-dependent analysis, its noise drawn once",
+    "data-independent, every query answered": "the fewest assumptions of the three",
+    "data-independent": "the answers as the ledger charged them"}
+
+
+def _percent(share: float) -> str:
+    """A share as a percentage that does not round a near-certainty up to 100 %."""
+    pct = 100 * share
+    return f"{pct:.1f} %" if pct < 99.9 else f"{min(pct, 99.9999):.4g} %"
+
+
+def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
+                 charged: float | None = None) -> str:
+    """The report's section: the definition in words, one row per epsilon, the figure to
+    quote and what it rests on; where that figure is above the ``budget``, why, with what the
+    ledger ``charged``."""
     if not meaning:
         return "<p>No publishable epsilon yet: the student has asked nothing.</p>"
     delta = meaning[0]["delta"]
@@ -56,35 +71,49 @@ def meaning_html(meaning: list[dict[str, Any]]) -> str:
     held = meaning[0]
     weak = ("" if held["membership_accuracy"] < 0.99 else
             f'<p class="note">At ε = {held["value"]:.3g} the guarantee rules out almost no '
-            "attack: a guess whether one record was in the data may be right "
-            f"{100 * held['membership_accuracy']:.1f} % of the time. An ε of a few units or "
+            "attack: a guess about one person's record may be right "
+            f"{_percent(held['membership_accuracy'])} of the time. An ε of a few units or "
             "less is what a meaningful guarantee needs.</p>")
+    above = ("" if budget is None or charged is None or held["value"] <= budget else
+             f'<p class="note">The figure to quote is above the budget (ε = {budget:g}), yet '
+             f"the budget was not exceeded: the ledger charged ε = {charged:.4g}, the answers' "
+             "data-independent cost as they came. The figure to quote counts more: "
+             + ("its own release and two standard deviations of its noise besides the "
+                "answers (with few teachers the sanitised ε is the larger: a run can decide "
+                "not to release it, before asking, with release_sanitised = false)."
+                if held["epsilon"] == "sanitised, released" else
+                "every query asked as if the teachers had answered it.") + "</p>")
     fpr = f"{100 * FALSE_POSITIVE_RATE:g} %"
     rows = "".join(
         f"<tr><td>{html.escape(m['epsilon'])}</td><td>{m['value']:.3g}</td>"
-        f"<td>{m['likelihood_factor']:.3g}</td><td>{100 * m['membership_accuracy']:.1f} %</td>"
-        f"<td>{100 * m['true_positive_rate']:.1f} %</td></tr>" for m in meaning)
+        f"<td>{m['likelihood_factor']:.3g}</td><td>{_percent(m['membership_accuracy'])}</td>"
+        f"<td>{_percent(m['true_positive_rate'])}</td></tr>" for m in meaning)
     return (
         f'<p><b>The figure to quote: ε = {held["value"]:.3g} at δ = {delta:g}</b> (the '
-        f"{html.escape(held['epsilon'])} ε), for everything published from this run.</p>"
-        "<p>Each ε is a guarantee about everything published from this run together (the "
-        "student, the labels it received and that ε): for any one person, having their record "
-        "in the private data or not makes anything those outputs show at most e<sup>ε</sup> "
-        f"times as likely, plus at most δ = {delta:g}. Smaller is stronger. Against an "
-        "attacker who knows every other record and how the run was made, that means:</p>"
+        f"{html.escape(held['epsilon'])} ε, resting on "
+        f"{html.escape(_RESTS_ON[held['epsilon']])}), for everything published from this run."
+        f"</p>{above}"
+        "<p>Each ε bounds, on what it rests on (below, and docs/privacy-math.md §12), "
+        "everything published from this run together (the student, the labels it received "
+        "and that ε): for any one person, changing their record in the private data makes "
+        "anything those outputs show at most e<sup>ε</sup> times as likely, plus at most "
+        f"δ = {delta:g}. (Changing, not adding or removing: the teachers' partition deals rows "
+        "by position.) Smaller is stronger. Against an attacker who knows every other record "
+        "and how the run was made, that means:</p>"
         "<table><thead><tr><th>ε</th><th>value</th><th>e<sup>ε</sup>: the most one record "
-        "multiplies the chance of any outcome</th><th>best accuracy of a guess whether one "
-        "record was in the data (even odds; 50 % is chance)</th><th>best share of members "
+        "multiplies the chance of any outcome</th><th>best accuracy of a guess which of two "
+        "records a person's is (even odds; 50 % is chance)</th><th>best share of people "
         f"caught at {fpr} false alarms</th></tr></thead><tbody>{rows}</tbody></table>"
         f"{weak}<p>The data-independent ε with every query answered rests on nothing the "
-        "votes or the noise decided, and covers the answers alone: it is the strictest "
-        "reading. The data-independent ε charges the answering step only where the threshold "
+        "votes or the noise decided, and covers the answers alone: it rests on the fewest "
+        "assumptions. The data-independent ε charges the answering step only where the threshold "
         "let a query through, as PATE 2018 and the ledger do: a running total, held strictly "
         "by the ledger's budget, fixed in advance (docs/privacy-math.md §12). The sanitised ε "
         "is PATE 2018's data-dependent analysis; it covers the answers and its own release, and "
         "is smaller when the teachers agree; it carries noise, to which two of its standard "
-        "deviations are added, so that it bounds the analysis' figure with probability 97.7 % "
-        "(one draw can sit well above it). <code>pate run</code> releases it in "
+        "deviations are added, so that it is at least the analysis' own figure with "
+        "probability 97.7 % (a draw is often well above that figure, seldom below). "
+        "<code>pate run</code> releases it in "
         "<code>student/metrics.json</code>, a public file: once published, it is the figure "
         "that covers everything published. Real "
         "attacks usually reach far less than these bounds (<code>pate audit models</code> "

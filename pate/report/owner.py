@@ -18,8 +18,10 @@ OWNER_NOTE = ('<p class="note"><b>Owner only: not for publication.</b> This page
               "model and the teachers' plurality carry no privacy guarantee, and their accuracy "
               "is a statistic of the private data. The DP-SGD models read the private data "
               "outside the run's budget: publishing one of them, or its accuracy, adds its ε "
-              "to the student's. Publish the student and its sanitised or data-independent ε; "
-              "keep this page.</p>")
+              "to the student's. DP-SGD's ε is for adding or removing a record, the "
+              "student's for changing one: the same number, not the same guarantee "
+              "(docs/privacy-math.md §12). Publish the student and the ε its report names "
+              "to quote; keep this page.</p>")
 
 def owner_link(comparison: bool, audit: bool) -> tuple[str, str]:
     """report.html's section pointing to this page (beside it, in ``report/``), saying what

@@ -164,23 +164,29 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
                             "C5/C6 fail at its order, so the data-independent ε is the guarantee "
                             "(docs/privacy-math.md §5)"))
         else:
-            details.append(("Smooth-sensitivity release (order, β, SS, σ)",
-                            ", ".join(format_value(ss[k]) for k in ("order", "beta", "value",
-                                                                      "sigma"))))
+            noise = (ss["sigma"] * ss["value"] if ss.get("sigma") and ss.get("value")
+                     else None)
+            details.append(("Smooth-sensitivity release (order, β, SS, σ_ss; the noise's "
+                            "standard deviation σ_ss · SS, in RDP)",
+                            ", ".join(format_value(v) for v in (
+                                ss["order"], ss["beta"], ss["value"], ss["sigma"], noise))))
     detail_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{format_value(v)}</td></tr>"
                           for k, v in details)
     note = ('<p class="note">This report contains private statistics, computed from the '
             "private data or the votes: the columns marked private, every figure (each says "
             "so in its title), and in the Details the teachers' and their plurality's "
             "accuracies and the smooth-sensitivity release's order, β, SS and σ. Share only "
-            "the data-independent ε (either), the sanitised ε and the student's accuracy. The "
+            "the two data-independent ε, the sanitised ε and the student's accuracy. The "
             "data-independent ε depends only on how many queries were asked and how many the "
-            "teachers answered, counts the student holds anyway (with every query answered, on "
-            "the first alone); the columns marked Table 2 are PATE 2018's Table 2 analysis, "
+            "teachers answered, counts the student holds anyway, and with every query answered "
+            "only on how many were asked; the columns marked Table 2 are PATE 2018's analysis, "
             "expectations over which queries the threshold lets through, and depend on the "
             "votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
-            ("What these epsilons mean", meaning_html(report["epsilon_meaning"])),
+            ("What these epsilons mean", meaning_html(
+                report["epsilon_meaning"],
+                ((report.get("config") or {}).get("aggregator") or {}).get("budget_epsilon"),
+                report["table"][0].get("epsilon_spent") if report["table"] else None)),
             ("Details", f"<table>{detail_rows}</table>")]
 
 

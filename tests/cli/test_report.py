@@ -142,8 +142,15 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert "rules out almost no attack" in page  # said where a guess is right 99 % of the time
     assert "probability 97.7 %" in page
     # the one figure to quote, and the budget it was spent under (public: the config's)
-    assert "<b>The figure to quote: ε = 6.5 at δ = 1e-05</b> (the sanitised, released ε)" in page
+    assert ("<b>The figure to quote: ε = 6.5 at δ = 1e-05</b> (the sanitised, released ε, "
+            "resting on PATE 2018&#x27;s data-dependent analysis") in page
     assert "ε = 1000 at δ = 1e-05, data-independent" in page
+    assert "budget was not exceeded" not in page  # 6.5 of 1000
+    # a figure to quote above the budget says why, and what the ledger charged
+    from pate.report.meaning import meaning_html
+    above = meaning_html(report["epsilon_meaning"], budget=5.0, charged=4.2)
+    assert "above the budget (ε = 5), yet the budget was not exceeded: the ledger charged " \
+           "ε = 4.2" in above and "release_sanitised = false" in above
     assert page.count("(private)</") >= 2  # the private columns; each figure says so too
     # a student that failed to train after its answers were charged: the charge is still said
     (run / "student" / "metrics.json").unlink()
