@@ -80,6 +80,11 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
     report["table"] = summary_table(report)
     report["epsilon_meaning"] = (epsilon_meaning(report["table"][0])  # the PATE row's
                                  if report["privacy"] is not None else [])
+    if report["epsilon_meaning"]:  # the figure to quote, first (meaning.py), in the row too:
+        quoted = report["epsilon_meaning"][0]  # pate run prints the row
+        report["table"][0]["epsilon_to_quote"] = quoted["value"]
+        report["epsilon_to_quote"] = {"epsilon": quoted["value"], "delta": quoted["delta"],
+                                      "figure": quoted["epsilon"]}
     figures = {
         "epsilon_vs_answered.png": figure_epsilon_vs_answered(data),
         "plurality_histogram.png": figure_plurality_histogram(data, rows, answered),

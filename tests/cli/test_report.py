@@ -146,6 +146,8 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
             "resting on PATE 2018&#x27;s data-dependent analysis") in page
     assert "ε = 1000 at δ = 1e-05, data-independent" in page
     assert "budget was not exceeded" not in page  # 6.5 of 1000
+    assert row["epsilon_to_quote"] == 6.5 and report["epsilon_to_quote"] == {
+        "epsilon": 6.5, "delta": a.delta, "figure": "sanitised, released"}
     # a figure to quote above the budget says why, and what the ledger charged
     from pate.report.meaning import meaning_html
     above = meaning_html(report["epsilon_meaning"], budget=5.0, charged=4.2)
