@@ -15,7 +15,8 @@ from pate.rundir import RunDir
 # 4: what the publishable epsilons mean (epsilon_meaning). 5: the privacy-utility curve, which
 # holds DP-SGD's accuracies, is the owner-only page's alone. 6: the number of private records
 # (the Details say what the epsilons rest on). 7: the data-independent epsilon with every query
-# answered, the figure to quote, the budget; no private file's path; no released fallback.
+# answered, the figure to quote (epsilon_to_quote), the budget; no private file's path; no
+# released fallback.
 REPORT_FORMAT = 7
 
 
