@@ -162,6 +162,17 @@ class Standardiser:
                 "std": self.std.tolist()}
 
 
+def _whole_above_one(x: NDArray[np.floating]) -> bool:
+    """Whether the finite values of ``x`` reach above 1 and are all whole numbers: integer
+    pixels stored as floats. Floats in [0, 1], the usual case, are told by their maximum alone,
+    without a copy of the array."""
+    finite = np.isfinite(x)
+    if not np.max(x, initial=-np.inf, where=finite) > 1:
+        return False
+    values = x[finite]
+    return bool(np.all(values == np.floor(values)))
+
+
 def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.float32]:
     """``.npz`` arrays as float32: integer images scaled to [0, 1] (divided by ``pixel_max``),
     ``[n, H, W]`` given a channel axis. NaN, infinite values and numbers beyond float32 are
@@ -173,9 +184,7 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
             raise UserError(f"{what}: integer pixels must lie in [0, {pixel_max:g}] for this "
                             "data (give floats in [0, 1] otherwise)")
         x = x / pixel_max
-    elif (np.issubdtype(x.dtype, np.floating) and x.ndim > 2
-          and (finite := x[np.isfinite(x)]).size and finite.max() > 1
-          and bool(np.all(np.mod(finite, 1) == 0))):
+    elif np.issubdtype(x.dtype, np.floating) and x.ndim > 2 and _whole_above_one(x):
         raise UserError(f"{what}: its pixels are whole numbers above 1 stored as floats, as "
                         "integer pixels are: give them as integers (uint8, scaled to [0, 1] "
                         "here) or as floats in [0, 1]")
