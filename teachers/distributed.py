@@ -348,15 +348,17 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
         shards_todo = [(i, shards[i]) for i in todo]
         manifest["done"] = False  # until every shard is back (a resume of a damaged run)
-        if cluster.in_process:
+        in_process = cluster.in_process
+        with (contextlib.nullcontext() if in_process
+              else _ray_session(cluster, ray_runtime_env(job.train.model))):
+            if not in_process:
+                _check_gpus(cluster)  # before a pool encoder's minutes
             checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
             encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
-            _run_here(run_dir, job, manifest, shards_todo, data, part, cluster.device, encoder)
-        else:
-            with _ray_session(cluster, ray_runtime_env(job.train.model)):
-                _check_gpus(cluster)  # before a pool encoder's minutes
-                checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
-                encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
+            if in_process:
+                _run_here(run_dir, job, manifest, shards_todo, data, part, cluster.device,
+                          encoder)
+            else:
                 _run(run_dir, job, manifest, shards_todo, data, part, cluster, encoder)
     manifest["done"] = len(manifest["shards"]) == len(shards)
     checkpoints.write_manifest(run_dir, manifest)
