@@ -251,9 +251,9 @@ def sanitised_release(bound: SmoothSensitivityBound, z: float, delta: float,
     the operating system's entropy), plus ``RELEASE_MARGIN`` standard deviations so that the
     figure bounds the exact one with probability Phi(2) = 0.977 (the published search of beta
     and sigma_ss minimises this figure's expectation), converted at ``delta``. A total of
-    smooth sensitivity 0 reads nothing it would need noise for: its epsilon; so does a fallback
-    (which ``student.sanitised`` never releases: docs/privacy-math.md §5)."""
-    if bound.fallback or bound.sigma is None or not bound.value or bound.rdp is None:
+    smooth sensitivity 0 reads nothing it would need noise for: its epsilon (a fallback, whose
+    sigma is None, is never released: ``student.sanitised``, docs/privacy-math.md §5)."""
+    if bound.sigma is None or not bound.value or bound.rdp is None:
         return bound.epsilon
     noisy = bound.rdp + bound.value * bound.sigma * (z + RELEASE_MARGIN)
     return float(epsilon_curve(max(noisy, 0.0), bound.order, delta, conversion))
