@@ -5,7 +5,7 @@ The private rows are split as ``pate teachers train`` splits them (``make_partit
 Each of the ``--teachers`` teachers gets a linear softmax per feature map, all trained at once as
 one batched tensor (full batch, Adam, ``--steps`` steps, an L2 penalty ``--weight-decay`` on the
 weights), on HOG features (``teachers.hog``) and on scattering features
-(``student.scattering``: order 2, J = 2, L = 8, each group of three maps normalised by the
+(``teachers.scattering``: order 2, J = 2, L = 8, each group of three maps normalised by the
 example itself). A teacher of the pair votes with the mean of its two experts' probabilities,
 as ``teachers.models.Experts`` does. For each it prints the teachers' mean accuracy on the
 evaluation half and their plurality's accuracy there and on the pool, one JSON line each,
@@ -29,9 +29,9 @@ from bench_common import emit
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.task import load_task
-from student.scattering import Scattering
 from teachers.hog import hog_features
 from teachers.partition import make_partition
+from teachers.scattering import Scattering
 
 
 def features(fixed: torch.nn.Module | None, x: np.ndarray, batch: int = 2000) -> torch.Tensor:

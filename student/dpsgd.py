@@ -16,7 +16,7 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
   with tanh, trained with momentum SGD and large batches as Tramèr & Boneh 2021 ("Differentially
   Private Learning Needs Better Features", §3) do for their end-to-end CNN baseline. Or
   (``model = "scatter-linear"``) their handcrafted-features model (§3): a linear softmax on
-  wavelet scattering features (:mod:`student.scattering`), computed once per example; or
+  wavelet scattering features (:mod:`teachers.scattering`), computed once per example; or
   (``model = "hog-linear"``) the same with HOG in place of the scattering, two to three times
   faster and about a point weaker. Or (``model = "linear"``, the default for feature rows) a
   linear softmax on the inputs, for any data.
@@ -41,9 +41,9 @@ from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DPSGD_MODELS, dpsgd_model_for
-from student.scattering import SCALES, Scattering, scattering_size
 from student.training import accuracy
 from teachers.hog import HOG, hog_size
+from teachers.scattering import SCALES, Scattering, scattering_size
 
 if TYPE_CHECKING:
     from opacus.data_loader import DPDataLoader
@@ -130,7 +130,7 @@ def dpsgd_network(name: str, in_shape: tuple[int, ...], num_classes: int, mean: 
                   std: float) -> tuple[nn.Module | None, nn.Module]:
     """The network ``name`` of ``DPSGD_MODELS`` as (fixed feature map or None, trained part):
     :func:`tempered_cnn`, trained whole; a linear softmax on scattering features
-    (:class:`student.scattering.Scattering`), Tramer & Boneh 2021's handcrafted features with a
+    (:class:`teachers.scattering.Scattering`), Tramer & Boneh 2021's handcrafted features with a
     linear model, or on HOG features (``teachers.hog.HOG``) in place of their ScatterNet (both
     parameter-free, computed once per example before training, and normalised per example, so
     they need no ``mean``/``std``); or a linear softmax on the inputs, standardised with

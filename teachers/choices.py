@@ -20,7 +20,8 @@ class TeacherModel:
 MODEL_RECORDS: dict[str, TeacherModel] = {
     "cnn": TeacherModel(images_only=True), "cnn-pool": TeacherModel(images_only=True),
     "resnet": TeacherModel(images_only=True), "mlp": TeacherModel(images_only=False),
-    "hog": TeacherModel(images_only=True), "cnn-pool-hog": TeacherModel(images_only=True),
+    "hog": TeacherModel(images_only=True), "scatter": TeacherModel(images_only=True),
+    "hog-scatter": TeacherModel(images_only=True), "cnn-pool-hog": TeacherModel(images_only=True),
     "cnn-pool-hog-simclr": TeacherModel(images_only=True, pool_encoder=True)}
 MODELS: tuple[str, ...] = tuple(MODEL_RECORDS)
 POOL_ENCODER_MODELS = frozenset(n for n, m in MODEL_RECORDS.items() if m.pool_encoder)

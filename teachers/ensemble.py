@@ -17,6 +17,11 @@ group. Every teacher takes the same number of steps, ``epochs * ceil(min_size / 
 with ``min_size`` the smallest partition of the whole run, so a group reproduces the teachers
 trained one by one (:func:`train_one`).
 
+Where every path of a built-in network starts with a fixed map (``hog``, ``scatter``,
+``hog-scatter``: :func:`teachers.models.on_features`) and the rows are neither augmented nor
+mixed, the group's rows are mapped once and the teachers train their heads on the table: the same
+teachers as on the pixels, which recompute the map on every row drawn.
+
 A user's own network (``model = "package.module:factory"``, :mod:`teachers.user_models`) trains
 the same way when it passes the vmap test (:func:`vectorised`); its stacked state then holds its
 buffers too, each teacher's own. When it does not (dropout, data-dependent control flow), one
@@ -43,7 +48,8 @@ from pate.data.task import Benchmark, DataSource
 from pate.errors import UserError
 from teachers import rng
 from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_problem
-from teachers.models import build_model, initial_state
+from teachers.fixed_maps import feature_table
+from teachers.models import build_model, initial_state, on_features
 from teachers.partition import check_disjoint
 from teachers.user_models import (
     load_factory,
@@ -246,6 +252,14 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
     state = {k: v.to(device).requires_grad_(k in trained) for k, v in init.items()}
     opt = torch.optim.AdamW([v for k, v in state.items() if k in trained], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, fused=True)
+    split = (on_features(base, in_shape) if cfg.augment == "none" and cfg.mixup == 0
+             and not is_import_path(cfg.model) else None)
+    if split is not None:  # the rows reach the fixed maps as they are: map each row once
+        base, maps = split
+        used = np.concatenate(parts)
+        rows_used = torch.as_tensor(used, device=device)
+        x, y = feature_table(maps, x[rows_used]), y[rows_used]
+        parts = np.split(np.arange(len(used)), np.cumsum([len(p) for p in parts])[:-1])
     steps, batch = _batches(cfg, ids, parts, min_size, device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
     forward = vmap(lambda p, xb: functional_call(base, p, (xb,)))

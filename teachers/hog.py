@@ -15,7 +15,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from teachers.fixed_maps import FixedMap
 
 
 def hog_size(in_shape: tuple[int, int, int], cell: int = 4, bins: int = 9) -> int:
@@ -42,7 +43,7 @@ def hog_features(x: torch.Tensor, cell: int = 4, bins: int = 9) -> torch.Tensor:
     return torch.sqrt(blocks).flatten(1)
 
 
-class HOG(nn.Module):
+class HOG(FixedMap):
     """:func:`hog_features` as a module (no parameters)."""
 
     def __init__(self, cell: int = 4, bins: int = 9) -> None:

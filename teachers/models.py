@@ -21,6 +21,11 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
   so the pair is better than either (Fashion-MNIST, 25 teachers of 240 examples, mixup 0.4: mean
   accuracy 0.802 and pool plurality 0.847, against 0.775 and 0.832 for ``cnn-pool`` and 0.792
   and 0.834 for the HOG expert alone).
+- ``scatter``: a linear softmax on fixed wavelet scattering features (:mod:`teachers.scattering`,
+  the features of Tramer and Boneh's DP-SGD recipe).
+- ``hog-scatter``: the HOG and scattering linear experts on the same rows, as ``cnn-pool-hog``
+  pairs two. Every path of these three starts with a fixed map, so the trainer and the vote
+  compute the maps once per row (:func:`on_features`).
 - ``cnn-pool-hog-simclr``: a third expert, a linear softmax on the run's pool encoder
   (:mod:`teachers.pool_encoder`, SimCLR on the public pool, frozen): features learnt from
   thousands of unlabelled public images rather than the teacher's few hundred private ones
@@ -43,8 +48,10 @@ from torch import nn
 from pate.errors import UserError
 from teachers import rng
 from teachers.choices import POOL_ENCODER_MODELS, is_import_path, model_name_problem
+from teachers.fixed_maps import Columns, FixedMap
 from teachers.hog import HOG, hog_size
 from teachers.pool_encoder import FEATURES, FrozenEncoder
+from teachers.scattering import Scattering, scattering_size
 from teachers.user_models import build_user_model, check_trains_on, teacher_states
 
 Shape = tuple[int, int, int]
@@ -122,6 +129,15 @@ def hog_linear(in_shape: Shape, num_classes: int) -> nn.Module:
     return nn.Sequential(HOG(), nn.Linear(hog_size(in_shape), num_classes))
 
 
+def scatter_linear(in_shape: Shape, num_classes: int) -> nn.Module:
+    """The scattering expert: a linear softmax on :class:`teachers.scattering.Scattering`."""
+    return nn.Sequential(Scattering(in_shape), nn.Linear(scattering_size(in_shape), num_classes))
+
+
+def _hog_scatter(in_shape: Shape, num_classes: int) -> nn.Module:
+    return Experts(hog_linear(in_shape, num_classes), scatter_linear(in_shape, num_classes))
+
+
 def _cnn_pool_hog(in_shape: Shape, num_classes: int) -> nn.Module:
     return Experts(_cnn_pool(in_shape, num_classes), hog_linear(in_shape, num_classes))
 
@@ -134,7 +150,8 @@ def _cnn_pool_hog_simclr(in_shape: Shape, num_classes: int,
 
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp, "hog": hog_linear,
-    "cnn-pool-hog": _cnn_pool_hog, "cnn-pool-hog-simclr": _cnn_pool_hog_simclr}
+    "scatter": scatter_linear, "hog-scatter": _hog_scatter, "cnn-pool-hog": _cnn_pool_hog,
+    "cnn-pool-hog-simclr": _cnn_pool_hog_simclr}
 
 
 def build_model(name: str, in_shape: Shape, num_classes: int,
@@ -152,6 +169,37 @@ def build_model(name: str, in_shape: Shape, num_classes: int,
         return build_user_model(name, in_shape, num_classes)
     extra = (encoder,) if encoder is not None else ()
     return ARCHITECTURES[name](tuple(in_shape), num_classes, *extra)
+
+
+def on_features(model: nn.Module, in_shape: Shape) -> tuple[nn.Module, list[FixedMap]] | None:
+    """``(head, maps)`` where every path of ``model`` (a built-in's, for inputs ``[C, H, W]``)
+    starts with a :class:`~teachers.fixed_maps.FixedMap`: ``head`` is ``model`` with each map
+    replaced by the :class:`~teachers.fixed_maps.Columns` of its output in a table of the
+    ``maps``' outputs (:func:`teachers.fixed_maps.feature_table`), its parameters named as
+    ``model``'s, so a teacher's state fits either. None where a path reads the input itself
+    (``cnn-pool-hog``'s convolutions)."""
+    maps: list[FixedMap] = []
+    columns: list[Columns] = []
+
+    def head_of(module: nn.Module) -> nn.Module | None:
+        if isinstance(module, FixedMap):
+            device = next(module.buffers(), torch.zeros(0)).device
+            with torch.no_grad():
+                width = module(torch.zeros((1, *in_shape), device=device)).shape[1]
+            start = sum(c.stop - c.start for c in columns)
+            columns.append(Columns(start, start + width))
+            maps.append(module)
+            return columns[-1]
+        if isinstance(module, nn.Sequential) and len(module):
+            first = head_of(module[0])
+            return None if first is None else nn.Sequential(first, *list(module)[1:])
+        if isinstance(module, Experts):
+            heads = [head_of(e) for e in module.experts]
+            return None if any(h is None for h in heads) else Experts(*heads)
+        return None
+
+    head = head_of(model)
+    return None if head is None else (head.train(model.training), maps)
 
 
 def check_user_model(name: str, in_shape: Shape, num_classes: int, batch_size: int) -> None:

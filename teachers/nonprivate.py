@@ -3,7 +3,9 @@ with no privacy at all, and its accuracy on the evaluation data.
 
 It answers the owner's question "what does privacy cost?" (PATE 2018 and Abadi et al. 2016 both
 report such a baseline). The model is not DP: it is never saved, and its accuracy belongs to the
-owner-only evaluation (``pate.rundir.RunDir.comparison``), not to anything published.
+owner-only evaluation (``pate.rundir.RunDir.comparison``), not to anything published. It is
+trained as a group of one teacher (``teachers.ensemble.train_group``), so a network on fixed maps
+learns from their table, computed once per row.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import torch
 from pate.data.task import load_task
 from pate.errors import UserError
 from teachers import checkpoints
-from teachers.ensemble import TrainConfig, train_one
-from teachers.user_models import module_state
+from teachers.ensemble import TrainConfig, train_group
 from teachers.votes import Ensemble
 
 
@@ -45,9 +46,9 @@ def train_nonprivate(run_dir: str | Path, epochs: int, batch_size: int, device: 
     y = torch.as_tensor(task.private_y, device=device)
     rows = np.arange(len(x))
     start = time.perf_counter()
-    model = train_one(cfg, x, y, task.num_classes, 0, rows, len(rows), encoder)
+    state = train_group(cfg, x, y, task.num_classes, np.zeros(1, np.int64), [rows], len(rows),
+                        encoder)
     seconds = time.perf_counter() - start
-    state = {k: v[None] for k, v in module_state(model).items()}
     ensemble = Ensemble(cfg.model, task.input_shape, task.num_classes, [state], device, encoder)
     accuracy = float(ensemble.accuracy(task.eval_x, task.eval_y)[0])
     return {"model": cfg.model, "accuracy": accuracy, "eval_examples": len(task.eval_y),

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from teachers.fixed_maps import FixedMap
+
 EPOCHS = 60
 WIDTH = 32
 FEATURES = 16 * WIDTH  # 4 * WIDTH channels, average-pooled to 2x2
@@ -190,7 +192,7 @@ def load_encoder_file(path: Path, channels: int) -> dict[str, np.ndarray]:
     return tensors
 
 
-class FrozenEncoder(nn.Module):
+class FrozenEncoder(FixedMap):
     """The trained encoder as a fixed function: its tensors are buffers, not parameters, so the
     teachers share one copy (it is never stacked per teacher nor trained), and ``vmap`` over
     the teachers evaluates it once per batch when the rows are the same for all (voting)."""

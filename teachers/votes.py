@@ -6,7 +6,9 @@ parameters over a batch of inputs with ``torch.func.vmap``, one call per group o
 (the shards regrouped by ``vote_groups``) and batch: no loop over teachers or examples. On a CPU
 small batches are much faster per prediction (measured on 2 cores: 25 teachers x 16 rows 96 us
 per prediction, x 256 rows 177 us: the activations of a large batch overflow the caches), so
-the default batch there is 32 rows; on a GPU 1024.
+the default batch there is 32 rows; on a GPU 1024. Teachers on fixed maps alone (``hog``,
+``scatter``, ``hog-scatter``) vote on the maps' table (:meth:`Ensemble.inputs`), computed once
+per chunk of ``TABLE_CHUNK`` rows for all of them.
 A user's own network that fails the vmap test in evaluation mode
 (:func:`teachers.user_models.vmap_problem`) votes one teacher at a time instead, after one warning
 line: the slower path, with the same votes.
@@ -30,12 +32,13 @@ from pate.progress import progress_bar
 from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import is_import_path
-from teachers.models import build_model
+from teachers.fixed_maps import TABLE_CHUNK, feature_table
+from teachers.models import build_model, on_features
 from teachers.user_models import vmap_problem, warn_one_at_a_time
 
 # Activations one vmap call may write (32 MB of float32): the shards are regrouped so that
 # teachers with small activations (a linear softmax on fixed features) are not voted a shard at
-# a time, each call computing their shared features again, while those whose activations fill
+# a time, in many small calls, while those whose activations fill
 # the caches (a CNN) keep a shard's worth: on 2 cores the main job's 250 `hog` teachers vote on
 # the 5 000 pool rows in 0.80 s instead of 1.67 (docs/benchmarks.md); `cnn-pool-hog-simclr`
 # teachers voted half as fast in groups of 100 as in shards of 25.
@@ -96,7 +99,12 @@ class Ensemble:
         self._grouped: dict[int, list[dict[str, torch.Tensor]]] = {}
         self.num_teachers = sum(self._sizes)
         self._base = build_model(model, self.in_shape, num_classes, encoder).to(self.device)
-        self._activation = activation_floats(self._base, self.in_shape, self.device)
+        # a head on fixed maps votes on their table, the maps computed once per chunk of rows
+        split = None if is_import_path(model) else on_features(self._base, self.in_shape)
+        self._maps = [] if split is None else split[1]
+        if split is not None:
+            self._base = split[0]
+        self._activation = activation_floats(self._base, self._input_shape(), self.device)
         self._vectorised = vmap(lambda p, xb: functional_call(self._base, p, (xb,)),
                                 in_dims=(0, None))
         problem = (vmap_problem(model, self._base, shards[0], self.in_shape, num_classes,
@@ -115,13 +123,27 @@ class Ensemble:
                 self._stacked, self._sizes, VOTE_GROUP_FLOATS // per_call if per_call else 0)
         return self._grouped[batch_size]
 
+    def _input_shape(self) -> tuple[int, ...]:
+        """The shape of one row as the teachers' network reads it: the fixed maps' table row
+        (:meth:`inputs`), else the input's."""
+        if not self._maps:
+            return self.in_shape
+        return tuple(self.inputs(torch.zeros((1, *self.in_shape), device=self.device)).shape[1:])
+
+    def inputs(self, xb: torch.Tensor) -> torch.Tensor:
+        """What the teachers' network reads of the rows ``xb``: their fixed maps' table
+        (:func:`teachers.fixed_maps.feature_table`) where every path starts with one, else
+        ``xb``."""
+        return feature_table(self._maps, xb) if self._maps else xb
+
     def _batch_size(self) -> int:
         """The default rows per batch on this device."""
         return 32 if self.device.type == "cpu" else 1024
 
     def _forward(self, params: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
-        """Logits ``[K, b, C]`` of one shard's K teachers (``params`` stacked): vectorised, or
-        one teacher at a time for a user's network vmap cannot map (the slower path)."""
+        """Logits ``[K, b, C]`` of one shard's K teachers (``params`` stacked) on rows
+        ``xb`` as :meth:`inputs` gives them: vectorised, or one teacher at a time for a user's
+        network vmap cannot map (the slower path)."""
         if not self._one_at_a_time:
             return self._vectorised(params, xb)
         k = next(iter(params.values())).shape[0]
@@ -137,14 +159,17 @@ class Ensemble:
             raise UserError(f"inputs must have shape [n, {', '.join(map(str, self.in_shape))}],"
                             f" got {list(x.shape)}")
         batch_size = batch_size or self._batch_size()
+        # fixed maps run on large chunks (small calls are slow), the teachers on batches
+        chunk = TABLE_CHUNK if self._maps else batch_size
         with torch.no_grad(), progress_bar(desc or "", len(x), "row", every=10.0,
                                            silent=desc is None) as bar:
-            for i in range(0, len(x), batch_size):
-                xb = torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
-                                     dtype=torch.float32, device=self.device)
-                yield torch.cat([self._forward(p, xb).argmax(-1)
-                                 for p in self._groups(batch_size)])
-                bar.update(len(xb))
+            for i in range(0, len(x), chunk):
+                rows = self.inputs(torch.as_tensor(np.ascontiguousarray(x[i:i + chunk]),
+                                                   dtype=torch.float32, device=self.device))
+                for j in range(0, len(rows), batch_size):
+                    yield torch.cat([self._forward(p, rows[j:j + batch_size]).argmax(-1)
+                                     for p in self._groups(batch_size)])
+                    bar.update(len(rows[j:j + batch_size]))
 
     def vote(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
              ) -> np.ndarray:

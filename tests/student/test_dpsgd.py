@@ -23,9 +23,9 @@ from student.dpsgd import (
     train_dpsgd,
 )
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
-from student.scattering import Scattering, scattering_size
 from student.training import accuracy
 from teachers.hog import HOG, hog_size
+from teachers.scattering import Scattering, scattering_size
 
 
 @pytest.fixture(scope="module")

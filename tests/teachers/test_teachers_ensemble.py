@@ -45,15 +45,21 @@ def _group(cfg, data, ids, encoder=None):
     return train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size, encoder)
 
 
+# The last three on fixed maps alone, their rows as they are: the group trains on the table of
+# the maps (teachers.fixed_maps), the teacher alone on the pixels.
 @pytest.mark.parametrize("model", ["cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog",
-                                   "cnn-pool-hog-simclr"])
+                                   "cnn-pool-hog-simclr", "hog", "scatter", "hog-scatter"])
 def test_vectorised_group_equals_one_by_one(digits, data, pool_encoder, model):
-    cfg = TrainConfig(**{**CFG.__dict__, "model": model, "epochs": 1 if model == "resnet" else 4})
+    on_maps = model in ("hog", "scatter", "hog-scatter")
+    cfg = TrainConfig(**{**CFG.__dict__, "model": model, "epochs": 1 if model == "resnet" else 4,
+                         **({"augment": "none", "mixup": 0.0} if on_maps else {})})
     x, y, part, min_size = data
     encoder = pool_encoder if model in POOL_ENCODER_MODELS else None
     ids = [0, 1, 2, 3]
     group = _group(cfg, data, ids, encoder)
-    logits = Ensemble(model, (1, 8, 8), 10, [group], encoder=encoder)._forward(group, x[:200])
+    ens = Ensemble(model, (1, 8, 8), 10, [group], encoder=encoder)
+    assert (ens.inputs(x[:200]).dim() == 2) == on_maps  # a table row, or the image
+    logits = ens._forward(group, ens.inputs(x[:200]))
     for k, t in enumerate(ids):
         alone = train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size, encoder).eval()
         with torch.no_grad():

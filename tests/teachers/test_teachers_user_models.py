@@ -225,7 +225,7 @@ def test_functional_user_model_trains_vectorised_like_one_by_one(data):
     ens = Ensemble(MODEL, (1, 8, 8), 10, [group])
     assert not ens._one_at_a_time
     with torch.no_grad():
-        logits = ens._forward(group, x[:100])
+        logits = ens._forward(group, ens.inputs(x[:100]))
     for k, t in enumerate(ids):
         alone = train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size)
         for name, value in module_state(alone).items():

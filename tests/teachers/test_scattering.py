@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from student.scattering import MAPS, Scattering, scattering_size
+from teachers.scattering import MAPS, Scattering, scattering_size
 
 
 @pytest.mark.parametrize("in_shape", [(1, 28, 28), (3, 32, 32), (1, 8, 8), (2, 13, 20)])

@@ -1,4 +1,5 @@
-"""Wavelet scattering features: a fixed, parameter-free map of an image, for DP-SGD.
+"""Wavelet scattering features: a fixed, parameter-free map of an image, for DP-SGD and the
+``scatter`` teachers.
 
 The scattering transform (S. Mallat, "Group Invariant Scattering", Comm. Pure Appl. Math. 2012;
 J. Bruna, S. Mallat, "Invariant Scattering Convolution Networks", IEEE TPAMI 2013, §2-3) cascades
@@ -26,7 +27,8 @@ import torch.nn.functional as F
 # The 2-D torch frontend, imported alone: ``kymatio.torch`` also loads the 3-D transform, whose
 # filter bank imports ``scipy.special.sph_harm``, which SciPy 1.17 removed.
 from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
-from torch import nn
+
+from teachers.fixed_maps import FixedMap
 
 SCALES = 2
 ORIENTATIONS = 8
@@ -34,7 +36,7 @@ MAPS = 1 + SCALES * ORIENTATIONS + ORIENTATIONS ** 2 * SCALES * (SCALES - 1) // 
 GROUP_MAPS = 3
 
 
-class Scattering(nn.Module):
+class Scattering(FixedMap):
     """``x [n, C, H, W]`` -> ``[n, C * 81 * (H // 4) * (W // 4)]``: order-2 scattering
     (J = 2, L = 8) of each channel, each group of 3 maps normalised by the example's own mean and
     standard deviation. The wavelet filters are fixed buffers; nothing is learnt."""
