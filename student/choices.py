@@ -34,6 +34,7 @@ class Method:
 ARCHITECTURE_RECORDS: dict[str, Architecture] = {
     "cnn": Architecture(images_only=True),
     "cnn-hog": Architecture(images_only=True, smoothed_expert=0),
+    "cnn-hog-scatter": Architecture(images_only=True, smoothed_expert=0),
     "cnn-hog-simclr": Architecture(images_only=True, pool_features=True, smoothed_expert=0),
     "mlp": Architecture(images_only=False),
     "wn-mlp": Architecture(images_only=False),

@@ -84,11 +84,11 @@ def test_perturbation_leaves_the_network_alone(
     assert momenta == [m.momentum for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
 
 
-@pytest.mark.parametrize("arch", ["cnn-hog", "cnn-hog-simclr"])
+@pytest.mark.parametrize("arch", ["cnn-hog", "cnn-hog-simclr", "cnn-hog-scatter"])
 def test_cnn_hog_smooths_the_cnn_and_fits_hog_to_the_labels(digits: Dataset, arch: str) -> None:
-    """A cnn-hog (or cnn-hog-simclr) VAT step: the linear expert's gradient is that of its own
-    cross-entropy alone; the Conv-Small expert also gets the smoothness term; both move and stay
-    finite."""
+    """A cnn-hog (cnn-hog-simclr, cnn-hog-scatter) VAT step: the (first) linear expert's gradient
+    is that of its own cross-entropy alone; the Conv-Small expert also gets the smoothness term;
+    all move and stay finite."""
     features = None
     if arch == "cnn-hog-simclr":
         pool_x = public_split(digits)[0][0]
