@@ -5,7 +5,7 @@ A fixed map (histograms of oriented gradients, wavelet scattering, the frozen po
 no parameter a teacher learns and draws no random number: its output on a row is the same at
 every step, for every teacher. A network whose every path starts with one (``hog``, ``scatter``,
 ``hog-scatter``) is a head on the maps' outputs, so it can learn from, and vote on, a table of
-those outputs computed once per row. For the main job's 250 ``hog`` teachers (160 steps of 32
+those outputs computed once per row. For 250 ``hog`` teachers of 240 rows (160 steps of 32
 rows each) that is HOG of 60 000 private rows once, instead of 1.28 million times, once per row
 drawn (docs/benchmarks.md). The trainer uses the table only where the rows reach the network
 as they are: a shift, a mirror or a mixup acts on the pixels, before the map.

@@ -39,7 +39,7 @@ from teachers.user_models import vmap_problem, warn_one_at_a_time
 # Activations one vmap call may write (32 MB of float32): the shards are regrouped so that
 # teachers with small activations (a linear softmax on fixed features) are not voted a shard at
 # a time, in many small calls, while those whose activations fill
-# the caches (a CNN) keep a shard's worth: on 2 cores the main job's 250 `hog` teachers vote on
+# the caches (a CNN) keep a shard's worth: on 2 cores 250 `hog` teachers vote on
 # the 5 000 pool rows in 0.80 s instead of 1.67 (docs/benchmarks.md); `cnn-pool-hog-simclr`
 # teachers voted half as fast in groups of 100 as in shards of 25.
 VOTE_GROUP_FLOATS = 1 << 23
