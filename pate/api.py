@@ -148,7 +148,7 @@ class Teachers:
         kind = data_kind(xs, self.config.augment)
         if self.model is None:
             self.config = replace(self.config, model=DEFAULT_MODEL[kind])
-        problem = model_data_problem(self.config.model, kind)
+        problem = model_data_problem(self.config.model, kind, xs.shape[1:])
         if problem:
             raise UserError(problem)
         check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)

@@ -263,7 +263,7 @@ def _check_data(config: RunConfig, run: RunDir) -> int:
                         f"{len(task.private_y)} private records: each teacher needs one")
     try:
         train = _train_config(config, task.kind)  # the data's kind as loaded, not read again
-        problem = model_data_problem(train.model, task.kind)
+        problem = model_data_problem(train.model, task.kind, task.input_shape)
         if problem:
             raise UserError(problem)
         check_user_model(train.model, task.input_shape, task.num_classes, train.batch_size)

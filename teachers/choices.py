@@ -10,30 +10,47 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TeacherModel:
     """What the code needs to know of a built-in teachers' network: whether it is made for
-    images only, and whether it reads the run's frozen pool encoder
-    (:mod:`teachers.pool_encoder`), learnt from the public pool before the teachers train."""
+    images only, the smallest image side it takes and what sets it (``min_side``, ``why``),
+    and whether it reads the run's frozen pool encoder (:mod:`teachers.pool_encoder`), learnt
+    from the public pool before the teachers train."""
 
     images_only: bool
     pool_encoder: bool = False
+    min_side: int = 1
+    why: str = ""
 
 
+# HOG needs two cells of 4 pixels a side (its blocks are 2x2 cells); order-2 scattering at J = 2
+# scales, a side of 2^J; two 2x2 max-pools, a side of 4.
+_HOG = {"min_side": 8, "why": "HOG's blocks of 2x2 cells of 4 pixels"}
+_POOLS = {"min_side": 4, "why": "two 2x2 max-pools"}
 MODEL_RECORDS: dict[str, TeacherModel] = {
-    "cnn": TeacherModel(images_only=True), "cnn-pool": TeacherModel(images_only=True),
+    "cnn": TeacherModel(images_only=True), "cnn-pool": TeacherModel(images_only=True, **_POOLS),
     "resnet": TeacherModel(images_only=True), "mlp": TeacherModel(images_only=False),
-    "hog": TeacherModel(images_only=True), "scatter": TeacherModel(images_only=True),
-    "hog-scatter": TeacherModel(images_only=True), "cnn-pool-hog": TeacherModel(images_only=True),
-    "cnn-pool-hog-simclr": TeacherModel(images_only=True, pool_encoder=True)}
+    "hog": TeacherModel(images_only=True, **_HOG),
+    "scatter": TeacherModel(images_only=True, min_side=4, why="scattering at 2 scales"),
+    "hog-scatter": TeacherModel(images_only=True, **_HOG),
+    "cnn-pool-hog": TeacherModel(images_only=True, **_HOG),
+    "cnn-pool-hog-simclr": TeacherModel(images_only=True, pool_encoder=True, **_HOG)}
 MODELS: tuple[str, ...] = tuple(MODEL_RECORDS)
 POOL_ENCODER_MODELS = frozenset(n for n, m in MODEL_RECORDS.items() if m.pool_encoder)
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).
 DEFAULT_MODEL: dict[str, str] = {"image": "cnn", "tabular": "mlp"}
 
 
-def model_data_problem(name: str, kind: str) -> str | None:
-    """Why built-in model ``name`` cannot learn from ``kind`` data (``image`` or ``tabular``),
-    or None (a user's network is checked when it is built)."""
-    if kind == "tabular" and name in MODEL_RECORDS and MODEL_RECORDS[name].images_only:
+def model_data_problem(name: str, kind: str, in_shape: tuple[int, ...]) -> str | None:
+    """Why built-in model ``name`` cannot learn from ``kind`` data (``image`` or ``tabular``)
+    of rows ``in_shape`` (images ``[C, H, W]``), or None (a user's network is checked when it
+    is built)."""
+    record = MODEL_RECORDS.get(name)
+    if record is None:
+        return None
+    if kind == "tabular" and record.images_only:
         return f"model {name} needs images; on tabular data use {DEFAULT_MODEL['tabular']}"
+    if kind == "image" and min(in_shape[1:]) < record.min_side:
+        side = record.min_side
+        return (f"model {name} needs images of at least {side}x{side} pixels ({record.why}), "
+                f"got {'x'.join(map(str, in_shape[1:]))}; cnn takes smaller ones")
     return None
 
 

@@ -245,7 +245,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     """Load the data, record or verify the partition, and read or create the manifest."""
     data = load_task(job.source)
     assert data.private_x is not None and data.private_y is not None
-    problem = model_data_problem(job.train.model, data.kind)
+    problem = model_data_problem(job.train.model, data.kind, data.input_shape)
     if problem:  # before the partition is recorded
         raise UserError(problem)
     check_user_model(job.train.model, data.input_shape, data.num_classes,  # so is this

@@ -394,6 +394,8 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
         Student(batch_size=2.5)
     with pytest.raises(UserError, match="model cnn needs images"):
         Teachers(2, 2, model="cnn").fit(np.zeros((20, 4)), np.arange(20) % 2)
+    with pytest.raises(UserError, match="model scatter needs images of at least 4x4 pixels"):
+        Teachers(2, 2, model="scatter").fit(np.zeros((20, 1, 3, 9)), np.arange(20) % 2)
     with pytest.raises(UserError, match=r"private_records must be an integer >= 1, got 600\.5"):
         PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=ledger,
                       private_records=600.5)

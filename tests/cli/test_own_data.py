@@ -292,6 +292,27 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
         load_task(DataFiles(str(tmp_path / "broken"), str(tmp_path / "broken")))
 
 
+def test_images_too_small_for_a_models_fixed_map_are_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """6x6 images: HOG's blocks need 8x8 (a traceback of Ray's before), scattering 4x4; the
+    check is made before the partition or any shard is written."""
+    rng = np.random.default_rng(6)
+    x, y = _images(40, rng)
+    np.savez(tmp_path / "private.npz", x=x[:, :6, :6], y=y)
+    np.savez(tmp_path / "public.npz", x=x[:20, :6, :6])
+    for model, message in (("hog-scatter", "model hog-scatter needs images of at least 8x8 "
+                                           "pixels (HOG's blocks of 2x2 cells of 4 pixels), "
+                                           "got 6x6"),
+                           ("cnn-pool-hog", "at least 8x8")):
+        run = tmp_path / model
+        assert main(["--quiet", "teachers", "train", "--run", str(run), "--teachers", "2",
+                     "--model", model, "--private", str(tmp_path / "private.npz"),
+                     "--public", str(tmp_path / "public.npz"), "--classes", "0", "1"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not (run / "partition.json").exists() and not (run / "teachers").exists()
+
+
 def test_student_by_hand_on_a_csv_without_test_data_prints_its_line(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Own data has no true pool labels and, here, no test file: the printed line says what it
