@@ -78,7 +78,7 @@ from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.checks import warn_unseen_classes
-from student.models import ModelSpec, build_classifier
+from student.models import ModelSpec, build_classifier, check_network
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
 from student.sanitised import answers_digest, former_answers_digest, ledger_releases
@@ -497,6 +497,7 @@ class Student:
                                                                 label)
         # seeded here (torch.manual_seed seeds every CUDA device too), the caller's as it was
         with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+            check_network(self.spec_)  # rows too small for it, or a user's network that fails
             seed_everything(self.fit_config.seed)
             self.model_ = build_classifier(self.spec_).to(self.fit_config.device)
             fit(build_learner(method, self.model_, self.spec_),

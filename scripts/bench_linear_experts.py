@@ -29,17 +29,15 @@ from bench_common import emit
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.task import load_task
-from teachers.hog import hog_features
+from teachers.fixed_maps import feature_table
+from teachers.hog import HOG
 from teachers.partition import make_partition
 from teachers.scattering import Scattering
 
 
-def features(fixed: torch.nn.Module | None, x: np.ndarray, batch: int = 2000) -> torch.Tensor:
-    """HOG (``fixed`` None) or ``fixed``'s map of every row of ``x``."""
-    with torch.no_grad():
-        return torch.cat([(hog_features if fixed is None else fixed)(
-            torch.as_tensor(np.ascontiguousarray(x[i:i + batch]), dtype=torch.float32))
-            for i in range(0, len(x), batch)])
+def features(fixed: torch.nn.Module, x: np.ndarray) -> torch.Tensor:
+    """``fixed``'s map of every row of ``x``."""
+    return feature_table([fixed], torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32))
 
 
 def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr: float,
@@ -96,7 +94,7 @@ def main() -> None:
     eval_y, pool_y = torch.as_tensor(task.eval_y), torch.as_tensor(task.pool_y)
     scatter = Scattering(tuple(task.pool_x.shape[1:]))
     probs = {}
-    for name, fixed in (("hog", None), ("scattering", scatter)):
+    for name, fixed in (("hog", HOG()), ("scattering", scatter)):
         start = time.perf_counter()
         private = features(fixed, task.private_x)
         weights, bias = train_experts(private[parts], y, len(task.classes), args.steps, args.lr,

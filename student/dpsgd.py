@@ -42,6 +42,7 @@ from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DPSGD_MODELS, dpsgd_model_for
 from student.training import accuracy
+from teachers.fixed_maps import feature_table
 from teachers.hog import HOG, hog_size
 from teachers.scattering import SCALES, Scattering, scattering_size
 
@@ -147,14 +148,11 @@ def dpsgd_network(name: str, in_shape: tuple[int, ...], num_classes: int, mean: 
     raise ValueError(f"unknown DP-SGD network {name!r}; choose one of {', '.join(DPSGD_MODELS)}")
 
 
-def fixed_features(fixed: nn.Module | None, x: np.ndarray, batch_size: int) -> np.ndarray:
-    """``fixed`` applied to every row of ``x`` (by batches, without gradients), or ``x`` itself.
-    A fixed map is the same function of each example whatever the data: it costs no privacy."""
-    if fixed is None:
-        return x
-    with torch.no_grad():
-        return np.concatenate([fixed(torch.from_numpy(x[i:i + batch_size])).numpy()
-                               for i in range(0, len(x), batch_size)])
+def fixed_features(fixed: nn.Module | None, x: np.ndarray) -> np.ndarray:
+    """``fixed`` applied to every row of ``x`` (``teachers.fixed_maps.feature_table``), or
+    ``x`` itself. A fixed map is the same function of each example whatever the data: it costs
+    no privacy."""
+    return x if fixed is None else feature_table([fixed], torch.from_numpy(x)).numpy()
 
 
 def whole_model(fixed: nn.Module | None, trained: nn.Module) -> nn.Module:
@@ -255,7 +253,7 @@ def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
         if seeded:
             torch.manual_seed(config.init_seed)
         fixed, model = dpsgd_network(config.model, tuple(train_x.shape[1:]), num_classes, *norm)
-    features = fixed_features(fixed, train_x, config.eval_batch_size)
+    features = fixed_features(fixed, train_x)
     sample_gen, _ = secure_generator()
     loader = DPDataLoader(_WholeBatches(torch.from_numpy(features), torch.from_numpy(train_y)),
                           sample_rate=q, generator=sample_gen, collate_fn=_as_fetched)

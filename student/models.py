@@ -197,10 +197,12 @@ def check_network(spec: ModelSpec) -> None:
     architectures on pool features are built-ins, built once the encoder is at hand."""
     if spec.arch in POOL_FEATURE_ARCHS:
         return
-    network = build_classifier(spec, None).eval()
     try:
+        network = build_classifier(spec, None).eval()  # a fixed map may refuse the size here
         with torch.no_grad():
             out = network(torch.zeros((2, *spec.in_shape)))
+    except UserError:  # a user's factory that fails: its own line
+        raise
     except Exception as exc:  # a user's forward may raise anything
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = (" (images are [C, H, W]: these look [H, W, C], channels last)"

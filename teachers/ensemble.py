@@ -18,9 +18,10 @@ with ``min_size`` the smallest partition of the whole run, so a group reproduces
 trained one by one (:func:`train_one`).
 
 Where every path of a built-in network starts with a fixed map (``hog``, ``scatter``,
-``hog-scatter``: :func:`teachers.models.on_features`) and the rows are neither augmented nor
-mixed, the group's rows are mapped once and the teachers train their heads on the table: the same
-teachers as on the pixels, which recompute the map on every row drawn.
+``hog-scatter``: :func:`teachers.models.on_features`), only its head is mapped over the teachers;
+the maps run outside vmap, on each step's shifted or mixed rows, or, where the rows are neither
+augmented nor mixed, once per row of the group before training (:mod:`teachers.fixed_maps`).
+Either way the teachers are those :func:`train_one` trains on the pixels.
 
 A user's own network (``model = "package.module:factory"``, :mod:`teachers.user_models`) trains
 the same way when it passes the vmap test (:func:`vectorised`); its stacked state then holds its
@@ -48,7 +49,7 @@ from pate.data.task import Benchmark, DataSource
 from pate.errors import UserError
 from teachers import rng
 from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_problem
-from teachers.fixed_maps import feature_table
+from teachers.fixed_maps import FixedMap, feature_table
 from teachers.models import build_model, initial_state, on_features
 from teachers.partition import check_disjoint
 from teachers.user_models import (
@@ -234,12 +235,14 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
     for the architectures that use one (shared, not trained). Returns the teachers' stacked
     parameters (CPU), and a user's network's buffers. A user's network that fails the vmap test
     (:func:`vectorised`) is trained one teacher at a time (:func:`train_one`), the slower
-    path. ``on_epochs(n)``: ``n`` more teacher-epochs are done (after each epoch)."""
+    path, and so is one alone (the non-private model). ``on_epochs(n)``: ``n`` more
+    teacher-epochs are done (after each epoch)."""
     check_disjoint(parts, len(x))
     device = x.device
     ids = np.asarray(teacher_ids, dtype=np.int64)
     in_shape = tuple(x.shape[1:])
-    if not vectorised(cfg, in_shape, num_classes, device):
+    alone = len(ids) == 1 and is_import_path(cfg.model)  # a user's network, alone: no probe
+    if alone or not vectorised(cfg, in_shape, num_classes, device):
         states = [module_state(train_one(cfg, x, y, num_classes, int(t), part, min_size,
                                          on_epochs=on_epochs))
                   for t, part in zip(ids, parts, strict=True)]
@@ -252,22 +255,28 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
     state = {k: v.to(device).requires_grad_(k in trained) for k, v in init.items()}
     opt = torch.optim.AdamW([v for k, v in state.items() if k in trained], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, fused=True)
-    split = (on_features(base, in_shape) if cfg.augment == "none" and cfg.mixup == 0
-             and not is_import_path(cfg.model) else None)
-    if split is not None:  # the rows reach the fixed maps as they are: map each row once
+    split = None if is_import_path(cfg.model) else on_features(base, in_shape)
+    maps: list[FixedMap] = []
+    if split is not None:  # the head is mapped over the teachers, the fixed maps run outside
         base, maps = split
-        used = np.concatenate(parts)
-        rows_used = torch.as_tensor(used, device=device)
-        x, y = feature_table(maps, x[rows_used]), y[rows_used]
-        parts = np.split(np.arange(len(used)), np.cumsum([len(p) for p in parts])[:-1])
+        if cfg.augment == "none" and cfg.mixup == 0:  # the rows reach the maps as they are
+            x, y, parts = _mapped_rows(maps, x, y, parts)
+            maps = []
     steps, batch = _batches(cfg, ids, parts, min_size, device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
-    forward = vmap(lambda p, xb: functional_call(base, p, (xb,)))
+    head = vmap(lambda p, xb: functional_call(base, p, (xb,)))
+
+    def forward(xb: torch.Tensor) -> torch.Tensor:
+        """Logits of the teachers on their batches ``xb [K, b, ...]`` (shifted or mixed rows
+        through the fixed maps first, if any)."""
+        if maps:
+            xb = feature_table(maps, xb.flatten(0, 1)).unflatten(0, xb.shape[:2])
+        return head(state, xb)
+
     per_epoch = steps // cfg.epochs
     for step in range(steps):
         rows, dy, dx, flip, lam = batch(step)
-        loss = _loss(cfg, lambda xb: forward(state, xb), _augmented(cfg, x, rows, dy, dx, flip),
-                     y[rows], lam)
+        loss = _loss(cfg, forward, _augmented(cfg, x, rows, dy, dx, flip), y[rows], lam)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -275,6 +284,18 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
         if on_epochs is not None and (step + 1) % per_epoch == 0:
             on_epochs(len(ids))
     return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def _mapped_rows(maps: list[FixedMap], x: torch.Tensor, y: torch.Tensor,
+                 parts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    """The table of the fixed ``maps`` on the group's own rows (``parts``, in order), their
+    labels, and each teacher's rows renumbered in it: a teacher reads the same rows, once
+    mapped."""
+    used = np.concatenate(parts)
+    rows = torch.as_tensor(used, device=x.device)
+    ends = np.cumsum([len(p) for p in parts])
+    return (feature_table(maps, x[rows]), y[rows],
+            [np.arange(end - len(p), end) for p, end in zip(parts, ends, strict=True)])
 
 
 def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,

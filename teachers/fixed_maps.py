@@ -2,28 +2,33 @@
 again at every step.
 
 A fixed map (histograms of oriented gradients, wavelet scattering, the frozen pool encoder) has
-no parameter a teacher learns and draws no random number: its output on a row is the same at
-every step, for every teacher. A network whose every path starts with one (``hog``, ``scatter``,
-``hog-scatter``) is a head on the maps' outputs, so it can learn from, and vote on, a table of
-those outputs computed once per row. For 250 ``hog`` teachers of 240 rows (160 steps of 32
-rows each) that is HOG of 60 000 private rows once, instead of 1.28 million times, once per row
-drawn (docs/benchmarks.md). The trainer uses the table only where the rows reach the network
-as they are: a shift, a mirror or a mixup acts on the pixels, before the map.
+no parameter a teacher learns, draws no random number, and maps each row by itself (no statistic
+of the batch): its output on a row is the same at every step, for every teacher, whatever rows
+share its batch. A network whose every path starts with one (``hog``, ``scatter``,
+``hog-scatter``) is a head on the maps' outputs. Where its rows reach it as they are, it can learn
+from, and vote on, a table of those outputs computed once per row: for 250 ``hog`` teachers of
+240 rows (160 steps of 32 rows each) that is HOG of 60 000 private rows once, instead of 1.28
+million times, once per row drawn (docs/benchmarks.md). Where a shift, a mirror or a mixup
+changes the pixels first, the maps run on each batch's changed rows, outside ``torch.func.vmap``
+(Kymatio's scattering writes in place and cannot run inside it), and only the head is mapped
+over the teachers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
-# Rows per forward pass when a table is computed: the scattering of 2 048 Fashion-MNIST images
-# writes about 0.5 GB of intermediate maps.
-TABLE_CHUNK = 2048
+# Input floats per forward pass of the maps while a table is computed: 2 048 Fashion-MNIST
+# images, whose scattering writes about 0.35 GB of intermediate maps; fewer rows of larger images.
+TABLE_FLOATS = 2048 * 784
 
 
 class FixedMap(nn.Module):
-    """A map of the input with no trained parameter and no random number; subclasses define
-    ``forward(x [n, ...]) -> [n, F]``."""
+    """A map of the input with no trained parameter, no random number, and each output row a
+    function of its own input row alone; subclasses define ``forward(x [n, ...]) -> [n, F]``."""
 
 
 class Columns(nn.Module):
@@ -37,10 +42,22 @@ class Columns(nn.Module):
         return table[..., self.start:self.stop]
 
 
-def feature_table(maps: list[FixedMap], x: torch.Tensor) -> torch.Tensor:
+def table_rows(row_shape: torch.Size | tuple[int, ...]) -> int:
+    """Rows per forward pass of the maps for inputs of ``row_shape``: ``TABLE_FLOATS`` floats."""
+    return max(1, TABLE_FLOATS // max(1, int(torch.Size(row_shape).numel())))
+
+
+def feature_table(maps: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
     """``[n, F1 + F2 + ...]``: the outputs of ``maps`` on every row of ``x`` (at least one),
-    side by side in the order the head's :class:`Columns` read them; computed in chunks of
-    ``TABLE_CHUNK`` rows, without gradients."""
+    side by side in the order the head's :class:`Columns` read them; computed without
+    gradients, :func:`table_rows` rows at a time, into one preallocated table."""
+    rows = table_rows(x.shape[1:])
+    table: torch.Tensor | None = None
     with torch.no_grad():
-        return torch.cat([torch.cat([m(x[i:i + TABLE_CHUNK]) for m in maps], 1)
-                          for i in range(0, len(x), TABLE_CHUNK)])
+        for i in range(0, len(x), rows):
+            part = torch.cat([m(x[i:i + rows]) for m in maps], 1)
+            if table is None:
+                table = part.new_empty((len(x), part.shape[1]))
+            table[i:i + len(part)] = part
+    assert table is not None, "feature_table needs at least one row"
+    return table

@@ -5,6 +5,8 @@ by stacking their parameters and mapping the module over the stack with ``torch.
 ``functional_call`` (https://pytorch.org/docs/stable/func.html, "model ensembling"). So that vmap
 applies, no layer keeps running statistics or draws random numbers in ``forward``: the residual
 option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018), not BatchNorm.
+A fixed map that every path starts with (HOG, scattering) runs outside vmap, and only the head
+is mapped (:func:`on_features`, :mod:`teachers.fixed_maps`).
 
 - ``cnn``: a small strided CNN for 28x28 (and smaller) inputs, cheap enough to train hundreds of
   teachers on two CPU cores.
@@ -24,8 +26,9 @@ option normalises with GroupNorm (Y. Wu, K. He, "Group Normalization", ECCV 2018
 - ``scatter``: a linear softmax on fixed wavelet scattering features (:mod:`teachers.scattering`,
   the features of Tramer and Boneh's DP-SGD recipe).
 - ``hog-scatter``: the HOG and scattering linear experts on the same rows, as ``cnn-pool-hog``
-  pairs two. Every path of these three starts with a fixed map, so the trainer and the vote
-  compute the maps once per row (:func:`on_features`).
+  pairs two. Every path of ``hog``, ``scatter`` and ``hog-scatter`` starts with a fixed map, so
+  the trainer and the vote compute the maps outside vmap, once per row where the rows are not
+  shifted or mixed (:func:`on_features`).
 - ``cnn-pool-hog-simclr``: a third expert, a linear softmax on the run's pool encoder
   (:mod:`teachers.pool_encoder`, SimCLR on the public pool, frozen): features learnt from
   thousands of unlabelled public images rather than the teacher's few hundred private ones

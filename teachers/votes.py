@@ -8,7 +8,7 @@ small batches are much faster per prediction (measured on 2 cores: 25 teachers x
 per prediction, x 256 rows 177 us: the activations of a large batch overflow the caches), so
 the default batch there is 32 rows; on a GPU 1024. Teachers on fixed maps alone (``hog``,
 ``scatter``, ``hog-scatter``) vote on the maps' table (:meth:`Ensemble.inputs`), computed once
-per chunk of ``TABLE_CHUNK`` rows for all of them.
+per chunk of rows for all of them.
 A user's own network that fails the vmap test in evaluation mode
 (:func:`teachers.user_models.vmap_problem`) votes one teacher at a time instead, after one warning
 line: the slower path, with the same votes.
@@ -32,7 +32,7 @@ from pate.progress import progress_bar
 from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import is_import_path
-from teachers.fixed_maps import TABLE_CHUNK, feature_table
+from teachers.fixed_maps import Columns, feature_table, table_rows
 from teachers.models import build_model, on_features
 from teachers.user_models import vmap_problem, warn_one_at_a_time
 
@@ -54,7 +54,9 @@ def activation_floats(model: nn.Module, in_shape: tuple[int, ...], device: torch
         outputs = out if isinstance(out, tuple) else (out,)
         written[0] += sum(t.numel() for t in outputs if isinstance(t, torch.Tensor))
 
-    hooks = [m.register_forward_hook(count) for m in model.modules() if not any(m.children())]
+    # a Columns output is a view of the table all teachers share, not written per teacher
+    hooks = [m.register_forward_hook(count) for m in model.modules()
+             if not any(m.children()) and not isinstance(m, Columns)]
     try:
         with torch.no_grad():
             model.eval()(torch.zeros((1, *in_shape), device=device))
@@ -150,26 +152,34 @@ class Ensemble:
         return torch.stack([functional_call(self._base, {n: v[t] for n, v in params.items()},
                                             (xb,)) for t in range(k)])
 
-    def labels(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
+    def logits(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
                ) -> Iterator[torch.Tensor]:
-        """For each batch of rows of ``x``, the labels ``[num_teachers, b]`` of every teacher;
-        with ``desc``, its progress (``pate.progress``: a bar on a terminal, a line every 10 s
+        """For each batch of rows of ``x``, the outputs ``[num_teachers, b, classes]`` of every
+        teacher (an :class:`~teachers.models.Experts` teacher's are log-probabilities); with
+        ``desc``, its progress (``pate.progress``: a bar on a terminal, a line every 10 s
         elsewhere)."""
         if tuple(x.shape[1:]) != self.in_shape:
             raise UserError(f"inputs must have shape [n, {', '.join(map(str, self.in_shape))}],"
                             f" got {list(x.shape)}")
         batch_size = batch_size or self._batch_size()
-        # fixed maps run on large chunks (small calls are slow), the teachers on batches
-        chunk = TABLE_CHUNK if self._maps else batch_size
+        chunk = batch_size
+        if self._maps:  # the fixed maps run on chunks of whole batches (small calls are slow)
+            chunk *= max(1, table_rows(self.in_shape) // batch_size)
         with torch.no_grad(), progress_bar(desc or "", len(x), "row", every=10.0,
                                            silent=desc is None) as bar:
             for i in range(0, len(x), chunk):
                 rows = self.inputs(torch.as_tensor(np.ascontiguousarray(x[i:i + chunk]),
                                                    dtype=torch.float32, device=self.device))
                 for j in range(0, len(rows), batch_size):
-                    yield torch.cat([self._forward(p, rows[j:j + batch_size]).argmax(-1)
+                    yield torch.cat([self._forward(p, rows[j:j + batch_size])
                                      for p in self._groups(batch_size)])
                     bar.update(len(rows[j:j + batch_size]))
+
+    def labels(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
+               ) -> Iterator[torch.Tensor]:
+        """For each batch of rows of ``x``, the labels ``[num_teachers, b]`` of every teacher
+        (:meth:`logits`)."""
+        return (out.argmax(-1) for out in self.logits(x, batch_size, desc))
 
     def vote(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
              ) -> np.ndarray:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from torch.func import functional_call, vmap
 
 from analysis.costs import steps
 from analysis.mechanisms import Mechanism
@@ -25,7 +24,7 @@ from student.training import (
     seed_everything,
 )
 from teachers.ensemble import TrainConfig, train_group
-from teachers.models import build_model
+from teachers.votes import Ensemble
 
 
 @dataclass(frozen=True)
@@ -56,16 +55,14 @@ def train_models(recipe: Recipe, data: Sequence[tuple[NDArray[np.float32], NDArr
                        np.asarray(ids, np.int64), parts, min_size, recipe.encoder)
 
 
-@torch.no_grad()
 def stacked_log_probs(recipe: Recipe, params: dict[str, torch.Tensor], x: NDArray[np.float32],
                       batch_size: int = 512) -> NDArray[np.float64]:
-    """Log-probabilities ``[models, n, classes]`` of stacked teacher-kind models on ``x``."""
-    base = build_model(recipe.train.model, recipe.in_shape, recipe.num_classes,
-                       recipe.encoder).to(recipe.device).eval()
-    forward = vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
-    out = [torch.log_softmax(forward(params, torch.as_tensor(
-        np.ascontiguousarray(x[i:i + batch_size]), device=recipe.device)).double(), -1).cpu()
-        for i in range(0, len(x), batch_size)]
+    """Log-probabilities ``[models, n, classes]`` of stacked teacher-kind models on ``x``, as
+    the run's ensemble computes them (``teachers.votes.Ensemble``: fixed maps outside vmap)."""
+    ensemble = Ensemble(recipe.train.model, recipe.in_shape, recipe.num_classes, [params],
+                        recipe.device, recipe.encoder)
+    out = [torch.log_softmax(logits.double(), -1).cpu()
+           for logits in ensemble.logits(x.astype(np.float32, copy=False), batch_size)]
     models = next(iter(params.values())).shape[0]
     return (torch.cat(out, 1).numpy() if out
             else np.zeros((models, 0, recipe.num_classes)))

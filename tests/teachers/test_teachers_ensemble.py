@@ -45,19 +45,22 @@ def _group(cfg, data, ids, encoder=None):
     return train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size, encoder)
 
 
-# The last three on fixed maps alone, their rows as they are: the group trains on the table of
-# the maps (teachers.fixed_maps), the teacher alone on the pixels.
+# hog, scatter, hog-scatter: networks on fixed maps alone. With shifts and mixup (CFG) the group
+# maps each step's rows outside vmap; with the rows as they are ("table") it maps each row once
+# before training (teachers.fixed_maps). The teacher alone always maps its pixels.
 @pytest.mark.parametrize("model", ["cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog",
-                                   "cnn-pool-hog-simclr", "hog", "scatter", "hog-scatter"])
+                                   "cnn-pool-hog-simclr", "hog", "scatter", "hog-scatter",
+                                   "hog table", "scatter table", "hog-scatter table"])
 def test_vectorised_group_equals_one_by_one(digits, data, pool_encoder, model):
-    on_maps = model in ("hog", "scatter", "hog-scatter")
+    model, _, table = model.partition(" ")
     cfg = TrainConfig(**{**CFG.__dict__, "model": model, "epochs": 1 if model == "resnet" else 4,
-                         **({"augment": "none", "mixup": 0.0} if on_maps else {})})
+                         **({"augment": "none", "mixup": 0.0} if table else {})})
     x, y, part, min_size = data
     encoder = pool_encoder if model in POOL_ENCODER_MODELS else None
     ids = [0, 1, 2, 3]
     group = _group(cfg, data, ids, encoder)
     ens = Ensemble(model, (1, 8, 8), 10, [group], encoder=encoder)
+    on_maps = model in ("hog", "scatter", "hog-scatter")
     assert (ens.inputs(x[:200]).dim() == 2) == on_maps  # a table row, or the image
     logits = ens._forward(group, ens.inputs(x[:200]))
     for k, t in enumerate(ids):
@@ -88,13 +91,17 @@ def test_deterministic_for_a_seed(data):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-def test_teachers_read_only_their_partition(data):
+@pytest.mark.parametrize("cfg", [CFG, TrainConfig(model="hog-scatter", epochs=2, seed=5)],
+                         ids=["cnn", "hog-scatter table"])
+def test_teachers_read_only_their_partition(data, cfg):
+    """Every row outside the group's partitions is NaN: no teacher's weight may become NaN,
+    whether it reads pixels or the table of the fixed maps of its group's rows."""
     x, y, part, min_size = data
     ids = [3, 4, 5]
     own = np.concatenate(part.parts(ids))
     poisoned = torch.full_like(x, float("nan"))
     poisoned[own] = x[own]
-    params = train_group(CFG, poisoned, y, 10, np.array(ids), part.parts(ids), min_size)
+    params = train_group(cfg, poisoned, y, 10, np.array(ids), part.parts(ids), min_size)
     assert all(torch.isfinite(v).all() for v in params.values())
 
 
