@@ -55,7 +55,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from pate.data.preprocessing import channels_last
 from pate.errors import UserError
-from student.choices import ARCHITECTURES, POOL_FEATURE_ARCHS
+from student.choices import ARCHITECTURE_RECORDS, ARCHITECTURES, POOL_FEATURE_ARCHS
 from teachers.choices import is_import_path
 from teachers.hog import hog_features, hog_size
 from teachers.models import Experts, hog_linear, scatter_linear
@@ -194,7 +194,15 @@ def check_network(spec: ModelSpec) -> None:
     """Build ``spec``'s network once and run it on two blank inputs: a user's factory that
     fails, a network of the wrong output, or one its inputs are too small for (a 1x1 image
     through the CNN's pooling) fails here, before anything is asked or spent. The
-    architectures on pool features are built-ins, built once the encoder is at hand."""
+    architectures on pool features are built-ins, built once the encoder is at hand. A
+    built-in's smallest image side is checked first, and said in the error."""
+    hint = (" (images are [C, H, W]: these look [H, W, C], channels last)"
+            if channels_last(spec.in_shape) else "")
+    record = ARCHITECTURE_RECORDS.get(spec.arch)
+    if record is not None and len(spec.in_shape) == 3 and min(spec.in_shape[1:]) < record.min_side:
+        side = record.min_side
+        raise UserError(f"arch {spec.arch} needs images of at least {side}x{side} pixels "
+                        f"({record.why}), got {'x'.join(map(str, spec.in_shape[1:]))}{hint}")
     if spec.arch in POOL_FEATURE_ARCHS:
         return
     try:
@@ -205,8 +213,6 @@ def check_network(spec: ModelSpec) -> None:
         raise
     except Exception as exc:  # a user's forward may raise anything
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = (" (images are [C, H, W]: these look [H, W, C], channels last)"
-                if channels_last(spec.in_shape) else "")
         raise UserError(f"arch {spec.arch!r} cannot take inputs of shape "
                         f"{list(spec.in_shape)}{hint}: {reason}") from None
     if not isinstance(out, torch.Tensor):

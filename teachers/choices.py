@@ -50,7 +50,7 @@ def model_data_problem(name: str, kind: str, in_shape: tuple[int, ...]) -> str |
     if kind == "image" and min(in_shape[1:]) < record.min_side:
         side = record.min_side
         return (f"model {name} needs images of at least {side}x{side} pixels ({record.why}), "
-                f"got {'x'.join(map(str, in_shape[1:]))}; cnn takes smaller ones")
+                f"got {'x'.join(map(str, in_shape[1:]))}")
     return None
 
 

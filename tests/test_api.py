@@ -297,7 +297,7 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         student.predict(x[:5, :4])
     with pytest.raises(UserError, match=r"class indices in \[0, 2\)"):
         student.score(x[:5], np.full(5, 7))  # not a silent 0.0
-    with pytest.raises(UserError, match=r"arch 'cnn-hog-scatter' cannot take inputs of shape"):
+    with pytest.raises(UserError, match=r"arch cnn-hog-scatter needs images of at least 8x8"):
         Student("supervised", arch="cnn-hog-scatter", epochs=1).fit(  # 2x3 images: too small
             x[:100].reshape(100, 1, 2, 3), got, 2)
     k = int(np.flatnonzero(got.answered)[0])  # one answer, drawn twice per labelled batch

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -454,6 +455,10 @@ def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
     if delta is None:
         delta = run.config.aggregator.delta if run.config is not None else 1e-5
     _check_rows(run, options)
+    if run.pool_y is None and (options.references or ("student" in options.targets
+                                                      and options.student_references)):
+        warnings.warn("no reference models: they learn from the public pool's labels, and a "
+                      "user's files give none (never read): the loss attack only", stacklevel=2)
     rng = np.random.default_rng(options.seed)
     records: dict[str, NDArray[Any]] = {}
     audits: list[TargetAudit] = []

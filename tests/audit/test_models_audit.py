@@ -18,7 +18,8 @@ from pate.audit.model_options import ModelsAuditOptions
 from pate.audit.models import audit_models
 from pate.audit.retraining import Recipe, stacked_log_probs, train_models
 from pate.cli.main import main
-from pate.data.task import Benchmark, source_record
+from pate.data.datasets import public_split
+from pate.data.task import Benchmark, DataFiles, source_record
 from pate.io import write_json_atomic
 from teachers.ensemble import TrainConfig, train_one
 from teachers.partition import make_partition
@@ -130,6 +131,30 @@ def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixt
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[1].startswith("teacher")
     assert lines[2].startswith("nonprivate")
+
+
+def test_on_a_users_files_the_audit_says_it_has_no_reference_models(tmp_path: Path,
+                                                                       digits) -> None:
+    """A user's public pool has no labels the audit may read: reference models (asked for by
+    default) cannot be trained, and one warning says so rather than a silent 0."""
+    (pub_x, _), (test_x, test_y) = public_split(digits)
+    np.savez(tmp_path / "private.npz", x=digits.train_x, y=digits.train_y)
+    np.savez(tmp_path / "public.npz", x=pub_x)
+    np.savez(tmp_path / "test.npz", x=test_x, y=test_y)
+    source = DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
+                       str(tmp_path / "test.npz"))
+    run = tmp_path / "run"
+    part = make_partition(len(digits.train_y), TEACHERS, 0)
+    write_json_atomic(run / "teachers" / "manifest.json", {
+        "dataset": "private", "data": source_record(source), "done": True,
+        "num_teachers": TEACHERS, "min_size": int(part.sizes.min()), "in_shape": [1, 8, 8],
+        "num_classes": 10, "model": "cnn", "shards": {},
+        "train": asdict(TrainConfig(model="cnn", epochs=2, batch_size=8))}, private=True)
+    with pytest.warns(UserWarning, match="no reference models: they learn from the public "
+                                         "pool's labels"):
+        audit = audit_models(run, ModelsAuditOptions(targets=("teacher",), teachers=2,
+                                                     references=2, seed=1))
+    assert [a.attack for a in audit.targets[0].attacks] == ["loss"]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

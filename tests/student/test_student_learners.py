@@ -72,16 +72,30 @@ def test_gan_learner_trains_both_networks(digits: Dataset) -> None:
 
 
 def test_a_network_its_inputs_are_too_small_for_is_refused_before_any_query() -> None:
-    """A 1x1 image passes the config's checks but not the CNN's pooling: building and running
-    the network once on blank inputs says so before a query is asked (it failed in training,
-    after the round was charged)."""
-    with pytest.raises(UserError, match=r"^arch 'cnn' cannot take inputs of shape \[1, 1, 1\]: "):
+    """A 1x1 image passes the config's checks but not the CNN's pooling: the network's smallest
+    side is said before a query is asked (it failed in training, after the round was charged);
+    a user's network is built and run once on blank inputs."""
+    with pytest.raises(UserError, match=r"^arch cnn needs images of at least 4x4 pixels "
+                                        r"\(Conv-Small's two 2x2 max-pools\), got 1x1$"):
         check_network(ModelSpec("cnn", (1, 1, 1), 3))
-    with pytest.raises(UserError, match=r"^arch 'cnn' cannot take inputs of shape \[16, 16, 1\] "
-                                        r"\(images are \[C, H, W\]: these look \[H, W, C\], "
-                                        r"channels last\): "):
+    with pytest.raises(UserError, match=r"^arch cnn needs images of at least 4x4 pixels .*got "
+                                        r"16x1 \(images are \[C, H, W\]: these look "
+                                        r"\[H, W, C\], channels last\)$"):
         check_network(ModelSpec("cnn", (16, 16, 1), 3))
-    check_network(ModelSpec("cnn", (1, 8, 8), 3))  # digits' size is fine
+    for arch, side in (("cnn-hog", 7), ("cnn-hog-scatter", 6), ("cnn-hog-simclr", 4)):
+        with pytest.raises(UserError, match=rf"^arch {arch} needs images of at least 8x8 "):
+            check_network(ModelSpec(arch, (1, side, side), 3))
+    check_network(ModelSpec("cnn", (1, 4, 4), 3))  # the smallest sides said are enough
+    check_network(ModelSpec("cnn-hog-scatter", (3, 8, 8), 3))
+    with pytest.raises(UserError, match=r"^arch '.*:tiny': its forward failed on a batch of "
+                                        r"shape \[2, 1, 2, 2\]"):
+        check_network(ModelSpec(f"{__name__}:tiny", (1, 2, 2), 3))
+
+
+def tiny(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """A user's network whose 3x3 convolution (no padding) needs a side of 3."""
+    return torch.nn.Sequential(torch.nn.Conv2d(input_shape[0], 4, 3), torch.nn.Flatten(),
+                               torch.nn.LazyLinear(num_classes))
 
 
 def test_a_short_training_leaves_batch_norm_settled_on_the_pool(digits: Dataset) -> None:
