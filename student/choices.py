@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from teachers.choices import ANY_SIDE, HOG_SIDE, MinSide
+
 
 @dataclass(frozen=True)
 class Architecture:
     """What the code needs to know of a built-in student network: whether it is made for images
     only, whether its linear expert reads the pool encoder's features (``PoolFeatures``), and
     which expert of an ``Experts`` network VAT's smoothness is for (None: the whole network),
-    and the smallest image side it takes and what sets it (``min_side``, ``why``)."""
+    and the smallest image side it takes."""
 
     images_only: bool
     pool_features: bool = False
     smoothed_expert: int | None = None
-    min_side: int = 1
-    why: str = ""
+    min_side: MinSide = ANY_SIDE
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,12 @@ class Method:
     images_only: str | None = None
 
 
-# Conv-Small's two 2x2 max-pools need a side of 4; HOG's blocks of 2x2 cells of 4 pixels, 8.
-_POOLS = "Conv-Small's two 2x2 max-pools"
-_HOG = "HOG's blocks of 2x2 cells of 4 pixels"
 ARCHITECTURE_RECORDS: dict[str, Architecture] = {
-    "cnn": Architecture(images_only=True, min_side=4, why=_POOLS),
-    "cnn-hog": Architecture(images_only=True, smoothed_expert=0, min_side=8, why=_HOG),
-    "cnn-hog-scatter": Architecture(images_only=True, smoothed_expert=0, min_side=8, why=_HOG),
+    "cnn": Architecture(images_only=True, min_side=MinSide(4, "Conv-Small's two 2x2 max-pools")),
+    "cnn-hog": Architecture(images_only=True, smoothed_expert=0, min_side=HOG_SIDE),
+    "cnn-hog-scatter": Architecture(images_only=True, smoothed_expert=0, min_side=HOG_SIDE),
     "cnn-hog-simclr": Architecture(images_only=True, pool_features=True, smoothed_expert=0,
-                                   min_side=8, why=_HOG),
+                                   min_side=HOG_SIDE),
     "mlp": Architecture(images_only=False),
     "wn-mlp": Architecture(images_only=False),
 }

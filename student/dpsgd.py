@@ -42,9 +42,10 @@ from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DPSGD_MODELS, dpsgd_model_for
 from student.training import accuracy
+from teachers.choices import HOG_SIDE, SCATTERING_SIDE
 from teachers.fixed_maps import feature_table
 from teachers.hog import HOG, hog_size
-from teachers.scattering import SCALES, Scattering, scattering_size
+from teachers.scattering import Scattering, scattering_size
 
 if TYPE_CHECKING:
     from opacus.data_loader import DPDataLoader
@@ -109,9 +110,8 @@ def tempered_cnn(in_shape: tuple[int, int, int], num_classes: int, mean: float,
     return nn.Sequential(*features, nn.Linear(flat, 32), nn.Tanh(), nn.Linear(32, num_classes))
 
 
-# The smallest image side each fixed feature map takes: the scattering's 2^J (J = 2 scales), and
-# HOG's two cells of 4 pixels.
-_MIN_IMAGE_SIDE = {"scatter-linear": 2 ** SCALES, "hog-linear": 8}
+# The smallest image side each fixed feature map takes.
+_MIN_IMAGE_SIDE = {"scatter-linear": SCATTERING_SIDE, "hog-linear": HOG_SIDE}
 
 
 def with_model(config: DPSGDConfig, train_x: np.ndarray) -> DPSGDConfig:
@@ -121,9 +121,9 @@ def with_model(config: DPSGDConfig, train_x: np.ndarray) -> DPSGDConfig:
     kind = "tabular" if train_x.ndim == 2 else "image"
     model = dpsgd_model_for(config.model, kind)
     side = _MIN_IMAGE_SIDE.get(model)
-    if side is not None and min(train_x.shape[2:]) < side:
-        raise ValueError(f"model {model!r} needs images of at least {side}x{side} pixels, got "
-                         f"{'x'.join(map(str, train_x.shape[2:]))} (images are [n, C, H, W])")
+    problem = None if side is None else side.problem(f"model {model!r}", train_x.shape[1:])
+    if problem:
+        raise ValueError(f"{problem} (images are [n, C, H, W])")
     return replace(config, model=model)
 
 

@@ -199,10 +199,10 @@ def check_network(spec: ModelSpec) -> None:
     hint = (" (images are [C, H, W]: these look [H, W, C], channels last)"
             if channels_last(spec.in_shape) else "")
     record = ARCHITECTURE_RECORDS.get(spec.arch)
-    if record is not None and len(spec.in_shape) == 3 and min(spec.in_shape[1:]) < record.min_side:
-        side = record.min_side
-        raise UserError(f"arch {spec.arch} needs images of at least {side}x{side} pixels "
-                        f"({record.why}), got {'x'.join(map(str, spec.in_shape[1:]))}{hint}")
+    problem = (record.min_side.problem(f"arch {spec.arch}", spec.in_shape)
+               if record is not None and len(spec.in_shape) == 3 else None)
+    if problem:
+        raise UserError(problem + hint)
     if spec.arch in POOL_FEATURE_ARCHS:
         return
     try:

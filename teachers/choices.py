@@ -8,30 +8,50 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class TeacherModel:
-    """What the code needs to know of a built-in teachers' network: whether it is made for
-    images only, the smallest image side it takes and what sets it (``min_side``, ``why``),
-    and whether it reads the run's frozen pool encoder (:mod:`teachers.pool_encoder`), learnt
-    from the public pool before the teachers train."""
+class MinSide:
+    """The smallest image side a network takes, and what sets it (the teachers', the
+    student's and DP-SGD's networks)."""
 
-    images_only: bool
-    pool_encoder: bool = False
-    min_side: int = 1
+    side: int = 1
     why: str = ""
+
+    def problem(self, what: str, image_shape: tuple[int, ...]) -> str | None:
+        """Why ``what`` cannot take images ``[C, H, W]`` of ``image_shape``, or None."""
+        if min(image_shape[1:]) >= self.side:
+            return None
+        return (f"{what} needs images of at least {self.side}x{self.side} pixels"
+                + (f" ({self.why})" if self.why else "")
+                + f", got {'x'.join(map(str, image_shape[1:]))}")
 
 
 # HOG needs two cells of 4 pixels a side (its blocks are 2x2 cells); order-2 scattering at J = 2
 # scales, a side of 2^J; two 2x2 max-pools, a side of 4.
-_HOG = {"min_side": 8, "why": "HOG's blocks of 2x2 cells of 4 pixels"}
-_POOLS = {"min_side": 4, "why": "two 2x2 max-pools"}
+ANY_SIDE = MinSide()
+HOG_SIDE = MinSide(8, "HOG's blocks of 2x2 cells of 4 pixels")
+SCATTERING_SIDE = MinSide(4, "scattering at 2 scales")
+_POOLS = MinSide(4, "two 2x2 max-pools")
+
+
+@dataclass(frozen=True)
+class TeacherModel:
+    """What the code needs to know of a built-in teachers' network: whether it is made for
+    images only, the smallest image side it takes, and whether it reads the run's frozen pool
+    encoder (:mod:`teachers.pool_encoder`), learnt from the public pool before the teachers
+    train."""
+
+    images_only: bool
+    pool_encoder: bool = False
+    min_side: MinSide = ANY_SIDE
+
+
 MODEL_RECORDS: dict[str, TeacherModel] = {
-    "cnn": TeacherModel(images_only=True), "cnn-pool": TeacherModel(images_only=True, **_POOLS),
+    "cnn": TeacherModel(images_only=True), "cnn-pool": TeacherModel(True, min_side=_POOLS),
     "resnet": TeacherModel(images_only=True), "mlp": TeacherModel(images_only=False),
-    "hog": TeacherModel(images_only=True, **_HOG),
-    "scatter": TeacherModel(images_only=True, min_side=4, why="scattering at 2 scales"),
-    "hog-scatter": TeacherModel(images_only=True, **_HOG),
-    "cnn-pool-hog": TeacherModel(images_only=True, **_HOG),
-    "cnn-pool-hog-simclr": TeacherModel(images_only=True, pool_encoder=True, **_HOG)}
+    "hog": TeacherModel(True, min_side=HOG_SIDE),
+    "scatter": TeacherModel(True, min_side=SCATTERING_SIDE),
+    "hog-scatter": TeacherModel(True, min_side=HOG_SIDE),
+    "cnn-pool-hog": TeacherModel(True, min_side=HOG_SIDE),
+    "cnn-pool-hog-simclr": TeacherModel(True, pool_encoder=True, min_side=HOG_SIDE)}
 MODELS: tuple[str, ...] = tuple(MODEL_RECORDS)
 POOL_ENCODER_MODELS = frozenset(n for n, m in MODEL_RECORDS.items() if m.pool_encoder)
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).
@@ -47,10 +67,8 @@ def model_data_problem(name: str, kind: str, in_shape: tuple[int, ...]) -> str |
         return None
     if kind == "tabular" and record.images_only:
         return f"model {name} needs images; on tabular data use {DEFAULT_MODEL['tabular']}"
-    if kind == "image" and min(in_shape[1:]) < record.min_side:
-        side = record.min_side
-        return (f"model {name} needs images of at least {side}x{side} pixels ({record.why}), "
-                f"got {'x'.join(map(str, in_shape[1:]))}")
+    if kind == "image":
+        return record.min_side.problem(f"model {name}", in_shape)
     return None
 
 

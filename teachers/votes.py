@@ -127,10 +127,10 @@ class Ensemble:
 
     def _input_shape(self) -> tuple[int, ...]:
         """The shape of one row as the teachers' network reads it: the fixed maps' table row
-        (:meth:`inputs`), else the input's."""
+        (as wide as its last :class:`~teachers.fixed_maps.Columns` reach), else the input's."""
         if not self._maps:
             return self.in_shape
-        return tuple(self.inputs(torch.zeros((1, *self.in_shape), device=self.device)).shape[1:])
+        return (max(m.stop for m in self._base.modules() if isinstance(m, Columns)),)
 
     def inputs(self, xb: torch.Tensor) -> torch.Tensor:
         """What the teachers' network reads of the rows ``xb``: their fixed maps' table
@@ -171,9 +171,9 @@ class Ensemble:
                 rows = self.inputs(torch.as_tensor(np.ascontiguousarray(x[i:i + chunk]),
                                                    dtype=torch.float32, device=self.device))
                 for j in range(0, len(rows), batch_size):
-                    yield torch.cat([self._forward(p, rows[j:j + batch_size])
-                                     for p in self._groups(batch_size)])
-                    bar.update(len(rows[j:j + batch_size]))
+                    xb = rows[j:j + batch_size]
+                    yield torch.cat([self._forward(p, xb) for p in self._groups(batch_size)])
+                    bar.update(len(xb))
 
     def labels(self, x: np.ndarray, batch_size: int | None = None, desc: str | None = None
                ) -> Iterator[torch.Tensor]:
