@@ -11,10 +11,19 @@ as ``teachers.models.Experts`` does. For each it prints the teachers' mean accur
 evaluation half and their plurality's accuracy there and on the pool, one JSON line each,
 appended to results/bench_linear_experts.jsonl.
 
+``--whiten K`` first projects each map's features on the K leading principal components of the
+public pool's features, each divided by sqrt(v_k + a * mean(v)), v_k the pool's variance along
+component k and a the ``--shrinkage`` (a = 0: whitened; large a: the plain projection, scaled):
+a map fitted on the public pool alone, so it costs no privacy. ``--votes-out F`` writes the
+pair's votes on the pool (``[pool rows, classes]``, in the pool's order) as a ``.npy`` that
+``pate student train --votes F`` and ``scripts/bench_ensemble_size.py`` read.
+
 It reads the pool's true labels: an offline experiment to choose a teacher network, not a step of
 any release.
 
     python scripts/bench_linear_experts.py --dataset fashion-mnist --teachers 250
+    python scripts/bench_linear_experts.py --dataset fashion-mnist --teachers 250 --whiten 128 \
+        --shrinkage 0.1 --weight-decay 3e-2 --votes-out white.npy
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from bench_common import emit
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.task import load_task
+from pate.io import write_with_atomic
 from teachers.fixed_maps import feature_table
 from teachers.hog import HOG
 from teachers.partition import make_partition
@@ -38,6 +48,20 @@ from teachers.scattering import Scattering
 def features(fixed: torch.nn.Module, x: np.ndarray) -> torch.Tensor:
     """``fixed``'s map of every row of ``x``."""
     return feature_table([fixed], torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32))
+
+
+def pool_whitening(pool: torch.Tensor, components: int, shrinkage: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean [F], projection [F, K])``: ``(z - mean) @ projection`` is a row's coordinates on
+    the K leading principal components of the pool's rows ``pool [n, F]``, component k divided
+    by sqrt(v_k + shrinkage * mean(v)), v the pool's variances along the K components (a
+    shrunk PCA whitening: A. Kessy, A. Lewin, K. Strimmer, "Optimal Whitening and
+    Decorrelation", The American Statistician 2018, for the whitening)."""
+    mean = pool.mean(0)
+    _, singular, vt = torch.linalg.svd((pool - mean).double(), full_matrices=False)
+    variance = singular[:components] ** 2 / len(pool)
+    scale = torch.rsqrt(variance + shrinkage * variance.mean())
+    return mean, (vt[:components].T * scale).float()
 
 
 def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr: float,
@@ -81,6 +105,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--weight-decay", type=float, default=1e-2)
+    parser.add_argument("--whiten", type=int, default=0, metavar="K",
+                        help="project each map on the pool's K leading principal components")
+    parser.add_argument("--shrinkage", type=float, default=0.1,
+                        help="with --whiten: add this times the mean variance to each one")
+    parser.add_argument("--votes-out", type=Path, help="write the pair's votes on the pool")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/bench_linear_experts.jsonl"))
     args = parser.parse_args()
@@ -96,18 +125,32 @@ def main() -> None:
     probs = {}
     for name, fixed in (("hog", HOG()), ("scattering", scatter)):
         start = time.perf_counter()
-        private = features(fixed, task.private_x)
+        private, pool, evaluation = (features(fixed, x) for x in
+                                     (task.private_x, task.pool_x, task.eval_x))
+        if args.whiten:
+            mean, projection = pool_whitening(pool, args.whiten, args.shrinkage)
+            private, pool, evaluation = ((z - mean) @ projection
+                                         for z in (private, pool, evaluation))
         weights, bias = train_experts(private[parts], y, len(task.classes), args.steps, args.lr,
                                       args.weight_decay)
-        probs[name] = (probabilities(features(fixed, task.eval_x), weights, bias),
-                       probabilities(features(fixed, task.pool_x), weights, bias))
+        probs[name] = (probabilities(evaluation, weights, bias),
+                       probabilities(pool, weights, bias))
         emit({"experts": name, "teachers": args.teachers, "rows_each": per_teacher,
+              "whiten": args.whiten, "shrinkage": args.shrinkage if args.whiten else None,
+              "weight_decay": args.weight_decay,
               **scores(*probs[name], eval_y, pool_y),
               "seconds": round(time.perf_counter() - start, 1)}, args.out, threads=args.threads)
     pair = [(a + b) / 2 for a, b in zip(probs["hog"], probs["scattering"], strict=True)]
     emit({"experts": "hog+scattering (mean of probabilities)", "teachers": args.teachers,
-          "rows_each": per_teacher, **scores(*pair, eval_y, pool_y)}, args.out,
+          "rows_each": per_teacher, "whiten": args.whiten,
+          "shrinkage": args.shrinkage if args.whiten else None,
+          "weight_decay": args.weight_decay, **scores(*pair, eval_y, pool_y)}, args.out,
          threads=args.threads)
+    if args.votes_out is not None:
+        pool_votes = torch.nn.functional.one_hot(pair[1].argmax(-1), len(task.classes)).sum(0)
+        # votes are a private artifact: owner-only, written whole or not at all
+        write_with_atomic(args.votes_out, lambda f: np.save(f, pool_votes.numpy()),
+                          private=True)
 
 
 if __name__ == "__main__":
