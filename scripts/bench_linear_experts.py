@@ -55,8 +55,8 @@ def pool_whitening(pool: torch.Tensor, components: int, shrinkage: float
     """``(mean [F], projection [F, K])``: ``(z - mean) @ projection`` is a row's coordinates on
     the K leading principal components of the pool's rows ``pool [n, F]``, component k divided
     by sqrt(v_k + shrinkage * mean(v)), v the pool's variances along the K components (a
-    shrunk PCA whitening: A. Kessy, A. Lewin, K. Strimmer, "Optimal Whitening and
-    Decorrelation", The American Statistician 2018, for the whitening)."""
+    shrunk PCA whitening; for PCA whitening: A. Kessy, A. Lewin, K. Strimmer, "Optimal
+    Whitening and Decorrelation", The American Statistician 2018)."""
     mean = pool.mean(0)
     _, singular, vt = torch.linalg.svd((pool - mean).double(), full_matrices=False)
     variance = singular[:components] ** 2 / len(pool)
@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/bench_linear_experts.jsonl"))
     args = parser.parse_args()
+    if args.whiten < 0 or args.shrinkage < 0:
+        parser.error("--whiten and --shrinkage must be at least 0")
     torch.set_num_threads(args.threads)
     task = load_task(source_from_flags(args))
     assert task.pool_y is not None and task.eval_y is not None, "needs a labelled benchmark"
@@ -122,6 +124,9 @@ def main() -> None:
     y = torch.as_tensor(task.private_y)[parts]
     eval_y, pool_y = torch.as_tensor(task.eval_y), torch.as_tensor(task.pool_y)
     scatter = Scattering(tuple(task.pool_x.shape[1:]))
+    settings = {"teachers": args.teachers, "rows_each": per_teacher, "whiten": args.whiten,
+                "shrinkage": args.shrinkage if args.whiten else None,
+                "weight_decay": args.weight_decay}
     probs = {}
     for name, fixed in (("hog", HOG()), ("scattering", scatter)):
         start = time.perf_counter()
@@ -135,17 +140,11 @@ def main() -> None:
                                       args.weight_decay)
         probs[name] = (probabilities(evaluation, weights, bias),
                        probabilities(pool, weights, bias))
-        emit({"experts": name, "teachers": args.teachers, "rows_each": per_teacher,
-              "whiten": args.whiten, "shrinkage": args.shrinkage if args.whiten else None,
-              "weight_decay": args.weight_decay,
-              **scores(*probs[name], eval_y, pool_y),
+        emit({"experts": name, **settings, **scores(*probs[name], eval_y, pool_y),
               "seconds": round(time.perf_counter() - start, 1)}, args.out, threads=args.threads)
     pair = [(a + b) / 2 for a, b in zip(probs["hog"], probs["scattering"], strict=True)]
-    emit({"experts": "hog+scattering (mean of probabilities)", "teachers": args.teachers,
-          "rows_each": per_teacher, "whiten": args.whiten,
-          "shrinkage": args.shrinkage if args.whiten else None,
-          "weight_decay": args.weight_decay, **scores(*pair, eval_y, pool_y)}, args.out,
-         threads=args.threads)
+    emit({"experts": "hog+scattering (mean of probabilities)", **settings,
+          **scores(*pair, eval_y, pool_y)}, args.out, threads=args.threads)
     if args.votes_out is not None:
         pool_votes = torch.nn.functional.one_hot(pair[1].argmax(-1), len(task.classes)).sum(0)
         # votes are a private artifact: owner-only, written whole or not at all
