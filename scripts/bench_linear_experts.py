@@ -87,11 +87,16 @@ def probabilities(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor) ->
     return torch.softmax(torch.einsum("nf,tfc->tnc", x, weights) + bias, -1)
 
 
+def votes(p: torch.Tensor) -> torch.Tensor:
+    """``[n, C]``: how many of the T teachers give each class its top probability in
+    ``p [T, n, C]``."""
+    return torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)
+
+
 def scores(p_eval: torch.Tensor, p_pool: torch.Tensor, eval_y: torch.Tensor,
            pool_y: torch.Tensor) -> dict[str, float]:
     def plurality(p: torch.Tensor, y: torch.Tensor) -> float:
-        votes = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)
-        return float((votes.argmax(-1) == y).float().mean())
+        return float((votes(p).argmax(-1) == y).float().mean())
 
     return {"mean_accuracy": round(float((p_eval.argmax(-1) == eval_y).float().mean()), 4),
             "plurality_eval": round(plurality(p_eval, eval_y), 4),
@@ -146,9 +151,8 @@ def main() -> None:
     emit({"experts": "hog+scattering (mean of probabilities)", **settings,
           **scores(*pair, eval_y, pool_y)}, args.out, threads=args.threads)
     if args.votes_out is not None:
-        pool_votes = torch.nn.functional.one_hot(pair[1].argmax(-1), len(task.classes)).sum(0)
         # votes are a private artifact: owner-only, written whole or not at all
-        write_with_atomic(args.votes_out, lambda f: np.save(f, pool_votes.numpy()),
+        write_with_atomic(args.votes_out, lambda f: np.save(f, votes(pair[1]).numpy()),
                           private=True)
 
 
