@@ -72,6 +72,7 @@ from pate.api_checks import (
 from pate.api_dpsgd import DPSGD
 from pate.api_tables import TableEncoder
 from pate.data.augment import AUGMENTATIONS
+from pate.data.partitions import PARTITIONS
 from pate.data.task import rows_fingerprint
 from pate.data.votes_file import check_votes
 from pate.errors import BudgetExhausted, UserError
@@ -97,7 +98,7 @@ from teachers.choices import DEFAULT_MODEL, model_data_problem
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
 from teachers.models import check_user_model
-from teachers.partition import make_partition
+from teachers.partition import deal_rows
 from teachers.rng import SEED_LIMIT
 from teachers.votes import Ensemble, load_ensemble
 
@@ -116,13 +117,20 @@ class Teachers:
     labels). Feature rows are used unscaled: standardise them with the pool's statistics
     first (see the module's docstring). ``augment`` (``none``, ``shift``, ``shift-flip``) and
     ``mixup`` (the alpha of its Beta distribution; 0: off) are as in ``pate run``'s
-    ``[teachers]``; ``device`` trains and votes there (``cuda`` on a GPU)."""
+    ``[teachers]``; ``device`` trains and votes there (``cuda`` on a GPU). ``partition``
+    (``position`` or ``record``, ``teachers.partition``) is how the rows are dealt: by record,
+    each goes to the teacher its content hashes to, and the privacy analysis holds for adding or
+    removing a record (as DP-SGD's), not only for changing one."""
 
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
                  augment: str = "none", mixup: float = 0.0, seed: int = 0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", partition: str = "position") -> None:
         model = checked_network(model, "model")
+        if partition not in PARTITIONS:
+            raise UserError(f"partition must be one of {', '.join(PARTITIONS)}, got "
+                            f"{partition!r}")
+        self.partition = partition
         self.n_teachers = checked_integer("n_teachers", n_teachers, 1)
         self.n_classes = checked_integer("n_classes", n_classes, 2)
         self.shard_size = checked_integer("shard_size", shard_size, 1)
@@ -152,10 +160,9 @@ class Teachers:
         if problem:
             raise UserError(problem)
         check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)
-        part = make_partition(len(xs), self.n_teachers, self.config.seed)
-        min_size = int(part.sizes.min())
+        part = deal_rows(self.partition, xs, ys, self.n_teachers, self.config.seed)
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
-                              part.parts(teachers), min_size, self.device,
+                              part.parts(teachers), part.step_rows(teachers), self.device,
                               torch.get_num_threads())
                   for teachers in shard_ranges(self.n_teachers, self.shard_size)]
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
@@ -189,8 +196,8 @@ class Teachers:
         checkpoints.write_manifest(root, {
             "model": self.config.model, "in_shape": list(ens.in_shape),
             "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,
-            "train": asdict(self.config), "shards": shards, "done": True,
-            "private_records": self.private_records_,
+            "train": asdict(self.config), "partition": self.partition, "shards": shards,
+            "done": True, "private_records": self.private_records_,
             "private_fingerprint": self.private_fingerprint_,
             "private_data_fingerprint": self.private_fingerprint_,  # the arrays as given: both
             "saved_by": "pate.api.Teachers"})
@@ -206,7 +213,8 @@ class Teachers:
             raise UserError(f"{directory}: no saved teachers (teachers/manifest.json)")
         try:
             teachers = cls(int(manifest["num_teachers"]), int(manifest["num_classes"]),
-                           model=manifest["model"], device=device)
+                           model=manifest["model"], device=device,
+                           partition=manifest.get("partition", "position"))
             teachers.config = TrainConfig(**manifest["train"])
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{directory}: its teachers' manifest is not of this version "

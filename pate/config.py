@@ -32,6 +32,7 @@ from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
 from pate.data.datasets import DEFAULT_DATASET, LOADERS
+from pate.data.partitions import PARTITIONS
 from pate.data.task import Benchmark, DataFiles, DataSource, data_kind
 from pate.errors import UserError
 from student.choices import (
@@ -109,6 +110,9 @@ class TeachersConfig(_Section):
     mixup: float = Field(default=0.0, ge=0)
     augment: Literal[("auto", *AUGMENTATIONS)] = "auto"  # type: ignore[valid-type]
     seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
+    # how the private rows are dealt (teachers.partition): by record, the analysis holds for
+    # adding or removing one record, DP-SGD's relation, and not only for changing one
+    partition: Literal[tuple(PARTITIONS)] = "position"  # type: ignore[valid-type]
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"

@@ -123,7 +123,7 @@ def _train_config(config: RunConfig, kind: str) -> TrainConfig:
 def _teachers(config: RunConfig, run: RunDir) -> None:
     t, source = config.teachers, config.data.source()
     train = _train_config(config, data_kind(source))
-    job = TrainJob(source, t.count, t.shard_size, train)
+    job = TrainJob(source, t.count, t.shard_size, train, t.partition)
     cluster = Cluster(t.workers, t.ray_address, t.device, t.gpus_per_shard)
     result = train_teachers(run.root, job, cluster)
     run.append_log(f"teachers: {len(result['trained'])} shard(s) trained, "

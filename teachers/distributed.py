@@ -40,7 +40,7 @@ from teachers.models import check_user_model
 from teachers.partition import (
     Partition,
     check_disjoint,
-    make_partition,
+    deal_rows,
     read_partition,
     verify_partition,
     write_partition,
@@ -60,6 +60,7 @@ class TrainJob:
     num_teachers: int
     shard_size: int
     train: TrainConfig
+    partition: str = "position"  # how the rows are dealt (teachers.partition.PARTITIONS)
 
     @property
     def source(self) -> DataSource:
@@ -73,7 +74,9 @@ class TrainJob:
         return {"dataset": source.name if benchmark else Path(source.public).stem,
                 "data": source_identity(source), "num_teachers": self.num_teachers,
                 "shard_size": self.shard_size, "train": asdict(self.train),
-                "pool_size": source.pool_size if benchmark else None}
+                "pool_size": source.pool_size if benchmark else None,
+                # by position, recorded as older versions' runs were (without the key)
+                **({} if self.partition == "position" else {"partition": self.partition})}
 
 
 def shard_ranges(num_teachers: int, shard_size: int) -> list[range]:
@@ -101,7 +104,7 @@ class EpochCounter:
 
 
 def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
-                teachers: range, parts: list[np.ndarray], min_size: int, device: str,
+                teachers: range, parts: list[np.ndarray], step_rows: np.ndarray, device: str,
                 threads: int, encoder: dict[str, np.ndarray] | None = None,
                 progress: tuple[Any, int] | None = None) -> dict[str, np.ndarray]:
     """Body of one Ray task: train the teachers of one shard, return stacked parameters.
@@ -118,7 +121,7 @@ def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int
     torch.set_num_threads(threads)
     xt, yt, enc = _on_device(x, y, encoder, device)
     params = train_group(cfg, xt, yt, num_classes, np.arange(teachers.start, teachers.stop),
-                         parts, min_size, enc, on_epochs)
+                         parts, step_rows, enc, on_epochs)
     return {k: v.numpy() for k, v in params.items()}
 
 
@@ -251,7 +254,8 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     check_user_model(job.train.model, data.input_shape, data.num_classes,  # so is this
                      job.train.batch_size)
     n = len(data.private_y)
-    part = make_partition(n, job.num_teachers, job.train.seed)
+    part = deal_rows(job.partition, data.private_x, data.private_y, job.num_teachers,
+                     job.train.seed)
     recorded = read_partition(run_dir)
     settings = job.settings()
     if recorded is None:
@@ -275,9 +279,9 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
                         "new --run directory")
     elif checkpoints.private_changed(manifest, data):
         raise UserError("the private data is not what this run's teachers were partitioned "
-                        "over (its rows, their order or their labels changed since): the "
-                        "partition deals rows by position, so one record could reach two "
-                        "teachers; restore it, or use a new --run directory")
+                        "over (its rows, their order or their labels changed since): dealt "
+                        "again, one record could reach two teachers; restore it, or use a new "
+                        "--run directory")
     # recorded here for a new run, and for an older version's run that lacks them
     manifest.setdefault("pool_fingerprint", data.pool_fingerprint)
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
@@ -398,7 +402,7 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
             while queue and len(pending) < cluster.workers:
                 i, teachers = queue.pop(0)
                 ref = task.remote(job.train, x_ref, y_ref, data.num_classes, teachers,
-                                  part.parts(teachers), manifest["min_size"], cluster.device,
+                                  part.parts(teachers), part.step_rows(teachers), cluster.device,
                                   cpus, enc_ref, (counter, i))
                 pending[ref] = (i, teachers, time.time())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_PROGRESS_EVERY_S)
@@ -439,7 +443,8 @@ def _run_here(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int
             try:
                 params = train_group(job.train, x, y, data.num_classes,
                                      np.arange(teachers.start, teachers.stop),
-                                     part.parts(teachers), manifest["min_size"], enc, bar.update)
+                                     part.parts(teachers), part.step_rows(teachers), enc,
+                                     bar.update)
             except UserError:
                 raise
             except Exception as exc:  # whatever a user's network or the device raises

@@ -13,9 +13,11 @@ the learning rate follows a one-cycle schedule (L. N. Smith, N. Topin, "Super-Co
 Determinism: a teacher's initial weights, its minibatch order (a fresh permutation of its
 partition each epoch), its augmentation and its mixup weights are counter-based random numbers
 of (seed, teacher id, position) (:mod:`teachers.rng`), independent of which teachers share the
-group. Every teacher takes the same number of steps, ``epochs * ceil(min_size / batch_size)``
-with ``min_size`` the smallest partition of the whole run, so a group reproduces the teachers
-trained one by one (:func:`train_one`).
+group. A teacher takes ``epochs * ceil(rows / batch_size)`` steps, ``rows`` what its partition
+sets (``teachers.partition.Partition.step_rows``): the smallest partition of the whole run where
+the rows were dealt by position, its own where they were dealt by record. Teachers of a group
+that take different numbers of steps train in sub-groups, one per number. Either way a group
+reproduces the teachers trained one by one (:func:`train_one`).
 
 Where every path of a built-in network starts with a fixed map (``hog``, ``scatter``,
 ``hog-scatter``: :func:`teachers.models.on_features`), only its head is mapped over the teachers;
@@ -112,9 +114,10 @@ def train_config_for(source: DataSource, kind: str, *, model: str | None = None,
                        **{k: v for k, v in given.items() if v is not None})
 
 
-def total_steps(cfg: TrainConfig, min_size: int) -> int:
-    """Optimiser steps per teacher for a run whose smallest partition has ``min_size`` rows."""
-    return cfg.epochs * math.ceil(min_size / cfg.batch_size)
+def total_steps(cfg: TrainConfig, rows: np.ndarray) -> np.ndarray:
+    """Optimiser steps of teachers whose partitions set ``rows`` (``Partition.step_rows``):
+    ``epochs * ceil(rows / batch_size)``, elementwise."""
+    return cfg.epochs * -(-np.asarray(rows, dtype=np.int64) // cfg.batch_size)
 
 
 def example_order(seed: int, teacher_ids: np.ndarray, sizes: np.ndarray, draws: int
@@ -181,11 +184,10 @@ def _loss(cfg: TrainConfig, forward: Callable[[torch.Tensor], torch.Tensor], xb:
     return (lam * ce[0] + (1 - lam) * ce[1]).sum() / yb.shape[1]
 
 
-def _batches(cfg: TrainConfig, teacher_ids: np.ndarray, parts: list[np.ndarray], min_size: int,
-             device: torch.device) -> tuple[int, Callable[[int], tuple[torch.Tensor, ...]]]:
-    """Number of steps and a function step -> (global rows [K, b], dy, dx, flip, mixup
-    weight)."""
-    steps = total_steps(cfg, min_size)
+def _batches(cfg: TrainConfig, teacher_ids: np.ndarray, parts: list[np.ndarray], steps: int,
+             device: torch.device) -> Callable[[int], tuple[torch.Tensor, ...]]:
+    """A function step -> (global rows [K, b], dy, dx, flip, mixup weight), for ``steps``
+    steps."""
     b = cfg.batch_size
     sizes = np.array([len(p) for p in parts])
     padded = np.zeros((len(parts), sizes.max()), dtype=np.int64)
@@ -198,7 +200,7 @@ def _batches(cfg: TrainConfig, teacher_ids: np.ndarray, parts: list[np.ndarray],
 
     def batch(step: int) -> tuple[torch.Tensor, ...]:
         return tuple(t[:, step * b:(step + 1) * b] for t in tensors)
-    return steps, batch
+    return batch
 
 
 def _augmented(cfg: TrainConfig, x: torch.Tensor, rows: torch.Tensor, dy: torch.Tensor,
@@ -227,26 +229,41 @@ def vectorised(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int,
 
 
 def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                teacher_ids: np.ndarray, parts: list[np.ndarray], min_size: int,
+                teacher_ids: np.ndarray, parts: list[np.ndarray], step_rows: int | np.ndarray,
                 encoder: dict[str, torch.Tensor] | None = None,
                 on_epochs: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
     """Train the teachers ``teacher_ids`` together; teacher k only ever reads rows ``parts[k]``
-    of ``x``/``y`` (already on the target device). ``encoder``: the run's frozen pool encoder,
+    of ``x``/``y`` (already on the target device) and takes ``total_steps(cfg, step_rows[k])``
+    steps (one number: the same for all). ``encoder``: the run's frozen pool encoder,
     for the architectures that use one (shared, not trained). Returns the teachers' stacked
     parameters (CPU), and a user's network's buffers. A user's network that fails the vmap test
     (:func:`vectorised`) is trained one teacher at a time (:func:`train_one`), the slower
     path, and so is one alone (the non-private model). ``on_epochs(n)``: ``n`` more
     teacher-epochs are done (after each epoch)."""
     check_disjoint(parts, len(x))
-    device = x.device
     ids = np.asarray(teacher_ids, dtype=np.int64)
-    in_shape = tuple(x.shape[1:])
+    rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), ids.shape)
     alone = len(ids) == 1 and is_import_path(cfg.model)  # a user's network, alone: no probe
-    if alone or not vectorised(cfg, in_shape, num_classes, device):
-        states = [module_state(train_one(cfg, x, y, num_classes, int(t), part, min_size,
+    if alone or not vectorised(cfg, tuple(x.shape[1:]), num_classes, x.device):
+        states = [module_state(train_one(cfg, x, y, num_classes, int(t), part, int(r),
                                          on_epochs=on_epochs))
-                  for t, part in zip(ids, parts, strict=True)]
+                  for t, part, r in zip(ids, parts, rows, strict=True)]
         return {k: torch.stack([s[k] for s in states]).cpu() for k in states[0]}
+    steps = total_steps(cfg, rows)
+    groups = [np.flatnonzero(steps == s) for s in np.unique(steps)]
+    states = [_train_stacked(cfg, x, y, num_classes, ids[g], [parts[i] for i in g],
+                             int(steps[g[0]]), encoder, on_epochs) for g in groups]
+    order = torch.as_tensor(np.argsort(np.concatenate(groups), kind="stable"))
+    return {k: torch.cat([s[k] for s in states])[order] for k in states[0]}
+
+
+def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                   ids: np.ndarray, parts: list[np.ndarray], steps: int,
+                   encoder: dict[str, torch.Tensor] | None,
+                   on_epochs: Callable[[int], None] | None) -> dict[str, torch.Tensor]:
+    """:func:`train_group`'s vectorised path for teachers that all take ``steps`` steps."""
+    device = x.device
+    in_shape = tuple(x.shape[1:])
     # The module's own parameters are never used (functional_call replaces them), its buffers
     # (a frozen encoder's) are: so it lives on the device.
     base = build_model(cfg.model, in_shape, num_classes, encoder).to(device)
@@ -262,7 +279,7 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
         if cfg.augment == "none" and cfg.mixup == 0:  # the rows reach the maps as they are
             x, y, parts = _mapped_rows(maps, x, y, parts)
             maps = []
-    steps, batch = _batches(cfg, ids, parts, min_size, device)
+    batch = _batches(cfg, ids, parts, steps, device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
     head = vmap(lambda p, xb: functional_call(base, p, (xb,)))
 
@@ -299,20 +316,22 @@ def _mapped_rows(maps: list[FixedMap], x: torch.Tensor, y: torch.Tensor,
 
 
 def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-              teacher_id: int, part: np.ndarray, min_size: int,
+              teacher_id: int, part: np.ndarray, step_rows: int,
               encoder: dict[str, torch.Tensor] | None = None,
               on_epochs: Callable[[int], None] | None = None) -> nn.Module:
     """The same teacher as :func:`train_group` would produce, trained alone as a plain module
-    (the one-at-a-time baseline of the benchmark, the reference of the equivalence test, and
-    the slower path of a user's network that vmap cannot map). The random numbers its forward
-    draws (dropout) come from torch's generator seeded from (seed, teacher)."""
+    for ``total_steps(cfg, step_rows)`` steps (the one-at-a-time baseline of the benchmark, the
+    reference of the equivalence test, and the slower path of a user's network that vmap cannot
+    map). The random numbers its forward draws (dropout) come from torch's generator seeded
+    from (seed, teacher)."""
     ids = np.array([teacher_id])
     in_shape = tuple(x.shape[1:])
     model = build_model(cfg.model, in_shape, num_classes, encoder).to(x.device)
     load_state(model, initial_state(cfg.model, model, in_shape, num_classes, ids, cfg.seed), 0)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=True)
-    steps, batch = _batches(cfg, ids, [part], min_size, x.device)
+    steps = int(total_steps(cfg, step_rows))
+    batch = _batches(cfg, ids, [part], steps, x.device)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
     per_epoch = steps // cfg.epochs
     with seeded(cfg.seed, teacher_id, rng.FORWARD, x.device):

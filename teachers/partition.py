@@ -2,9 +2,20 @@
 
 PATE's guarantee rests on each training example reaching exactly one teacher (Papernot et al.,
 ICLR 2017, section 2.1), so :func:`check_disjoint` runs before any training and refuses overlaps.
-A partition is a seeded permutation of the rows dealt round-robin, so sizes differ by at most
-one; ``partition.json`` records the seed, the sizes and the sha256 of the assignment, and a rerun
-verifies it recomputes the same assignment before reusing a run directory.
+Two ways to deal the rows (``PARTITIONS``), which differ in the neighbouring datasets the
+privacy analysis covers (docs/privacy-math.md, "Neighbouring datasets"):
+
+- ``position`` (the default): a seeded permutation of the rows dealt round-robin, so sizes
+  differ by at most one. Changing one record changes one teacher's rows; adding or removing one
+  moves other rows between teachers.
+- ``record``: each row goes to the teacher its content (features and label) hashes to, the
+  hash keyed by the seed (:func:`record_partition`). Adding or removing one record changes that
+  one teacher's rows and no other's, so the analysis holds for adding or removing a record,
+  DP-SGD's relation. Sizes vary (about binomially), so each teacher's number of steps follows
+  its own size (:meth:`Partition.step_rows`), not the run's smallest.
+
+``partition.json`` records the way, the seed, the sizes and the sha256 of the assignment, and a
+rerun verifies it recomputes the same assignment before reusing a run directory.
 """
 
 from __future__ import annotations
@@ -14,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
 
+from pate.data.partitions import PARTITIONS
 from pate.errors import UserError
 from pate.io import write_json_atomic
 from pate.rundir import RunDir
@@ -23,11 +37,13 @@ from teachers import rng
 
 @dataclass(frozen=True)
 class Partition:
-    """``assignment[i]`` is the teacher that owns training row i."""
+    """``assignment[i]`` is the teacher that owns training row i, dealt ``by`` one of
+    ``PARTITIONS``."""
 
     seed: int
     num_teachers: int
     assignment: np.ndarray
+    by: str = "position"
 
     @property
     def sizes(self) -> np.ndarray:
@@ -44,17 +60,61 @@ class Partition:
         bounds = np.concatenate([[0], np.cumsum(self.sizes)])
         return [order[bounds[t]:bounds[t + 1]] for t in teachers]
 
+    def step_rows(self, teachers: range | None = None) -> np.ndarray:
+        """The rows that set each teacher's number of steps (``teachers.ensemble.total_steps``):
+        the smallest partition's for all, dealt by position; each teacher's own, dealt by record,
+        so that adding or removing a record changes no other teacher's training."""
+        teachers = teachers if teachers is not None else range(self.num_teachers)
+        sizes = self.sizes
+        if self.by == "position":
+            return np.full(len(teachers), sizes.min())
+        return sizes[np.asarray(teachers, dtype=np.int64)]
+
 
 def make_partition(num_rows: int, num_teachers: int, seed: int) -> Partition:
     """Deal a seeded permutation of ``num_rows`` rows round-robin to ``num_teachers`` teachers."""
-    if not 1 <= num_teachers <= num_rows:
-        raise UserError(f"the number of teachers must be between 1 and {num_rows} (the training "
-                        "rows)")
+    _check_count(num_rows, num_teachers)
     keys = rng.uniform(seed, np.zeros(1, dtype=np.int64), rng.PARTITION,
                        np.arange(num_rows)[None])
     assignment = np.empty(num_rows, dtype=np.int32)
     assignment[np.argsort(keys[0], kind="stable")] = np.arange(num_rows) % num_teachers
     return Partition(seed, num_teachers, assignment)
+
+
+def _check_count(num_rows: int, num_teachers: int) -> None:
+    if not 1 <= num_teachers <= num_rows:
+        raise UserError(f"the number of teachers must be between 1 and {num_rows} (the training "
+                        "rows)")
+
+
+def record_partition(x: NDArray, y: NDArray, num_teachers: int, seed: int) -> Partition:
+    """Deal each row of ``x`` (with its label ``y``) to the teacher its bytes hash to: the
+    row's 64-bit hash (``pandas.util.hash_pandas_object`` over its bytes as words), keyed by the
+    seed through the partition's stream of :mod:`teachers.rng`, modulo the number of teachers.
+    A teacher left without rows is refused (fewer teachers, or ``position``)."""
+    _check_count(len(y), num_teachers)
+    flat = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
+    flat = np.pad(flat, ((0, 0), (0, -flat.shape[1] % 8)))
+    frame = pd.DataFrame(np.ascontiguousarray(flat).view("<u8"))
+    frame["label"] = np.asarray(y, dtype=np.int64)
+    content = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    keyed = rng.bits(seed, np.zeros(1, dtype=np.int64), rng.PARTITION, content[None])[0]
+    part = Partition(seed, num_teachers, (keyed % np.uint64(num_teachers)).astype(np.int32),
+                     "record")
+    if empty := int((part.sizes == 0).sum()):
+        raise UserError(f"dealt by record, {empty} of the {num_teachers} teachers get no rows: "
+                        "ask for fewer teachers, or deal the rows by position")
+    return part
+
+
+def deal_rows(by: str, x: NDArray, y: NDArray, num_teachers: int, seed: int) -> Partition:
+    """The partition of the rows ``x`` (labels ``y``) that ``by`` (one of ``PARTITIONS``) asks
+    for."""
+    if by == "position":
+        return make_partition(len(y), num_teachers, seed)
+    if by == "record":
+        return record_partition(x, y, num_teachers, seed)
+    raise UserError(f"the partition must be one of {', '.join(PARTITIONS)}, not {by!r}")
 
 
 def check_disjoint(parts: list[np.ndarray], num_rows: int) -> None:
@@ -70,7 +130,7 @@ def check_disjoint(parts: list[np.ndarray], num_rows: int) -> None:
 def write_partition(run_dir: Path, part: Partition, dataset: str) -> None:
     """Record the partition in ``run_dir/partition.json``."""
     write_json_atomic(RunDir(run_dir).partition, {
-        "dataset": dataset, "seed": part.seed, "num_teachers": part.num_teachers,
+        "dataset": dataset, "by": part.by, "seed": part.seed, "num_teachers": part.num_teachers,
         "num_rows": len(part.assignment), "sizes": part.sizes.tolist(), "sha256": part.sha256})
 
 
@@ -81,7 +141,11 @@ def read_partition(run_dir: Path) -> dict | None:
 
 
 def verify_partition(recorded: dict, part: Partition, dataset: str) -> None:
-    """Refuse to reuse a run directory whose recorded partition differs from ``part``."""
+    """Refuse to reuse a run directory whose recorded partition differs from ``part`` (an
+    older version's record, without ``by``, dealt by position)."""
+    if (by := recorded.get("by", "position")) != part.by:
+        raise UserError(f"this run's teachers were dealt their rows by {by}, not by {part.by}; "
+                        "repeat it or use a new --run directory")
     if (recorded.get("dataset"), recorded.get("sha256")) != (dataset, part.sha256):
         raise UserError("partition.json of this run records a different partition (dataset, "
                         "seed or number of teachers); use a new --run directory")

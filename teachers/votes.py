@@ -253,9 +253,10 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     private = manifest.get("private_data_fingerprint") or manifest.get("private_fingerprint")
     former = (manifest.get("private_fingerprint")
               if manifest.get("private_data_fingerprint") else None)
+    by = manifest.get("partition", "position")  # what the analysis covers (public setting)
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
-        pool_fingerprint=np.array(task.pool_fingerprint),
+        pool_fingerprint=np.array(task.pool_fingerprint), partition=np.array(by),
         **({} if records is None else {"private_records": np.array(records, np.int64)}),
         **({} if private is None else {"private_fingerprint": np.array(private)}),
         **({} if former is None else {"former_private_fingerprint": np.array(former)})),

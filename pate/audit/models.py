@@ -87,7 +87,7 @@ from student.training import (
 )
 from teachers import checkpoints
 from teachers.ensemble import TrainConfig
-from teachers.partition import make_partition
+from teachers.partition import deal_rows
 
 # Each audit's files, named by when it started (UTC), so that no audit overwrites another's.
 RECORDS_FILE = "models-{stamp}-records.npz"
@@ -114,6 +114,7 @@ class Run:
     eval_x: NDArray[np.float32] | None
     eval_y: NDArray[np.int64] | None
     parts: list[NDArray[np.int64]]
+    step_rows: NDArray[np.int64]  # Partition.step_rows: what sets each teacher's steps
     config: Any | None
 
 
@@ -143,7 +144,8 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
         raise UserError("the private data is not what this run's teachers were trained on (its "
                         "rows, their order or their labels changed since): cannot audit this run")
     train = TrainConfig(**manifest["train"])
-    part = make_partition(len(task.private_y), int(manifest["num_teachers"]), train.seed)
+    part = deal_rows(manifest.get("partition", "position"), task.private_x, task.private_y,
+                     int(manifest["num_teachers"]), train.seed)
     recorded = run.read_json(run.partition)
     if recorded is not None and recorded.get("sha256") != part.sha256:
         raise UserError(f"{run.partition} does not match the partition the run's settings give; "
@@ -153,7 +155,7 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     recipe = Recipe(train, tuple(manifest["in_shape"]), int(manifest["num_classes"]), encoder,
                     device)
     return Run(run, manifest, recipe, task.private_x, task.private_y, task.pool_x, task.pool_y,
-               task.eval_x, task.eval_y, part.parts(), config)
+               task.eval_x, task.eval_y, part.parts(), part.step_rows(), config)
 
 
 def _accuracy(run: Run, predict: Callable[[NDArray[np.float32]], NDArray[np.float64]]
@@ -252,9 +254,10 @@ def retrain_teachers(run: Run, options: ModelsAuditOptions, rng: np.random.Gener
     sizes = np.array([len(d[1]) for d in data])
     refs = (_reference_sets(rng, run.pool_x, run.pool_y, int(sizes.mean().round()),
                             options.references) if with_references else [])
+    steps = run.step_rows[ids]  # each teacher's; the references take the fewest of them
     params = train_models(run.recipe, data + refs,
                           [*ids.tolist(), *(_REFERENCE_ID + np.arange(len(refs))).tolist()],
-                          int(run.manifest["min_size"]))
+                          np.concatenate([steps, np.full(len(refs), steps.min())]))
     a = len(ids)
     return RetrainedTeachers(ids, select_models(params, slice(0, a)), canaries, sizes,
                              select_models(params, slice(a, None)) if refs else None)

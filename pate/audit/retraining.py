@@ -40,11 +40,12 @@ class Recipe:
 
 
 def train_models(recipe: Recipe, data: Sequence[tuple[NDArray[np.float32], NDArray[np.int64]]],
-                 ids: Sequence[int], min_size: int) -> dict[str, torch.Tensor]:
+                 ids: Sequence[int], step_rows: int | NDArray[np.int64]
+                 ) -> dict[str, torch.Tensor]:
     """Train one model per ``(x, y)`` of ``data`` with ``teachers.ensemble.train_group`` (the
     run's teacher training, vectorised over the models), model j with teacher id ``ids[j]`` (its
-    initial weights) and ``epochs * ceil(min_size / batch_size)`` steps. Returns the stacked
-    parameters."""
+    initial weights) and ``epochs * ceil(step_rows[j] / batch_size)`` steps (one number: the
+    same for all). Returns the stacked parameters."""
     x = np.concatenate([d[0] for d in data]).astype(np.float32)
     y = np.concatenate([d[1] for d in data]).astype(np.int64)
     ends = np.cumsum([len(d[1]) for d in data])
@@ -52,7 +53,7 @@ def train_models(recipe: Recipe, data: Sequence[tuple[NDArray[np.float32], NDArr
     device = torch.device(recipe.device)
     return train_group(recipe.train, torch.as_tensor(x, device=device),
                        torch.as_tensor(y, device=device), recipe.num_classes,
-                       np.asarray(ids, np.int64), parts, min_size, recipe.encoder)
+                       np.asarray(ids, np.int64), parts, step_rows, recipe.encoder)
 
 
 def stacked_log_probs(recipe: Recipe, params: dict[str, torch.Tensor], x: NDArray[np.float32],

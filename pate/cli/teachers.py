@@ -11,6 +11,7 @@ from pathlib import Path
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
 from pate.data.augment import AUGMENTATIONS
+from pate.data.partitions import PARTITIONS
 from pate.rundir import RunDir
 from teachers.choices import MODELS
 
@@ -42,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--augment", choices=["auto", *AUGMENTATIONS],
                        default="auto", help="random shifts (and mirroring); auto picks what "
                        "preserves the dataset's labels")
+    train.add_argument("--partition", choices=PARTITIONS, default="position",
+                       help="deal the private rows by position (the analysis covers changing "
+                            "one record) or by a hash of each record (it covers adding or "
+                            "removing one, as DP-SGD's does)")
     train.add_argument("--shard-size", type=int, default=25,
                        help="teachers per Ray task (trained together, vectorised)")
     train.add_argument("--workers", type=int, default=os.cpu_count() or 1,
@@ -77,7 +82,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = train_config_for(source, data_kind(source), model=args.model, augment=args.augment,
                            seed=args.seed, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, mixup=args.mixup)
-    job = TrainJob(source, args.teachers, args.shard_size, cfg)
+    job = TrainJob(source, args.teachers, args.shard_size, cfg, args.partition)
     cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
     t0 = time.time()
     with RunDir(args.run).create().exclusive():

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from pate.data.partitions import PARTITIONS
 from pate.errors import UserError
 
 MAX_COUNT = 2**31 - 1  # a count above it is no number of teachers, and its sum could overflow
@@ -133,6 +134,19 @@ def load_private_records(path: str | Path) -> int | None:
             or int(value) < 1):
         raise UserError(f"{path}: private_records must be one integer >= 1")
     return int(value)
+
+
+def load_partition(path: str | Path) -> str:
+    """How the votes' teachers were dealt their rows (``teachers.choices.PARTITIONS``), as a
+    run's ``votes.npz`` records it (``partition``): it says which neighbouring datasets the
+    analysis covers. ``position`` for a file without it (a published ``.npy``, an older
+    version's)."""
+    held, value = _npz_member(path, "partition")
+    if not held:
+        return "position"
+    if value is None or value.shape != () or str(value) not in PARTITIONS:
+        raise UserError(f"{path}: partition must be one of {', '.join(PARTITIONS)}")
+    return str(value)
 
 
 def load_private_fingerprint(path: str | Path, member: str = "private_fingerprint"

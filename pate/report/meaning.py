@@ -52,6 +52,15 @@ _RESTS_ON = {
     "data-independent": "the answers as the ledger charged them"}
 
 
+# Who the figures protect, as the teachers' partition sets it (pate.data.partitions).
+_NEIGHBOURS = {
+    "position": "changing their record in the private data (changing, not adding or removing: "
+                "the teachers' partition deals rows by position)",
+    "record": "adding their record to the private data or removing it (as DP-SGD's ε does: "
+              "the teachers' partition deals each record by a hash of its content, so no other "
+              "teacher's rows move; changing a record is a removal and an addition)"}
+
+
 def _percent(share: float) -> str:
     """A share as a percentage that does not round a near-certainty up to 100 %."""
     pct = 100 * share
@@ -59,10 +68,11 @@ def _percent(share: float) -> str:
 
 
 def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
-                 charged: float | None = None) -> str:
+                 charged: float | None = None, partition: str = "position") -> str:
     """The report's section: the definition in words, one row per epsilon, the figure to
     quote and what it rests on; where that figure is above the ``budget``, why, with what the
-    ledger ``charged``."""
+    ledger ``charged``; the neighbouring datasets as the teachers' ``partition`` sets them
+    (``pate.data.partitions``)."""
     if not meaning:
         return "<p>No publishable epsilon yet: the student has asked nothing.</p>"
     delta = meaning[0]["delta"]
@@ -95,10 +105,9 @@ def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
         f"</p>{above}"
         "<p>Each ε bounds, on what it rests on (below, and docs/privacy-math.md §12), "
         "everything published from this run together (the student, the labels it received "
-        "and that ε): for any one person, changing their record in the private data makes "
+        f"and that ε): for any one person, {_NEIGHBOURS[partition]} makes "
         "anything those outputs show at most e<sup>ε</sup> times as likely, plus at most "
-        f"δ = {delta:g}. (Changing, not adding or removing: the teachers' partition deals rows "
-        "by position.) Smaller is stronger. Against an attacker who knows every other record "
+        f"δ = {delta:g}. Smaller is stronger. Against an attacker who knows every other record "
         "and how the run was made, that means:</p>"
         "<table><thead><tr><th>ε</th><th>value</th><th>e<sup>ε</sup>: the most one record "
         "multiplies the chance of any outcome</th><th>best accuracy of a guess which of two "

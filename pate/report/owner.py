@@ -13,15 +13,26 @@ from typing import Any
 
 from pate.report.page import format_value
 
-OWNER_NOTE = ('<p class="note"><b>Owner only: not for publication.</b> This page compares the '
-              "published PATE student with models that read the private data: a non-private "
-              "model and the teachers' plurality carry no privacy guarantee, and their accuracy "
-              "is a statistic of the private data. The DP-SGD models read the private data "
-              "outside the run's budget: publishing one of them, or its accuracy, adds its ε "
-              "to the student's. DP-SGD's ε is for adding or removing a record, the "
-              "student's for changing one: the same number, not the same guarantee "
-              "(docs/privacy-math.md §12). Publish the student and the ε its report names "
-              "to quote; keep this page.</p>")
+# DP-SGD's ε is for adding or removing a record; the student's as the partition sets it
+# (pate.data.partitions).
+_SAME_GUARANTEE = {
+    "position": "DP-SGD's ε is for adding or removing a record, the student's for changing one "
+                "(the teachers' rows were dealt by position): the same number, not the same "
+                "guarantee",
+    "record": "DP-SGD's ε and the student's are both for adding or removing a record (the "
+              "teachers' rows were dealt by record): the same guarantee"}
+
+
+def owner_note(partition: str) -> str:
+    """The page's opening note, for a run whose teachers' rows were dealt by ``partition``."""
+    return ('<p class="note"><b>Owner only: not for publication.</b> This page compares the '
+            "published PATE student with models that read the private data: a non-private "
+            "model and the teachers' plurality carry no privacy guarantee, and their accuracy "
+            "is a statistic of the private data. The DP-SGD models read the private data "
+            "outside the run's budget: publishing one of them, or its accuracy, adds its ε "
+            f"to the student's. {_SAME_GUARANTEE[partition]} (docs/privacy-math.md §12). "
+            "Publish the student and the ε its report names to quote; keep this page.</p>")
+
 
 def owner_link(comparison: bool, audit: bool) -> tuple[str, str]:
     """report.html's section pointing to this page (beside it, in ``report/``), saying what
@@ -106,8 +117,10 @@ def audit_section(audit: dict[str, Any]) -> tuple[str, str]:
             + f'<table id="audit"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 
-def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str) -> list[tuple[str, str]]:
-    """The page's sections: the note, the table, and how DP-SGD's settings were chosen."""
+def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str, partition: str
+                   ) -> list[tuple[str, str]]:
+    """The page's sections: the note (:func:`owner_note`), the table, and how DP-SGD's
+    settings were chosen."""
     head = "".join(f"<th>{t}</th>" for t in ("Model", "Accuracy", "ε (δ of the run)",
                                              "Training", "Student ÷ this"))
     body = "".join(
@@ -119,5 +132,5 @@ def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str) -> list[tuple[
               "is trained to the student's ε at the run's δ (its noise multiplier calibrated "
               "by the project's sampled-Gaussian RDP accountant) on the private training data, "
               "and measured on the student's evaluation data.</p>")
-    return [("The student against DP-SGD and models without privacy", OWNER_NOTE + method
+    return [("The student against DP-SGD and models without privacy", owner_note(partition) + method
              + f'<table id="owner"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')]

@@ -107,6 +107,10 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
     if n:
         rows.append(("Private records n, and δ against them",
                      f"{n}; δ = {delta:g} = {delta * n:.2g} / n (1/n or more is refused)"))
+    elif report.get("partition") == "record":
+        rows.append(("Private records n, and δ against them",
+                     f"not shown: where adding or removing a record is what the ε covers, "
+                     f"their number is private; δ = {delta:g} was checked to be below 1/n"))
     aggregator = (report.get("config") or {}).get("aggregator")
     if aggregator and aggregator.get("budget_epsilon") is not None:
         rows.append(("Budget of the private data", f"ε = {aggregator['budget_epsilon']:g} at "
@@ -186,7 +190,8 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
             ("What these epsilons mean", meaning_html(
                 report["epsilon_meaning"],
                 ((report.get("config") or {}).get("aggregator") or {}).get("budget_epsilon"),
-                report["table"][0].get("epsilon_spent") if report["table"] else None)),
+                report["table"][0].get("epsilon_spent") if report["table"] else None,
+                report.get("partition", "position"))),
             ("Details", f"<table>{detail_rows}</table>")]
 
 

@@ -16,15 +16,15 @@ from analysis.costs import steps
 from pate.aggregation.vote_pool import VotePool
 from pate.config import AggregatorConfig, parse_config
 from pate.data.task import Benchmark, DataSource, Task, load_task
-from pate.data.votes_file import load_private_records, load_votes_with_index
+from pate.data.votes_file import load_partition, load_private_records, load_votes_with_index
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
 from pate.report.content import build_report, compare_runs
 from pate.report.freshness import REPORT_FORMAT, current_report
 from pate.report.owner import (
-    OWNER_NOTE,
     audit_section,
     owner_link,
+    owner_note,
     owner_rows,
     owner_sections,
 )
@@ -140,6 +140,10 @@ def load_run_data(run_dir: str | Path) -> RunData:
     task = _public_task(facts.source)
     pool_y = None if task is None or task.pool_y is None else task.pool_y[pool_index]
     student = run.read_json(run.student_metrics)
+    # dealt by record, the analysis covers adding or removing a record, and the number of
+    # records is then private: it is not shown
+    partition = load_partition(run.votes)
+    records = load_private_records(run.votes) if partition == "position" else None
     return RunData(
         name=run.root.resolve().name,
         dataset=_dataset_name(task, facts.source, student),
@@ -150,7 +154,7 @@ def load_run_data(run_dir: str | Path) -> RunData:
         dpsgd=_dpsgd_metrics(run),
         comparison=run.read_json(run.comparison_metrics),
         classes_from=None if task is None else task.classes_from,
-        extra={"private_records": load_private_records(run.votes),
+        extra={"partition": partition, "private_records": records,
                **({} if facts.config is None else {"config": facts.config})})
 
 
@@ -229,10 +233,10 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
         rows = owner_rows(report, data.comparison, _eval_plurality(run))
         owner.update(rows=rows, privacy_utility=curve[0],
                      dpsgd_hyperparameters=data.comparison["dpsgd_hyperparameters"])
-        sections += owner_sections(rows, owner["dpsgd_hyperparameters"])
+        sections += owner_sections(rows, owner["dpsgd_hyperparameters"], data.extra["partition"])
         shown["privacy_utility.png"] = curve[1]
     else:
-        sections.append(("Owner-only evaluation", OWNER_NOTE))
+        sections.append(("Owner-only evaluation", owner_note(data.extra["partition"])))
     if audit is not None:
         owner["audit"] = audit
         sections.append(audit_section(audit))
