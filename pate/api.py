@@ -118,9 +118,11 @@ class Teachers:
     first (see the module's docstring). ``augment`` (``none``, ``shift``, ``shift-flip``) and
     ``mixup`` (the alpha of its Beta distribution; 0: off) are as in ``pate run``'s
     ``[teachers]``; ``device`` trains and votes there (``cuda`` on a GPU). ``partition``
-    (``position`` or ``record``, ``teachers.partition``) is how the rows are dealt: by record,
-    each goes to the teacher its content hashes to, and the privacy analysis holds for adding or
-    removing a record (as DP-SGD's), not only for changing one."""
+    (``position``, ``record`` or ``key``, ``teachers.partition``) is how the rows are dealt: by
+    record, each goes to the teacher its content hashes to, and the privacy analysis holds for
+    adding or removing a record (as DP-SGD's), not only for changing one; by key, each goes to
+    the teacher its key (``fit``'s ``keys``: whose the row is) hashes to, and the analysis holds
+    for adding or removing all of one person's rows."""
 
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
                  epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
@@ -147,11 +149,18 @@ class Teachers:
         self.private_records_: int | None = None
         self.private_fingerprint_: str | None = None
 
-    def fit(self, x: ArrayLike, y: ArrayLike) -> Teachers:
-        """Partition the private rows among the teachers and train them."""
+    def fit(self, x: ArrayLike, y: ArrayLike, keys: ArrayLike | None = None) -> Teachers:
+        """Partition the private rows among the teachers and train them; ``keys`` (one per row:
+        whose it is) where the rows are dealt by key."""
         xs, ys = checked_rows(x), checked_labels(y, self.n_classes)
         if len(ys) != len(xs):
             raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
+                            f"{len(xs)} rows")
+        if (keys is None) == (self.partition == "key"):
+            raise UserError("keys= (whose each row is) go with partition='key', and only with it")
+        whose = None if keys is None else np.asarray(keys).astype(str).reshape(-1)
+        if whose is not None and len(whose) != len(xs):
+            raise UserError(f"keys must hold one key per row of x: {len(whose)} keys, "
                             f"{len(xs)} rows")
         kind = data_kind(xs, self.config.augment)
         if self.model is None:
@@ -160,7 +169,7 @@ class Teachers:
         if problem:
             raise UserError(problem)
         check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)
-        part = deal_rows(self.partition, xs, ys, self.n_teachers, self.config.seed)
+        part = deal_rows(self.partition, xs, ys, self.n_teachers, self.config.seed, whose)
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
                               part.parts(teachers), part.step_rows(teachers), self.device,
                               torch.get_num_threads())

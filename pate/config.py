@@ -32,7 +32,7 @@ from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
 from pate.data.datasets import DEFAULT_DATASET, LOADERS
-from pate.data.partitions import PARTITIONS
+from pate.data.partitions import PARTITIONS, partition_problem
 from pate.data.task import Benchmark, DataFiles, DataSource, data_kind
 from pate.errors import UserError
 from student.choices import (
@@ -52,7 +52,8 @@ class _Section(BaseModel):
 class DataConfig(_Section):
     """A built-in dataset (``dataset``, ``data_dir``, ``pool_size``) or your own files
     (``private``, ``public``, optional ``test``; ``label`` for a CSV, ``classes`` the label
-    set, ``image_size`` [height, width] for image folders). Relative paths are relative to the
+    set, ``image_size`` [height, width] for image folders, ``key`` a CSV's column naming whose
+    each row is). Relative paths are relative to the
     config file."""
 
     dataset: Literal[tuple(LOADERS)] | None = None  # type: ignore[valid-type]
@@ -64,10 +65,12 @@ class DataConfig(_Section):
     label: str | None = None
     classes: list[str] | None = Field(default=None, min_length=2)
     image_size: list[int] | None = Field(default=None, min_length=2, max_length=2)
+    key: str | None = None  # a CSV's column naming whose each row is (teachers.partition key)
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
-        files = (self.private, self.public, self.test, self.label, self.classes, self.image_size)
+        files = (self.private, self.public, self.test, self.label, self.classes, self.image_size,
+                 self.key)
         if any(v is not None for v in files):
             if self.dataset is not None or self.pool_size is not None:
                 raise ValueError("give dataset (a built-in dataset) or private and public (your "
@@ -86,7 +89,7 @@ class DataConfig(_Section):
             return DataFiles(self.private, self.public, self.test, self.label,
                              None if self.classes is None else tuple(self.classes),
                              None if self.image_size is None else
-                             (self.image_size[0], self.image_size[1]))
+                             (self.image_size[0], self.image_size[1]), self.key)
         return Benchmark(self.dataset or DEFAULT_DATASET, self.data_dir, self.pool_size)
 
     def resolved(self, base: Path) -> DataConfig:
@@ -322,6 +325,13 @@ class RunConfig(_Section):
                 check_threshold(a.round_mechanism(mechanism), self.teachers.count)
             except ParameterError as exc:
                 raise ParameterError(f"aggregator.{key}", exc.detail) from None
+        return self
+
+    @model_validator(mode="after")
+    def _partition_and_key(self) -> RunConfig:
+        """A key column (``data.key``) goes with dealing the rows by key, and only with it."""
+        if problem := partition_problem(self.teachers.partition, self.data.key):
+            raise ValueError(problem)
         return self
 
     def stages(self) -> tuple[str, ...]:

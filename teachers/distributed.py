@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pate.data.partitions import partition_problem
 from pate.data.task import Benchmark, DataSource, Task, load_task, source_identity
 from pate.devices import device_problem
 from pate.errors import UserError
@@ -246,6 +247,8 @@ def _changed_settings(recorded: dict, settings: dict) -> list[str]:
 
 def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     """Load the data, record or verify the partition, and read or create the manifest."""
+    if problem := partition_problem(job.partition, getattr(job.source, "key", None)):
+        raise UserError(problem)
     data = load_task(job.source)
     assert data.private_x is not None and data.private_y is not None
     problem = model_data_problem(job.train.model, data.kind, data.input_shape)
@@ -255,7 +258,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
                      job.train.batch_size)
     n = len(data.private_y)
     part = deal_rows(job.partition, data.private_x, data.private_y, job.num_teachers,
-                     job.train.seed)
+                     job.train.seed, data.private_keys)
     recorded = read_partition(run_dir)
     settings = job.settings()
     if recorded is None:

@@ -9,10 +9,13 @@ privacy analysis covers (docs/privacy-math.md, "Neighbouring datasets"):
   differ by at most one. Changing one record changes one teacher's rows; adding or removing one
   moves other rows between teachers.
 - ``record``: each row goes to the teacher its content (features and label) hashes to, the
-  hash keyed by the seed (:func:`record_partition`). Adding or removing one record changes that
+  hash keyed by the seed (:func:`hashed_partition`). Adding or removing one record changes that
   one teacher's rows and no other's, so the analysis holds for adding or removing a record,
   DP-SGD's relation. Sizes vary (about binomially), so each teacher's number of steps follows
   its own size (:meth:`Partition.step_rows`), not the run's smallest.
+- ``key``: the same, hashing the row's key (a column that names whose the row is) instead of
+  its content: every row of one person reaches one teacher, and the analysis holds for adding
+  or removing all of one person's rows.
 
 ``partition.json`` records the way, the seed, the sizes and the sha256 of the assignment, and a
 rerun verifies it recomputes the same assignment before reusing a run directory.
@@ -87,33 +90,46 @@ def _check_count(num_rows: int, num_teachers: int) -> None:
                         "rows)")
 
 
-def record_partition(x: NDArray, y: NDArray, num_teachers: int, seed: int) -> Partition:
-    """Deal each row of ``x`` (with its label ``y``) to the teacher its bytes hash to: the
-    row's 64-bit hash (``pandas.util.hash_pandas_object`` over its bytes as words), keyed by the
-    seed through the partition's stream of :mod:`teachers.rng`, modulo the number of teachers.
-    A teacher left without rows is refused (fewer teachers, or ``position``)."""
-    _check_count(len(y), num_teachers)
-    flat = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
-    flat = np.pad(flat, ((0, 0), (0, -flat.shape[1] % 8)))
-    frame = pd.DataFrame(np.ascontiguousarray(flat).view("<u8"))
-    frame["label"] = np.asarray(y, dtype=np.int64)
-    content = pd.util.hash_pandas_object(frame, index=False).to_numpy()
-    keyed = rng.bits(seed, np.zeros(1, dtype=np.int64), rng.PARTITION, content[None])[0]
-    part = Partition(seed, num_teachers, (keyed % np.uint64(num_teachers)).astype(np.int32),
-                     "record")
+def hashed_partition(hashes: NDArray[np.uint64], num_teachers: int, seed: int, by: str
+                     ) -> Partition:
+    """Deal row i to teacher ``bits(seed, hashes[i]) mod num_teachers``: each row's 64-bit hash
+    keyed by the seed through the partition's stream of :mod:`teachers.rng`. Rows of one hash
+    reach one teacher, and no row's teacher depends on the other rows. A teacher left without
+    rows is refused (fewer teachers, or ``position``)."""
+    _check_count(len(hashes), num_teachers)
+    keyed = rng.bits(seed, np.zeros(1, dtype=np.int64), rng.PARTITION, hashes[None])[0]
+    part = Partition(seed, num_teachers, (keyed % np.uint64(num_teachers)).astype(np.int32), by)
     if empty := int((part.sizes == 0).sum()):
-        raise UserError(f"dealt by record, {empty} of the {num_teachers} teachers get no rows: "
+        raise UserError(f"dealt by {by}, {empty} of the {num_teachers} teachers get no rows: "
                         "ask for fewer teachers, or deal the rows by position")
     return part
 
 
-def deal_rows(by: str, x: NDArray, y: NDArray, num_teachers: int, seed: int) -> Partition:
+def record_hashes(x: NDArray, y: NDArray) -> NDArray[np.uint64]:
+    """A 64-bit hash of each row's content: its bytes as words and its label
+    (``pandas.util.hash_pandas_object``)."""
+    flat = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
+    flat = np.pad(flat, ((0, 0), (0, -flat.shape[1] % 8)))
+    frame = pd.DataFrame(np.ascontiguousarray(flat).view("<u8"))
+    frame["label"] = np.asarray(y, dtype=np.int64)
+    return pd.util.hash_pandas_object(frame, index=False).to_numpy()
+
+
+def deal_rows(by: str, x: NDArray, y: NDArray, num_teachers: int, seed: int,
+              keys: NDArray | None = None) -> Partition:
     """The partition of the rows ``x`` (labels ``y``) that ``by`` (one of ``PARTITIONS``) asks
-    for."""
+    for; ``keys`` (whose each row is, as text) for ``key``."""
     if by == "position":
         return make_partition(len(y), num_teachers, seed)
     if by == "record":
-        return record_partition(x, y, num_teachers, seed)
+        return hashed_partition(record_hashes(x, y), num_teachers, seed, by)
+    if by == "key":
+        if keys is None or len(keys) != len(y):
+            raise UserError("dealing the rows by key needs whose each row is: the private "
+                            "data's key column (data.key, --key)")
+        text = pd.Series(np.asarray(keys), dtype=object).astype(str)
+        return hashed_partition(pd.util.hash_pandas_object(text, index=False).to_numpy(),
+                                num_teachers, seed, by)
     raise UserError(f"the partition must be one of {', '.join(PARTITIONS)}, not {by!r}")
 
 

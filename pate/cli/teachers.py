@@ -11,7 +11,8 @@ from pathlib import Path
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
 from pate.data.augment import AUGMENTATIONS
-from pate.data.partitions import PARTITIONS
+from pate.data.partitions import PARTITIONS, partition_problem
+from pate.errors import UserError
 from pate.rundir import RunDir
 from teachers.choices import MODELS
 
@@ -44,9 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        default="auto", help="random shifts (and mirroring); auto picks what "
                        "preserves the dataset's labels")
     train.add_argument("--partition", choices=PARTITIONS, default="position",
-                       help="deal the private rows by position (the analysis covers changing "
-                            "one record) or by a hash of each record (it covers adding or "
-                            "removing one, as DP-SGD's does)")
+                       help="deal the private rows by position (the ε covers changing one "
+                            "record), by a hash of each record (it covers adding or removing "
+                            "one, as DP-SGD's does) or by a hash of each row's key column "
+                            "(--key: adding or removing all of one person's rows)")
     train.add_argument("--shard-size", type=int, default=25,
                        help="teachers per Ray task (trained together, vectorised)")
     train.add_argument("--workers", type=int, default=os.cpu_count() or 1,
@@ -82,6 +84,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg = train_config_for(source, data_kind(source), model=args.model, augment=args.augment,
                            seed=args.seed, epochs=args.epochs, batch_size=args.batch_size,
                            lr=args.lr, mixup=args.mixup)
+    if problem := partition_problem(args.partition, getattr(source, "key", None)):
+        raise UserError(problem)  # before the run directory is made
     job = TrainJob(source, args.teachers, args.shard_size, cfg, args.partition)
     cluster = Cluster(args.workers, args.ray_address, args.device, args.gpus_per_shard)
     t0 = time.time()

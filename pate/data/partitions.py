@@ -3,4 +3,19 @@ neighbouring datasets the privacy analysis then covers (docs/privacy-math.md, "N
 datasets"): the analysis assumes one teacher's rows differ between the two, and which change of
 the data keeps the others' rows as they are depends on how the rows are dealt."""
 
-PARTITIONS = {"position": "changing one record", "record": "adding or removing one record"}
+PARTITIONS = {"position": "changing one record",
+              "record": "adding or removing one record",
+              "key": "adding or removing one person's records (every row of one key)"}
+
+
+def partition_problem(partition: str, key: str | None) -> str | None:
+    """Why dealing the rows by ``partition`` does not go with the key column ``key`` (the
+    column of a CSV that names whose each row is), or None: a key is what ``key`` deals by, and
+    is of no use to the others."""
+    if partition == "key" and key is None:
+        return ("dealing the rows by key needs the column that names whose each row is "
+                "(data.key, --key)")
+    if partition != "key" and key is not None:
+        return (f"a key column (data.key, --key) is for dealing the rows by key (teachers."
+                f"partition = \"key\", --partition key), not by {partition}")
+    return None

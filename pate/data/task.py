@@ -69,7 +69,9 @@ class Benchmark:
 class DataFiles:
     """A user's files: ``private`` (labelled), ``public`` (the pool; labels unused), ``test``
     (optional, labelled). ``label``: a CSV's label column; ``classes``: the label set;
-    ``image_size``: (height, width) images are resized to (default the public images')."""
+    ``image_size``: (height, width) images are resized to (default the public images');
+    ``key``: a CSV's column that names whose each row is (a person), which the teachers'
+    partition deals by (``teachers.partition``), never a feature."""
 
     private: str
     public: str
@@ -77,8 +79,12 @@ class DataFiles:
     label: str | None = None
     classes: tuple[str, ...] | None = None
     image_size: tuple[int, int] | None = None
+    key: str | None = None
 
     def __post_init__(self) -> None:
+        if self.key is not None and self.key == self.label:
+            raise UserError(f"the key column {self.key!r} is the label column: name the column "
+                            "that says whose each row is")
         if self.classes is not None and len(set(self.classes)) != len(self.classes):
             raise UserError(f"the classes {list(self.classes)} repeat a name: each class once")
         if self.image_size is not None and min(self.image_size) < 1:
@@ -95,9 +101,11 @@ def unused_setting_problem(source: DataFiles) -> str | None:
     that carries its labels, an image size for data that is not images), or None. Checked
     where input comes in (flags, a new run's config), not when a run's recorded source is read
     back: an older version ignored such a setting, and its runs still load."""
-    if source.label is None and source.image_size is None:
+    if source.label is None and source.image_size is None and source.key is None:
         return None
     kind = files.kind_named(source.public)  # the files may not exist yet
+    if source.key is not None and kind != "csv":
+        return (f"a key column (--key, data.key) is for CSV files, not {_KIND_NAMES[kind]}")
     if source.label is not None and kind != "csv":
         return (f"a label column (--label, data.label) is for CSV files; {_KIND_NAMES[kind]} "
                 "carry their labels themselves")
@@ -135,7 +143,8 @@ class Task:
     file or folder the pool was read from (None for a built-in dataset), ``private_content``
     a digest of what the private one holds (where read: ``table_digest`` of a CSV,
     ``files.content_digest`` of the others);
-    ``preprocessing`` describes, publicly, how features were made."""
+    ``preprocessing`` describes, publicly, how features were made; ``private_keys`` whose
+    each private row is (a CSV's ``DataFiles.key`` column, as text; PRIVATE)."""
 
     name: str
     kind: str                      # "image" or "tabular"
@@ -150,6 +159,7 @@ class Task:
     private_y: NDArray[np.int64] | None = None
     preprocessing: dict[str, Any] | None = None
     private_content: str | None = None
+    private_keys: NDArray[np.str_] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -296,6 +306,30 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
     return codes
 
 
+def _without_key(frames: dict[str, tuple[pd.DataFrame, NDArray | None]], key: str,
+                 wanted: dict[str, tuple[str | None, bool]]
+                 ) -> tuple[dict[str, tuple[pd.DataFrame, NDArray | None]], NDArray | None]:
+    """The CSV ``frames`` without the ``key`` column (dropped where a public or test file has it
+    too), and the private file's keys as text (None where the private file is not read). The
+    private file must name whose every row is."""
+    keys = None
+    if "private" in frames:
+        frame = frames["private"][0]
+        path = wanted["private"][0]
+        if key not in frame.columns:
+            raise UserError(f"{path}: no key column {key!r} (columns: {', '.join(frame.columns)})")
+        if frame[key].isna().any():  # name no private value, nor how many
+            raise UserError(f"{path}: the key column {key!r} has missing values: every row must "
+                            "say whose it is")
+        keys = frame[key].to_numpy(dtype=str)
+    out = {role: (frame.drop(columns=[key], errors="ignore"), labels)
+           for role, (frame, labels) in frames.items()}
+    for role, (frame, _) in out.items():
+        if frame.shape[1] == 0:
+            raise UserError(f"{wanted[role][0]}: no feature columns besides the label and the key")
+    return out, keys
+
+
 def _files(source: DataFiles, need_private: bool) -> Task:
     of = {role: files.kind_of(p) for role, p in (("private", source.private),
                                                   ("public", source.public),
@@ -309,6 +343,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
     private_content = (files.content_digest(source.private)
                        if need_private and kind != "csv" else None)
+    private_keys = None
     wanted = {"public": (source.public, False), "test": (source.test, True),
               "private": (source.private, True)}
     if not need_private:
@@ -318,6 +353,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                   for role, (path, labelled) in wanted.items() if path}
         if "private" in frames:
             private_content = table_digest(*frames["private"], source.label)
+        if source.key is not None:
+            frames, private_keys = _without_key(frames, source.key, wanted)
         columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
         if others := _odd_public(columns, wanted):
             public, their = columns["public"], columns["test"]  # which agrees with private
@@ -377,4 +414,4 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                                    True, _SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
-                preprocessing, private_content)
+                preprocessing, private_content, private_keys)

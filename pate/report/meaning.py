@@ -58,7 +58,10 @@ _NEIGHBOURS = {
                 "the teachers' partition deals rows by position)",
     "record": "adding their record to the private data or removing it (as DP-SGD's ε does: "
               "the teachers' partition deals each record by a hash of its content, so no other "
-              "teacher's rows move; changing a record is a removal and an addition)"}
+              "teacher's rows move; changing a record is a removal and an addition)",
+    "key": "adding all of their records to the private data or removing them (every row the "
+           "data's key column names as theirs reaches one teacher, dealt by a hash of the key; "
+           "DP-SGD's ε covers one record)"}
 
 
 def _percent(share: float) -> str:

@@ -20,7 +20,10 @@ _SAME_GUARANTEE = {
                 "(the teachers' rows were dealt by position): the same number, not the same "
                 "guarantee",
     "record": "DP-SGD's ε and the student's are both for adding or removing a record (the "
-              "teachers' rows were dealt by record): the same guarantee"}
+              "teachers' rows were dealt by record): the same guarantee",
+    "key": "the student's ε is for adding or removing all of one person's records (the "
+           "teachers' rows were dealt by key), DP-SGD's for one record: at the same number the "
+           "student's guarantee is the stronger"}
 
 
 def owner_note(partition: str) -> str:

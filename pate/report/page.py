@@ -107,7 +107,7 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
     if n:
         rows.append(("Private records n, and δ against them",
                      f"{n}; δ = {delta:g} = {delta * n:.2g} / n (1/n or more is refused)"))
-    elif report.get("partition") == "record":
+    elif report.get("partition") in ("record", "key"):
         rows.append(("Private records n, and δ against them",
                      f"not shown: where adding or removing a record is what the ε covers, "
                      f"their number is private; δ = {delta:g} was checked to be below 1/n"))
