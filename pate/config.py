@@ -114,8 +114,9 @@ class TeachersConfig(_Section):
     augment: Literal[("auto", *AUGMENTATIONS)] = "auto"  # type: ignore[valid-type]
     seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
     # how the private rows are dealt (teachers.partition): by record, the analysis holds for
-    # adding or removing one record, DP-SGD's relation, and not only for changing one
-    partition: Literal[tuple(PARTITIONS)] = "position"  # type: ignore[valid-type]
+    # adding or removing one record, DP-SGD's relation, and not only for changing one; by key
+    # (data.key), for adding or removing all of one person's rows
+    partition: Literal[PARTITIONS] = "position"  # type: ignore[valid-type]
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=25, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"

@@ -15,7 +15,7 @@ partition each epoch), its augmentation and its mixup weights are counter-based 
 of (seed, teacher id, position) (:mod:`teachers.rng`), independent of which teachers share the
 group. A teacher takes ``epochs * ceil(rows / batch_size)`` steps, ``rows`` what its partition
 sets (``teachers.partition.Partition.step_rows``): the smallest partition of the whole run where
-the rows were dealt by position, its own where they were dealt by record. Teachers of a group
+the rows were dealt by position, its own where they were dealt by record or key. Teachers of a group
 that take different numbers of steps train in sub-groups, one per number. Either way a group
 reproduces the teachers trained one by one (:func:`train_one`).
 

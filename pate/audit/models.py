@@ -145,7 +145,7 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
                         "rows, their order or their labels changed since): cannot audit this run")
     train = TrainConfig(**manifest["train"])
     part = deal_rows(manifest.get("partition", "position"), task.private_x, task.private_y,
-                     int(manifest["num_teachers"]), train.seed)
+                     int(manifest["num_teachers"]), train.seed, task.private_keys)
     recorded = run.read_json(run.partition)
     if recorded is not None and recorded.get("sha256") != part.sha256:
         raise UserError(f"{run.partition} does not match the partition the run's settings give; "

@@ -3,9 +3,9 @@ neighbouring datasets the privacy analysis then covers (docs/privacy-math.md, "N
 datasets"): the analysis assumes one teacher's rows differ between the two, and which change of
 the data keeps the others' rows as they are depends on how the rows are dealt."""
 
-PARTITIONS = {"position": "changing one record",
-              "record": "adding or removing one record",
-              "key": "adding or removing one person's records (every row of one key)"}
+# position: the figures cover changing one record; record: adding or removing one record;
+# key: adding or removing one person's records (every row of one key).
+PARTITIONS = ("position", "record", "key")
 
 
 def partition_problem(partition: str, key: str | None) -> str | None:

@@ -137,7 +137,7 @@ def load_private_records(path: str | Path) -> int | None:
 
 
 def load_partition(path: str | Path) -> str:
-    """How the votes' teachers were dealt their rows (``teachers.choices.PARTITIONS``), as a
+    """How the votes' teachers were dealt their rows (``pate.data.partitions.PARTITIONS``), as a
     run's ``votes.npz`` records it (``partition``): it says which neighbouring datasets the
     analysis covers. ``position`` for a file without it (a published ``.npy``, an older
     version's)."""

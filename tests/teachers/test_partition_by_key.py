@@ -127,3 +127,19 @@ def test_the_python_teachers_deal_by_key() -> None:
         Teachers(3, 2, epochs=1).fit(x, y, keys=keys)
     teachers = Teachers(3, 2, epochs=1, shard_size=3, partition="key").fit(x, y, keys=keys)
     assert teachers.vote(x[:20]).sum(axis=1).tolist() == [3] * 20
+
+
+@pytest.mark.parametrize("partition", ["position", "record", "key"])
+def test_the_report_says_whom_each_deal_protects(partition: str) -> None:
+    from pate.data.partitions import PARTITIONS
+    from pate.report.meaning import epsilon_meaning, meaning_html
+    from pate.report.owner import owner_note
+
+    assert partition in PARTITIONS
+    page = meaning_html(epsilon_meaning({"delta": 1e-5, "epsilon_data_independent": 2.0}),
+                        partition=partition)
+    said = {"position": "changing their record", "record": "adding their record",
+            "key": "adding all of their records"}
+    assert said[partition] in page and sum(s in page for s in said.values()) == 1
+    assert {"position": "not the same guarantee", "record": "the same guarantee",
+            "key": "the student's guarantee is the stronger"}[partition] in owner_note(partition)
