@@ -271,7 +271,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
         # nothing trained yet (a first run, or one stopped before its first shard): these settings
         manifest = {**settings, "model": job.train.model,
                     "in_shape": list(data.input_shape), "num_classes": data.num_classes,
-                    "classes": list(data.classes), "min_size": int(part.sizes.min()),
+                    "classes": list(data.classes),
                     "shards": {}, "done": False}
     elif changed := _changed_settings(manifest, settings):
         raise UserError(f"this run's teachers were trained with other settings (other "

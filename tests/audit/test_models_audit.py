@@ -22,7 +22,6 @@ from pate.data.datasets import public_split
 from pate.data.task import Benchmark, DataFiles, source_record
 from pate.io import write_json_atomic
 from teachers.ensemble import TrainConfig, train_one
-from teachers.partition import make_partition
 
 TEACHERS = 10
 
@@ -32,10 +31,9 @@ def digits_run(tmp_path: Path, digits) -> Path:
     """A run directory whose teachers' manifest says how the run trained them (10 teachers of
     the digits, the digits-tiny recipe): all the teacher, non-private and control targets read."""
     run = tmp_path / "run"
-    part = make_partition(len(digits.train_y), TEACHERS, 0)
     write_json_atomic(run / "teachers" / "manifest.json", {
         "dataset": "digits", "data": source_record(Benchmark("digits")), "done": True,
-        "num_teachers": TEACHERS, "min_size": int(part.sizes.min()), "in_shape": [1, 8, 8],
+        "num_teachers": TEACHERS, "in_shape": [1, 8, 8],
         "num_classes": 10, "model": "cnn", "shards": {},
         "train": asdict(TrainConfig(model="cnn", epochs=5, batch_size=8))}, private=True)
     return run
@@ -144,10 +142,9 @@ def test_on_a_users_files_the_audit_says_it_has_no_reference_models(tmp_path: Pa
     source = DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
                        str(tmp_path / "test.npz"))
     run = tmp_path / "run"
-    part = make_partition(len(digits.train_y), TEACHERS, 0)
     write_json_atomic(run / "teachers" / "manifest.json", {
         "dataset": "private", "data": source_record(source), "done": True,
-        "num_teachers": TEACHERS, "min_size": int(part.sizes.min()), "in_shape": [1, 8, 8],
+        "num_teachers": TEACHERS, "in_shape": [1, 8, 8],
         "num_classes": 10, "model": "cnn", "shards": {},
         "train": asdict(TrainConfig(model="cnn", epochs=2, batch_size=8))}, private=True)
     with pytest.warns(UserWarning, match="no reference models: they learn from the public "
