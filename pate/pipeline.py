@@ -259,8 +259,8 @@ def _check_data(config: RunConfig, run: RunDir) -> int:
         check_delta(config.aggregator.delta, len(task.private_y),
                     config.aggregator.allow_large_delta, _ALLOW_LARGE_DELTA)
     if config.teachers.count > len(task.private_y):
-        raise UserError(f"teachers.count {config.teachers.count} is more than the "
-                        f"{len(task.private_y)} private records: each teacher needs one")
+        raise UserError(f"teachers.count {config.teachers.count} is more than the number of "
+                        "private records: each teacher needs one")
     try:
         train = _train_config(config, task.kind)  # the data's kind as loaded, not read again
         problem = model_data_problem(train.model, task.kind, task.input_shape)

@@ -37,7 +37,8 @@ LEDGER_RECORD = "ledger-url.txt"
 class RunDir:
     """A run directory: ``RunDir(path)``; ``create`` makes it (0700) and checks it is writable.
 
-    Public: ``partition``, ``labels``, ``stages``, ``log``, the ``student`` folder and the
+    Public: ``partition`` (dealt by position; by record or key it is private: its sizes count
+    the private records), ``labels``, ``stages``, ``log``, the ``student`` folder and the
     ``dpsgd`` baseline's model and metrics. Private: ``config`` (it names the private data's
     file), ``teachers``, ``votes``, ``ledger`` (and the record of where it is), ``token``,
     ``releases`` (an earlier version's sanitised releases), ``comparison``, ``report``, ``audit``,

@@ -234,7 +234,7 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
                 on_epochs: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
     """Train the teachers ``teacher_ids`` together; teacher k only ever reads rows ``parts[k]``
     of ``x``/``y`` (already on the target device) and takes ``total_steps(cfg, step_rows[k])``
-    steps (one number: the same for all). ``encoder``: the run's frozen pool encoder,
+    steps (an int: the same for all). ``encoder``: the run's frozen pool encoder,
     for the architectures that use one (shared, not trained). Returns the teachers' stacked
     parameters (CPU), and a user's network's buffers. A user's network that fails the vmap test
     (:func:`vectorised`) is trained one teacher at a time (:func:`train_one`), the slower

@@ -2,23 +2,25 @@
 
 PATE's guarantee rests on each training example reaching exactly one teacher (Papernot et al.,
 ICLR 2017, section 2.1), so :func:`check_disjoint` runs before any training and refuses overlaps.
-Two ways to deal the rows (``PARTITIONS``), which differ in the neighbouring datasets the
+Three ways to deal the rows (``PARTITIONS``), which differ in the neighbouring datasets the
 privacy analysis covers (docs/privacy-math.md, "Neighbouring datasets"):
 
 - ``position`` (the default): a seeded permutation of the rows dealt round-robin, so sizes
   differ by at most one. Changing one record changes one teacher's rows; adding or removing one
   moves other rows between teachers.
-- ``record``: each row goes to the teacher its content (features and label) hashes to, the
-  hash keyed by the seed (:func:`hashed_partition`). Adding or removing one record changes that
-  one teacher's rows and no other's, so the analysis holds for adding or removing a record,
-  DP-SGD's relation. Sizes vary (about binomially), so each teacher's number of steps follows
-  its own size (:meth:`Partition.step_rows`), not the run's smallest.
+- ``record``: each row goes to the teacher its content (features and label) hashes to, the hash
+  keyed by the seed (:func:`hashed_partition`: SplitMix64 folding, :mod:`teachers.rng`). Adding or
+  removing one record changes that one teacher's rows and no other's, so the analysis holds for
+  adding or removing a record, DP-SGD's relation. Sizes vary (about binomially), so each teacher's
+  number of steps follows its own size (:meth:`Partition.step_rows`), not the run's smallest.
 - ``key``: the same, hashing the row's key (a column that names whose the row is) instead of
   its content: every row of one person reaches one teacher, and the analysis holds for adding
   or removing all of one person's rows.
 
 ``partition.json`` records the way, the seed, the sizes and the sha256 of the assignment, and a
-rerun verifies it recomputes the same assignment before reusing a run directory.
+rerun verifies it recomputes the same assignment before reusing a run directory. Dealt by
+record or key it is owner-only (0600): the sizes add up to the number of private records, and
+the assignment follows their content, both statistics of the data under adding or removing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from pate.data.partitions import PARTITIONS
@@ -86,18 +87,20 @@ def make_partition(num_rows: int, num_teachers: int, seed: int) -> Partition:
 
 def _check_count(num_rows: int, num_teachers: int) -> None:
     if not 1 <= num_teachers <= num_rows:
-        raise UserError(f"the number of teachers must be between 1 and {num_rows} (the training "
-                        "rows)")
+        raise UserError(f"{num_teachers} teachers: each needs at least one of the private rows, "
+                        "and there must be one teacher at least")
 
 
-def hashed_partition(hashes: NDArray[np.uint64], num_teachers: int, seed: int, by: str
+def hashed_partition(words: NDArray[np.uint64], num_teachers: int, seed: int, by: str
                      ) -> Partition:
-    """Deal row i to teacher ``bits(seed, hashes[i]) mod num_teachers``: each row's 64-bit hash
-    keyed by the seed through the partition's stream of :mod:`teachers.rng`. Rows of one hash
-    reach one teacher, and no row's teacher depends on the other rows. A teacher left without
-    rows is refused (fewer teachers, or ``position``)."""
-    _check_count(len(hashes), num_teachers)
-    keyed = rng.bits(seed, np.zeros(1, dtype=np.int64), rng.PARTITION, hashes[None])[0]
+    """Deal row i to teacher ``h_seed(words[i]) mod num_teachers``, ``h_seed`` the partition's
+    stream of :mod:`teachers.rng` folding in the row's 64-bit words one column at a time
+    (SplitMix64's finaliser, keyed by the seed). Rows of equal words reach one teacher, and no
+    row's teacher depends on the other rows. A teacher left without rows is refused (fewer
+    teachers, or ``position``): the one case where the deal depends on more than each row."""
+    _check_count(len(words), num_teachers)
+    keyed = rng.bits(seed, np.zeros(1, dtype=np.int64), rng.PARTITION,
+                     *(column[None] for column in np.asarray(words, dtype=np.uint64).T))[0]
     part = Partition(seed, num_teachers, (keyed % np.uint64(num_teachers)).astype(np.int32), by)
     if empty := int((part.sizes == 0).sum()):
         raise UserError(f"dealt by {by}, {empty} of the {num_teachers} teachers get no rows: "
@@ -105,14 +108,13 @@ def hashed_partition(hashes: NDArray[np.uint64], num_teachers: int, seed: int, b
     return part
 
 
-def record_hashes(x: NDArray, y: NDArray) -> NDArray[np.uint64]:
-    """A 64-bit hash of each row's content: its bytes as words and its label
-    (``pandas.util.hash_pandas_object``)."""
-    flat = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
-    flat = np.pad(flat, ((0, 0), (0, -flat.shape[1] % 8)))
-    frame = pd.DataFrame(np.ascontiguousarray(flat).view("<u8"))
-    frame["label"] = np.asarray(y, dtype=np.int64)
-    return pd.util.hash_pandas_object(frame, index=False).to_numpy()
+def as_words(rows: NDArray) -> NDArray[np.uint64]:
+    """Each row's bytes as little-endian 64-bit words (zero-padded), its byte count last."""
+    flat = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8)
+    width = flat.shape[1]
+    flat = np.pad(flat, ((0, 0), (0, -width % 8)))
+    count = np.full((len(rows), 1), width, dtype=np.uint64)
+    return np.concatenate([np.ascontiguousarray(flat).view("<u8"), count], axis=1)
 
 
 def deal_rows(by: str, x: NDArray, y: NDArray, num_teachers: int, seed: int,
@@ -121,15 +123,18 @@ def deal_rows(by: str, x: NDArray, y: NDArray, num_teachers: int, seed: int,
     for; ``keys`` (whose each row is, as text) for ``key``."""
     if by == "position":
         return make_partition(len(y), num_teachers, seed)
-    if by == "record":
-        return hashed_partition(record_hashes(x, y), num_teachers, seed, by)
-    if by == "key":
+    if by == "record":  # the row's bytes and its label
+        words = np.concatenate([as_words(x), np.asarray(y, dtype=np.int64)[:, None]
+                                .view(np.uint64)], axis=1)
+        return hashed_partition(words, num_teachers, seed, by)
+    if by == "key":  # the key's UTF-8 bytes
         if keys is None or len(keys) != len(y):
             raise UserError("dealing the rows by key needs whose each row is: the private "
                             "data's key column (data.key, --key)")
-        text = pd.Series(np.asarray(keys), dtype=object).astype(str)
-        return hashed_partition(pd.util.hash_pandas_object(text, index=False).to_numpy(),
-                                num_teachers, seed, by)
+        utf8 = np.char.encode(np.asarray(keys).astype(str), "utf-8")
+        lengths = np.char.str_len(utf8).astype(np.uint64)[:, None]
+        words = np.concatenate([as_words(utf8)[:, :-1], lengths], axis=1)
+        return hashed_partition(words, num_teachers, seed, by)
     raise UserError(f"the partition must be one of {', '.join(PARTITIONS)}, not {by!r}")
 
 
@@ -144,10 +149,12 @@ def check_disjoint(parts: list[np.ndarray], num_rows: int) -> None:
 
 
 def write_partition(run_dir: Path, part: Partition, dataset: str) -> None:
-    """Record the partition in ``run_dir/partition.json``."""
+    """Record the partition in ``run_dir/partition.json`` (owner-only where dealt by record or
+    key)."""
     write_json_atomic(RunDir(run_dir).partition, {
         "dataset": dataset, "by": part.by, "seed": part.seed, "num_teachers": part.num_teachers,
-        "num_rows": len(part.assignment), "sizes": part.sizes.tolist(), "sha256": part.sha256})
+        "num_rows": len(part.assignment), "sizes": part.sizes.tolist(), "sha256": part.sha256},
+        private=part.by != "position")
 
 
 def read_partition(run_dir: Path) -> dict | None:
@@ -163,5 +170,7 @@ def verify_partition(recorded: dict, part: Partition, dataset: str) -> None:
         raise UserError(f"this run's teachers were dealt their rows by {by}, not by {part.by}; "
                         "repeat it or use a new --run directory")
     if (recorded.get("dataset"), recorded.get("sha256")) != (dataset, part.sha256):
-        raise UserError("partition.json of this run records a different partition (dataset, "
-                        "seed or number of teachers); use a new --run directory")
+        what = ("dataset, seed or number of teachers" if part.by == "position" else
+                "dataset, seed, number of teachers, or the private data, which it is dealt by")
+        raise UserError(f"partition.json of this run records a different partition ({what}); "
+                        "use a new --run directory")

@@ -192,7 +192,7 @@ def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> 
     (unless allowed) and delta above 1/(10 n) is warned of, as pate serve does."""
     votes = np.random.default_rng(0).multinomial(50, [0.8, 0.1, 0.1], size=30)
     ledger = tmp_path / "ledger.db"
-    with pytest.raises(UserError, match=r"delta 0\.001 is at least 1/n for the n = 1000"):
+    with pytest.raises(UserError, match=r"delta 0\.001 is at least 1/n, n the number of private"):
         PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=2.0, delta=1e-3, ledger=ledger,
                       private_records=1000)
     assert not ledger.exists()

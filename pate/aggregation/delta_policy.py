@@ -5,7 +5,8 @@ publishes each of n records in the clear with probability delta is (0, delta)-DP
 1/n or more protects nobody (C. Dwork, A. Roth, *The Algorithmic Foundations of Differential
 Privacy*, 2014, §2.3: delta should be less than the inverse of any polynomial in n). The service
 and the student refuse delta >= 1/n, n the private records, unless told otherwise, and warn
-above 1/(10 n).
+above 1/(10 n). The messages name neither n nor a bound computed from it: where the teachers
+were dealt their rows by record or key, n is itself a statistic of the private data.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def check_delta(delta: float, private_records: int | None, allow_large: bool = F
         return
     n = private_records
     if delta >= 1.0 / n and not allow_large:
-        raise UserError(f"delta {delta:g} is at least 1/n for the n = {n} private records: the "
+        raise UserError(f"delta {delta:g} is at least 1/n, n the number of private records: the "
                         "guarantee would allow publishing a record in the clear; use a delta "
-                        f"below {1.0 / (10 * n):.3g} (or {allow_name})")
+                        f"well below 1/n (or {allow_name})")
     if delta > 1.0 / (10 * n):
-        warnings.warn(f"delta {delta:g} is above 1/(10 n) = {1.0 / (10 * n):.3g} for the {n} "
-                      "private records; a delta well below 1/n is the usual choice", stacklevel=2)
+        warnings.warn(f"delta {delta:g} is above 1/(10 n), n the number of private records; a "
+                      "delta well below 1/n is the usual choice", stacklevel=2)

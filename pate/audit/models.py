@@ -254,7 +254,10 @@ def retrain_teachers(run: Run, options: ModelsAuditOptions, rng: np.random.Gener
     sizes = np.array([len(d[1]) for d in data])
     refs = (_reference_sets(rng, run.pool_x, run.pool_y, int(sizes.mean().round()),
                             options.references) if with_references else [])
-    steps = run.step_rows[ids]  # each teacher's; the references take the fewest of them
+    # the steps the run's deal gives each teacher's rows: by position the run's smallest share;
+    # by record or key its own rows, canaries kept included; the references take the fewest
+    by_position = run.manifest.get("partition", "position") == "position"
+    steps = run.step_rows[ids] if by_position else sizes
     params = train_models(run.recipe, data + refs,
                           [*ids.tolist(), *(_REFERENCE_ID + np.arange(len(refs))).tolist()],
                           np.concatenate([steps, np.full(len(refs), steps.min())]))

@@ -109,8 +109,9 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
                      f"{n}; δ = {delta:g} = {delta * n:.2g} / n (1/n or more is refused)"))
     elif report.get("partition") in ("record", "key"):
         rows.append(("Private records n, and δ against them",
-                     f"not shown: where adding or removing a record is what the ε covers, "
-                     f"their number is private; δ = {delta:g} was checked to be below 1/n"))
+                     f"not shown: the ε covers adding or removing "
+                     f"{'a record' if report['partition'] == 'record' else 'a person'}, so "
+                     f"their number is private; δ = {delta:g} was checked against 1/n"))
     aggregator = (report.get("config") or {}).get("aggregator")
     if aggregator and aggregator.get("budget_epsilon") is not None:
         rows.append(("Budget of the private data", f"ε = {aggregator['budget_epsilon']:g} at "

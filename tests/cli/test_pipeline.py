@@ -344,7 +344,7 @@ def test_mistakes_training_would_reveal_late_are_refused_before_the_run_exists(
         f'{role} = "{tmp_path / role}.csv"' for role in ("private", "public", "test"))
         + '\nlabel = "y"')
     cases = [(tiny.replace("count = 10", "count = 5000"),
-              "teachers.count 5000 is more than the 1297 private records"),
+              "teachers.count 5000 is more than the number of private records"),
              (tiny.replace("budget_epsilon = 1000.0", "budget_epsilon = 0.5"),
               "aggregator.budget_epsilon 0.5 does not cover two queries"),
              (tiny.replace("budget_epsilon = 1000.0", "budget_epsilon = 8.0"),  # one query

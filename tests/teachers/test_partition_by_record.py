@@ -5,6 +5,7 @@ neighbouring datasets; the run's votes and report say which relation the ε is f
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,8 @@ def test_pate_run_dealt_by_record_says_what_its_epsilon_covers(tmp_path: Path) -
                           timeout=900)  # a process of its own: the teachers' stage starts Ray
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((run / "partition.json").read_text())["by"] == "record"
+    assert stat.S_IMODE((run / "partition.json").stat().st_mode) == 0o600  # it counts them
+    assert "1297" not in proc.stderr  # nor does a warning (delta against n) say how many
     assert load_partition(run / "votes.npz") == "record"
     report = json.loads((run / "report" / "report.json").read_text())
     page = (run / "report" / "report.html").read_text()
