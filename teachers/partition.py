@@ -66,8 +66,9 @@ class Partition:
 
     def step_rows(self, teachers: range | None = None) -> np.ndarray:
         """The rows that set each teacher's number of steps (``teachers.ensemble.total_steps``):
-        the smallest partition's for all, dealt by position; each teacher's own, dealt by record,
-        so that adding or removing a record changes no other teacher's training."""
+        the smallest partition's for all, dealt by position; each teacher's own, dealt by record
+        or key, so that adding or removing a record (or a person) changes no other teacher's
+        training."""
         teachers = teachers if teachers is not None else range(self.num_teachers)
         sizes = self.sizes
         if self.by == "position":
