@@ -94,10 +94,15 @@ from student.training import (
     seed_everything,
 )
 from teachers import checkpoints
-from teachers.choices import DEFAULT_MODEL, model_data_problem
+from teachers.choices import (
+    DEFAULT_MODEL,
+    MODEL_RECORDS,
+    POOL_ENCODER_MODELS,
+    model_data_problem,
+)
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
-from teachers.models import check_user_model
+from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import deal_rows
 from teachers.rng import SEED_LIMIT
 from teachers.votes import Ensemble, load_ensemble
@@ -145,14 +150,27 @@ class Teachers:
                                   seed=checked_integer("seed", seed, 0, SEED_LIMIT))
         self.device = checked_device(device)
         self.ensemble_: Ensemble | None = None
+        # set by fit for the models that read one: the frozen encoder fitted on the public pool
+        self.encoder_: dict[str, np.ndarray] | None = None
         # set by fit (or load): how many private rows, and their fingerprint (PRIVATE)
         self.private_records_: int | None = None
         self.private_fingerprint_: str | None = None
 
-    def fit(self, x: ArrayLike, y: ArrayLike, keys: ArrayLike | None = None) -> Teachers:
+    def fit(self, x: ArrayLike, y: ArrayLike, keys: ArrayLike | None = None,
+            x_public: ArrayLike | None = None) -> Teachers:
         """Partition the private rows among the teachers and train them; ``keys`` (one per row:
-        whose it is) where the rows are dealt by key."""
+        whose it is) where the rows are dealt by key; ``x_public``, the public pool's rows, for
+        the models that fit a frozen encoder on it first (``cnn-pool-hog-simclr``: SimCLR;
+        ``hog-scatter-whitened``: the whitening of its fixed maps), and only for them."""
         xs, ys = checked_rows(x), checked_labels(y, self.n_classes)
+        if (x_public is None) == (self.config.model in POOL_ENCODER_MODELS):
+            raise UserError(f"x_public= (the public pool) goes with the models that fit an "
+                            f"encoder on it ({', '.join(sorted(POOL_ENCODER_MODELS))}), and "
+                            "only with them")
+        pool = None if x_public is None else checked_rows(x_public)
+        if pool is not None and pool.shape[1:] != xs.shape[1:]:
+            raise UserError(f"x_public has rows of {list(pool.shape[1:])}, x of "
+                            f"{list(xs.shape[1:])}")
         if len(ys) != len(xs):
             raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
                             f"{len(xs)} rows")
@@ -170,13 +188,17 @@ class Teachers:
             raise UserError(problem)
         check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)
         part = deal_rows(self.partition, xs, ys, self.n_teachers, self.config.seed, whose)
+        self.encoder_ = (None if pool is None else
+                         fit_pool_encoder(self.config.model, pool, self.config.seed, self.device))
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
                               part.parts(teachers), part.step_rows(teachers), self.device,
-                              torch.get_num_threads())
+                              torch.get_num_threads(), self.encoder_)
                   for teachers in shard_ranges(self.n_teachers, self.shard_size)]
+        encoder = (None if self.encoder_ is None else
+                   {k: torch.as_tensor(v, device=self.device) for k, v in self.encoder_.items()})
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
                                   [{k: torch.from_numpy(v).to(self.device) for k, v in s.items()}
-                                   for s in shards], device=self.device)
+                                   for s in shards], device=self.device, encoder=encoder)
         self.private_records_, self.private_fingerprint_ = len(ys), rows_fingerprint(xs, ys)
         return self
 
@@ -202,7 +224,11 @@ class Teachers:
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
                   for i, shard in enumerate(ens.shards)}
-        checkpoints.write_manifest(root, {
+        encoder = ({} if self.encoder_ is None else {"pool_encoder": {
+            "file": checkpoints.ENCODER_FILE,
+            "sha256": checkpoints.save_encoder(root, self.encoder_),
+            "method": MODEL_RECORDS[self.config.model].pool_encoder}})
+        checkpoints.write_manifest(root, {**encoder,
             "model": self.config.model, "in_shape": list(ens.in_shape),
             "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,
             "train": asdict(self.config), "partition": self.partition, "shards": shards,
@@ -229,6 +255,9 @@ class Teachers:
             raise UserError(f"{directory}: its teachers' manifest is not of this version "
                             "(num_teachers, num_classes, model, train)") from None
         teachers.ensemble_ = load_ensemble(directory, device)
+        if "pool_encoder" in manifest:  # digest checked by load_ensemble already
+            teachers.encoder_ = {k: v.numpy() for k, v in checkpoints.load_encoder(
+                Path(directory), manifest["pool_encoder"]["sha256"]).items()}
         teachers.private_records_ = (manifest.get("private_records")
                                      or RunDir(directory).private_records())
         # the key of the ledgers of their data (a run's: its data as given; a run of an older

@@ -31,10 +31,11 @@ import torch
 
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_json_atomic
-from teachers.choices import POOL_ENCODER_MODELS
+from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS
 from teachers.ensemble import TrainConfig, train_group, train_one
+from teachers.models import fit_pool_encoder
 from teachers.partition import make_partition
-from teachers.pool_encoder import EPOCHS, train_pool_encoder
+from teachers.pool_encoder import EPOCHS
 from teachers.votes import Ensemble, load_ensemble
 
 if TYPE_CHECKING:
@@ -84,9 +85,12 @@ def main() -> None:
     if cfg.model in POOL_ENCODER_MODELS:
         t0 = time.perf_counter()
         encoder = {k: torch.as_tensor(v, device=args.device) for k, v in
-                   train_pool_encoder(pool_x, args.encoder_epochs, cfg.seed, args.device).items()}
-        common.update(encoder_epochs=args.encoder_epochs,
+                   fit_pool_encoder(cfg.model, pool_x, cfg.seed, args.device,
+                                    args.encoder_epochs).items()}
+        common.update(encoder=MODEL_RECORDS[cfg.model].pool_encoder,
                       encoder_seconds=round(time.perf_counter() - t0, 2))
+        if common["encoder"] == "simclr":
+            common["encoder_epochs"] = args.encoder_epochs
 
     def ensemble(shards: list[dict[str, torch.Tensor]]) -> Ensemble:
         return Ensemble(cfg.model, ds.train_x.shape[1:], 10, shards, args.device, encoder)

@@ -69,8 +69,8 @@ from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, trai
 def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
     """The pool encoder the ``cnn-hog-simclr`` student is told to use, read and checked before
     any query is asked (a bad one spends nothing): ``options.pool_encoder``'s, else the one the
-    run's teachers learnt (digest checked); None when there is neither. Both are derived from the
-    public pool alone (teachers.pool_encoder), so the student may read them."""
+    run's teachers learnt by SimCLR (digest checked); None when there is neither. Both are
+    derived from the public pool alone (teachers.pool_encoder), so the student may read them."""
     if options.pool_encoder is not None:
         try:
             return load_encoder_file(options.pool_encoder, channels)
@@ -78,6 +78,8 @@ def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
             raise UserError(f"--pool-encoder {options.pool_encoder}: {exc}") from None
     try:
         recorded = (checkpoints.read_manifest(run.root) or {}).get("pool_encoder")
+        if recorded and recorded.get("method", "simclr") != "simclr":
+            recorded = None  # a whitening of fixed maps (teachers.whitening): no encoder
         tensors = None if not recorded else checkpoints.load_encoder(run.root,
                                                                      recorded["sha256"])
         if tensors is not None:

@@ -35,12 +35,13 @@ _POOLS = MinSide(4, "two 2x2 max-pools")
 @dataclass(frozen=True)
 class TeacherModel:
     """What the code needs to know of a built-in teachers' network: whether it is made for
-    images only, the smallest image side it takes, and whether it reads the run's frozen pool
-    encoder (:mod:`teachers.pool_encoder`), learnt from the public pool before the teachers
-    train."""
+    images only, the smallest image side it takes, and which frozen pool encoder it reads, if
+    any: a map fitted on the public pool before the teachers train, once per run, and shared by
+    all of them (``simclr``: :mod:`teachers.pool_encoder`; ``whitening``:
+    :mod:`teachers.whitening`)."""
 
     images_only: bool
-    pool_encoder: bool = False
+    pool_encoder: str | None = None
     min_side: MinSide = ANY_SIDE
 
 
@@ -50,8 +51,9 @@ MODEL_RECORDS: dict[str, TeacherModel] = {
     "hog": TeacherModel(True, min_side=HOG_SIDE),
     "scatter": TeacherModel(True, min_side=SCATTERING_SIDE),
     "hog-scatter": TeacherModel(True, min_side=HOG_SIDE),
+    "hog-scatter-whitened": TeacherModel(True, pool_encoder="whitening", min_side=HOG_SIDE),
     "cnn-pool-hog": TeacherModel(True, min_side=HOG_SIDE),
-    "cnn-pool-hog-simclr": TeacherModel(True, pool_encoder=True, min_side=HOG_SIDE)}
+    "cnn-pool-hog-simclr": TeacherModel(True, pool_encoder="simclr", min_side=HOG_SIDE)}
 MODELS: tuple[str, ...] = tuple(MODEL_RECORDS)
 POOL_ENCODER_MODELS = frozenset(n for n, m in MODEL_RECORDS.items() if m.pool_encoder)
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).

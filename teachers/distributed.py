@@ -32,12 +32,12 @@ from pate.data.partitions import partition_problem
 from pate.data.task import Benchmark, DataSource, Task, load_task, source_identity
 from pate.devices import device_problem
 from pate.errors import UserError
-from pate.progress import progress_bar
+from pate.progress import progress_bar, say
 from pate.rundir import RunDir
 from teachers import checkpoints
-from teachers.choices import POOL_ENCODER_MODELS, model_data_problem
+from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
-from teachers.models import check_user_model
+from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import (
     Partition,
     check_disjoint,
@@ -46,6 +46,7 @@ from teachers.partition import (
     verify_partition,
     write_partition,
 )
+from teachers.pool_encoder import EPOCHS
 from teachers.user_models import ray_runtime_env
 
 RAY_CONNECT_TIMEOUT_S = 10.0  # a cluster's address that does not answer in this long is refused
@@ -294,14 +295,13 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
 
 def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, data: Task, device: str
                   ) -> dict[str, np.ndarray] | None:
-    """The run's frozen pool encoder for the architectures that use one: trained on the public
-    pool alone (never on the private split) and recorded in the manifest the first time, read
-    back (digest checked) after. A damaged encoder is retrained only while no shard depends on
-    it; after that the run fails closed. It trains here, in the driver: on the shards' ``device``
-    where this machine has it (a GPU does in seconds what 2 CPU cores do in 11 minutes), else on
-    the CPU (a cluster's head without a GPU)."""
-    from teachers.pool_encoder import EPOCHS, train_pool_encoder
-
+    """The run's frozen pool encoder for the architectures that read one
+    (:func:`teachers.models.fit_pool_encoder`: SimCLR, or the whitening of fixed maps): fitted
+    on the public pool alone (never on the private split) and recorded in the manifest the
+    first time, read back (digest checked) after. A damaged encoder is fitted again only while
+    no shard depends on it; after that the run fails closed. It is fitted here, in the driver:
+    on the shards' ``device`` where this machine has it (a GPU does in seconds what 2 CPU cores
+    do of SimCLR in 11 minutes), else on the CPU (a cluster's head without a GPU)."""
     if job.train.model not in POOL_ENCODER_MODELS:
         return None
     recorded = manifest.get("pool_encoder")
@@ -313,11 +313,17 @@ def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, data: Task, devi
                         "teachers depend on it; use a new --run directory")
     pool_x = data.pool_x
     device = "cpu" if device_problem(device) else device
+    method = MODEL_RECORDS[job.train.model].pool_encoder
+    what = (f"{EPOCHS} SimCLR epochs on {device}" if method == "simclr"
+            else "the whitening of its fixed maps")
+    say(f"pool encoder: {what}, on the {len(pool_x)} public pool rows")
     t0 = time.time()
-    encoder = train_pool_encoder(pool_x, EPOCHS, job.train.seed, device)
+    encoder = fit_pool_encoder(job.train.model, pool_x, job.train.seed, device, EPOCHS)
+    say(f"pool encoder: fitted in {time.time() - t0:.1f} s")
     manifest["pool_encoder"] = {
         "file": checkpoints.ENCODER_FILE, "sha256": checkpoints.save_encoder(run_dir, encoder),
-        "method": "simclr", "pool_rows": len(pool_x), "epochs": EPOCHS, "device": device,
+        "method": method, "pool_rows": len(pool_x),
+        **({"epochs": EPOCHS, "device": device} if method == "simclr" else {}),
         "seconds": round(time.time() - t0, 2)}
     checkpoints.write_manifest(run_dir, manifest)
     return encoder

@@ -29,6 +29,10 @@ is mapped (:func:`on_features`, :mod:`teachers.fixed_maps`).
   pairs two. Every path of ``hog``, ``scatter`` and ``hog-scatter`` starts with a fixed map, so
   the trainer and the vote compute the maps outside vmap, once per row where the rows are not
   shifted or mixed (:func:`on_features`).
+- ``hog-scatter-whitened``: ``hog-scatter`` with each map's features whitened on the public
+  pool (:mod:`teachers.whitening`, the run's pool encoder of that kind): fitted once per run,
+  shared by all teachers (Fashion-MNIST, 250 teachers of about 240 rows: mean accuracy 0.784 and
+  a plurality of 0.877 on the evaluation half, against 0.771 and 0.851 for ``hog-scatter``).
 - ``cnn-pool-hog-simclr``: a third expert, a linear softmax on the run's pool encoder
   (:mod:`teachers.pool_encoder`, SimCLR on the public pool, frozen): features learnt from
   thousands of unlabelled public images rather than the teacher's few hundred private ones
@@ -50,12 +54,18 @@ from torch import nn
 
 from pate.errors import UserError
 from teachers import rng
-from teachers.choices import POOL_ENCODER_MODELS, is_import_path, model_name_problem
+from teachers.choices import (
+    MODEL_RECORDS,
+    POOL_ENCODER_MODELS,
+    is_import_path,
+    model_name_problem,
+)
 from teachers.fixed_maps import Columns, FixedMap
 from teachers.hog import HOG, hog_size
-from teachers.pool_encoder import FEATURES, FrozenEncoder
+from teachers.pool_encoder import EPOCHS, FEATURES, FrozenEncoder, train_pool_encoder
 from teachers.scattering import Scattering, scattering_size
 from teachers.user_models import build_user_model, check_trains_on, teacher_states
+from teachers.whitening import MAPS, Whitened, fit_whitening
 
 Shape = tuple[int, int, int]
 
@@ -141,6 +151,12 @@ def _hog_scatter(in_shape: Shape, num_classes: int) -> nn.Module:
     return Experts(hog_linear(in_shape, num_classes), scatter_linear(in_shape, num_classes))
 
 
+def _hog_scatter_whitened(in_shape: Shape, num_classes: int,
+                          encoder: dict[str, torch.Tensor]) -> nn.Module:
+    maps = [Whitened(name, in_shape, encoder) for name in MAPS]
+    return Experts(*(nn.Sequential(m, nn.Linear(m.width, num_classes)) for m in maps))
+
+
 def _cnn_pool_hog(in_shape: Shape, num_classes: int) -> nn.Module:
     return Experts(_cnn_pool(in_shape, num_classes), hog_linear(in_shape, num_classes))
 
@@ -153,8 +169,20 @@ def _cnn_pool_hog_simclr(in_shape: Shape, num_classes: int,
 
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "cnn": _cnn, "cnn-pool": _cnn_pool, "resnet": _resnet, "mlp": _mlp, "hog": hog_linear,
-    "scatter": scatter_linear, "hog-scatter": _hog_scatter, "cnn-pool-hog": _cnn_pool_hog,
+    "scatter": scatter_linear, "hog-scatter": _hog_scatter,
+    "hog-scatter-whitened": _hog_scatter_whitened, "cnn-pool-hog": _cnn_pool_hog,
     "cnn-pool-hog-simclr": _cnn_pool_hog_simclr}
+
+
+def fit_pool_encoder(name: str, pool_x: np.ndarray, seed: int, device: str = "cpu",
+                     epochs: int = EPOCHS) -> dict[str, np.ndarray]:
+    """The frozen pool encoder architecture ``name`` (one of :data:`POOL_ENCODER_MODELS`)
+    reads, fitted on the public pool ``pool_x`` alone: SimCLR for ``epochs`` epochs
+    (:func:`teachers.pool_encoder.train_pool_encoder`, on ``device``, seeded by ``seed``), or
+    the whitening of its fixed maps (:func:`teachers.whitening.fit_whitening`, deterministic)."""
+    if MODEL_RECORDS[name].pool_encoder == "simclr":
+        return train_pool_encoder(pool_x, epochs, seed, device)
+    return fit_whitening(pool_x)
 
 
 def build_model(name: str, in_shape: Shape, num_classes: int,

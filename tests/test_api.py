@@ -529,3 +529,30 @@ def test_a_users_module_named_as_a_layer_is_one_clear_error(tmp_path: Path) -> N
     (tmp_path / "student.py").unlink()
     (tmp_path / "analysis").mkdir()  # a plain folder of the user's: no package
     assert imported(tmp_path).returncode == 0
+
+
+def test_teachers_that_read_a_pool_encoder_fit_it_on_x_public_and_keep_it(
+        tmp_path: Path) -> None:
+    """``hog-scatter-whitened`` fits its whitening on ``x_public`` (and only those models take
+    it); the saved teachers keep it, 0600, and vote the same once loaded and saved again."""
+    import stat
+
+    from pate.api import Teachers
+
+    rng = np.random.default_rng(1)
+    x = rng.random((120, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 120)
+    pool = rng.random((60, 1, 8, 8)).astype(np.float32)
+    with pytest.raises(UserError, match=r"x_public= \(the public pool\) goes with"):
+        Teachers(3, 3, epochs=1, model="hog-scatter-whitened").fit(x, y)
+    with pytest.raises(UserError, match="x_public= "):
+        Teachers(3, 3, epochs=1, model="hog").fit(x, y, x_public=pool)
+    with pytest.raises(UserError, match="x_public has rows of"):
+        Teachers(3, 3, epochs=1, model="hog-scatter-whitened").fit(x, y, x_public=pool[:, :, :4])
+    teachers = Teachers(3, 3, epochs=2, model="hog-scatter-whitened").fit(x, y, x_public=pool)
+    assert teachers.encoder_ is not None and teachers.encoder_["hog.projection"].shape[1] == 36
+    saved = teachers.save(tmp_path / "saved")
+    encoder_file = saved / "teachers" / "pool-encoder.safetensors"
+    assert stat.S_IMODE(encoder_file.stat().st_mode) == 0o600
+    again = Teachers.load(saved).save(tmp_path / "again")
+    np.testing.assert_array_equal(Teachers.load(again).vote(pool), teachers.vote(pool))

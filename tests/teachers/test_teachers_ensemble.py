@@ -11,16 +11,14 @@ from torch.func import functional_call
 from pate.data.augment import shift_flip
 from pate.data.datasets import public_split
 from teachers import rng
-from teachers.choices import POOL_ENCODER_MODELS
 from teachers.ensemble import (
     TrainConfig,
     example_order,
     train_group,
     train_one,
 )
-from teachers.models import build_model, init_stacked
+from teachers.models import build_model, fit_pool_encoder, init_stacked
 from teachers.partition import make_partition
-from teachers.pool_encoder import train_pool_encoder
 from teachers.votes import Ensemble
 
 CFG = TrainConfig(model="cnn", epochs=4, batch_size=8, lr=3e-3, augment="shift-flip", mixup=0.4,
@@ -35,9 +33,12 @@ def data(digits):
 
 
 @pytest.fixture(scope="module")
-def pool_encoder(digits):
+def pool_encoders(digits):
+    """Each kind of pool encoder, by the model that reads it (SimCLR for 2 epochs)."""
     (pool_x, _), _ = public_split(digits)
-    return {k: torch.as_tensor(v) for k, v in train_pool_encoder(pool_x, 2, 0).items()}
+    return {name: {k: torch.as_tensor(v) for k, v in fit_pool_encoder(name, pool_x, 0,
+                                                                        epochs=2).items()}
+            for name in ("cnn-pool-hog-simclr", "hog-scatter-whitened")}
 
 
 def _group(cfg, data, ids, encoder=None):
@@ -45,22 +46,24 @@ def _group(cfg, data, ids, encoder=None):
     return train_group(cfg, x, y, 10, np.array(ids), part.parts(ids), min_size, encoder)
 
 
-# hog, scatter, hog-scatter: networks on fixed maps alone. With shifts and mixup (CFG) the group
-# maps each step's rows outside vmap; with the rows as they are ("table") it maps each row once
-# before training (teachers.fixed_maps). The teacher alone always maps its pixels.
+# hog, scatter, hog-scatter, hog-scatter-whitened: networks on fixed maps alone. With shifts and
+# mixup (CFG) the group maps each step's rows outside vmap; with the rows as they are ("table")
+# it maps each row once before training (teachers.fixed_maps). The teacher alone always maps its
+# pixels.
 @pytest.mark.parametrize("model", ["cnn", "cnn-pool", "resnet", "mlp", "cnn-pool-hog",
                                    "cnn-pool-hog-simclr", "hog", "scatter", "hog-scatter",
-                                   "hog table", "scatter table", "hog-scatter table"])
-def test_vectorised_group_equals_one_by_one(digits, data, pool_encoder, model):
+                                   "hog-scatter-whitened", "hog table", "scatter table",
+                                   "hog-scatter table", "hog-scatter-whitened table"])
+def test_vectorised_group_equals_one_by_one(digits, data, pool_encoders, model):
     model, _, table = model.partition(" ")
     cfg = TrainConfig(**{**CFG.__dict__, "model": model, "epochs": 1 if model == "resnet" else 4,
                          **({"augment": "none", "mixup": 0.0} if table else {})})
     x, y, part, min_size = data
-    encoder = pool_encoder if model in POOL_ENCODER_MODELS else None
+    encoder = pool_encoders.get(model)
     ids = [0, 1, 2, 3]
     group = _group(cfg, data, ids, encoder)
     ens = Ensemble(model, (1, 8, 8), 10, [group], encoder=encoder)
-    on_maps = model in ("hog", "scatter", "hog-scatter")
+    on_maps = model in ("hog", "scatter", "hog-scatter", "hog-scatter-whitened")
     assert (ens.inputs(x[:200]).dim() == 2) == on_maps  # a table row, or the image
     logits = ens._forward(group, ens.inputs(x[:200]))
     for k, t in enumerate(ids):

@@ -77,7 +77,7 @@ def test_build_model_demands_the_encoder_exactly_when_used():
 def test_encoder_reads_the_public_pool_only(tmp_path, digits, monkeypatch):
     """Changing every private row and label leaves the encoder bit for bit the same (after 5
     epochs of SimCLR rather than the run's 60: the code path is the same)."""
-    monkeypatch.setattr("teachers.pool_encoder.EPOCHS", 5)
+    monkeypatch.setattr("teachers.distributed.EPOCHS", 5)
     job = TrainJob("digits", 4, 4, TrainConfig(model="cnn-pool-hog-simclr"))
     task = load_task(job.source)
     other = dataclasses.replace(task, private_x=np.ascontiguousarray(task.private_x[::-1]),
