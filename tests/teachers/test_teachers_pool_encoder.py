@@ -1,6 +1,7 @@
 """teachers.pool_encoder and the cnn-pool-hog-simclr teachers: the NT-Xent loss, the folded and
-standardised frozen encoder, an encoder that depends on the public pool alone, and a run that
-records, reuses and guards its encoder."""
+standardised frozen encoder, an encoder (of either kind: SimCLR or the whitening of
+hog-scatter-whitened) that depends on the public pool alone, and a run that records, reuses and
+guards its encoder."""
 
 from __future__ import annotations
 
@@ -74,11 +75,14 @@ def test_build_model_demands_the_encoder_exactly_when_used():
         build_model("cnn-pool-hog", (1, 8, 8), 10, {})
 
 
-def test_encoder_reads_the_public_pool_only(tmp_path, digits, monkeypatch):
+@pytest.mark.parametrize("model,method", [("cnn-pool-hog-simclr", "simclr"),
+                                          ("hog-scatter-whitened", "whitening")])
+def test_encoder_reads_the_public_pool_only(tmp_path, digits, monkeypatch, model, method):
     """Changing every private row and label leaves the encoder bit for bit the same (after 5
-    epochs of SimCLR rather than the run's 60: the code path is the same)."""
+    epochs of SimCLR rather than the run's 60: the code path is the same), whatever its kind;
+    the manifest says which kind, and where and how long SimCLR trained."""
     monkeypatch.setattr("teachers.distributed.EPOCHS", 5)
-    job = TrainJob("digits", 4, 4, TrainConfig(model="cnn-pool-hog-simclr"))
+    job = TrainJob("digits", 4, 4, TrainConfig(model=model))
     task = load_task(job.source)
     other = dataclasses.replace(task, private_x=np.ascontiguousarray(task.private_x[::-1]),
                                 private_y=(task.private_y + 1) % 10)
@@ -88,10 +92,14 @@ def test_encoder_reads_the_public_pool_only(tmp_path, digits, monkeypatch):
         (tmp_path / str(i)).mkdir()
         # asked for cuda on a machine without it: trained on the CPU, and recorded so
         _pool_encoder(tmp_path / str(i), job, manifest, data, "cpu" if i else "cuda:99")
-        shas.append(manifest["pool_encoder"]["sha256"])
-        assert manifest["pool_encoder"]["pool_rows"] == len(public_split(digits)[0][1])
-        assert manifest["pool_encoder"]["epochs"] == 5
-        assert manifest["pool_encoder"]["device"] == "cpu"
+        recorded = manifest["pool_encoder"]
+        shas.append(recorded["sha256"])
+        assert recorded["method"] == method
+        assert recorded["pool_rows"] == len(public_split(digits)[0][1])
+        if method == "simclr":
+            assert recorded["epochs"] == 5 and recorded["device"] == "cpu"
+        else:  # fitted on the CPU whatever the device: no epochs, no device
+            assert "epochs" not in recorded and "device" not in recorded
     assert shas[0] == shas[1]
 
 

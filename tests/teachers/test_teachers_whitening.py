@@ -1,24 +1,22 @@
 """teachers.whitening and the hog-scatter-whitened teachers: the pool's features whitened as the
-formula says, a map fitted on the public pool alone, and a run that records it as its pool
-encoder, votes with it, and keeps it from a student that reads SimCLR encoders."""
+formula says, and a run that records it as its pool encoder, votes with it, and keeps it from a
+student that reads SimCLR encoders (that it reads the public pool alone:
+test_teachers_pool_encoder.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import stat
 
-import numpy as np
 import pytest
 import torch
 
 from pate.data.datasets import public_split
-from pate.data.task import load_task
 from pate.errors import UserError
 from pate.rundir import RunDir
 from student.options import StudentOptions
 from student.workflow import _given_encoder
 from teachers import checkpoints
-from teachers.distributed import Cluster, TrainJob, _pool_encoder, train_teachers
+from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig
 from teachers.models import build_model, fit_pool_encoder
 from teachers.votes import collect_votes
@@ -58,31 +56,13 @@ def test_the_model_needs_the_whitening_and_reads_its_width(digits):
     with pytest.raises(UserError, match="needs pool encoder"):
         build_model("hog-scatter-whitened", (1, 8, 8), 10)
     encoder = fit_pool_encoder("hog-scatter-whitened", public_split(digits)[0][0], 0)
+    # digits are 8x8: HOG has 36 features, scattering 324; each keeps at most COMPONENTS
+    assert encoder["hog.projection"].shape == (36, 36)
+    assert encoder["scatter.projection"].shape == (324, min(COMPONENTS, 324))
     model = build_model("hog-scatter-whitened", (1, 8, 8), 10, encoder)
     widths = [expert[1].in_features for expert in model.experts]
     assert widths == [encoder["hog.projection"].shape[1], encoder["scatter.projection"].shape[1]]
     assert not any(p.requires_grad for m in model.experts for p in m[0].parameters())
-
-
-def test_whitening_reads_the_public_pool_only(tmp_path, digits):
-    """Changing every private row and label leaves the run's whitening bit for bit the same."""
-    job = TrainJob("digits", 4, 4, TrainConfig(model="hog-scatter-whitened"))
-    task = load_task(job.source)
-    other = dataclasses.replace(task, private_x=np.ascontiguousarray(task.private_x[::-1]),
-                                private_y=(task.private_y + 1) % 10)
-    shas = []
-    for i, data in enumerate([task, other]):
-        manifest: dict = {"shards": {}}
-        (tmp_path / str(i)).mkdir()
-        encoder = _pool_encoder(tmp_path / str(i), job, manifest, data, "cpu")
-        recorded = manifest["pool_encoder"]
-        assert recorded["method"] == "whitening" and "epochs" not in recorded
-        assert recorded["pool_rows"] == len(public_split(digits)[0][1])
-        shas.append(recorded["sha256"])
-    assert shas[0] == shas[1]
-    # digits are 8x8: HOG has 36 features, scattering 324; each keeps at most COMPONENTS
-    assert encoder["hog.projection"].shape == (36, 36)
-    assert encoder["scatter.projection"].shape == (324, min(COMPONENTS, 324))
 
 
 def test_a_run_of_whitened_teachers_votes_with_its_whitening(tmp_path, ray_stopped):
