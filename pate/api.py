@@ -171,6 +171,8 @@ class Teachers:
         if pool is not None and pool.shape[1:] != xs.shape[1:]:
             raise UserError(f"x_public has rows of {list(pool.shape[1:])}, x of "
                             f"{list(xs.shape[1:])}")
+        if pool is not None and len(pool) < 2:
+            raise UserError("x_public needs at least 2 rows to fit an encoder on")
         if len(ys) != len(xs):
             raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
                             f"{len(xs)} rows")
@@ -188,14 +190,15 @@ class Teachers:
             raise UserError(problem)
         check_user_model(self.config.model, xs.shape[1:], self.n_classes, self.config.batch_size)
         part = deal_rows(self.partition, xs, ys, self.n_teachers, self.config.seed, whose)
-        self.encoder_ = (None if pool is None else
-                         fit_pool_encoder(self.config.model, pool, self.config.seed, self.device))
+        fitted = (None if pool is None else
+                  fit_pool_encoder(self.config.model, pool, self.config.seed, self.device))
         shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
                               part.parts(teachers), part.step_rows(teachers), self.device,
-                              torch.get_num_threads(), self.encoder_)
+                              torch.get_num_threads(), fitted)
                   for teachers in shard_ranges(self.n_teachers, self.shard_size)]
-        encoder = (None if self.encoder_ is None else
-                   {k: torch.as_tensor(v, device=self.device) for k, v in self.encoder_.items()})
+        encoder = (None if fitted is None else
+                   {k: torch.as_tensor(v, device=self.device) for k, v in fitted.items()})
+        self.encoder_ = fitted  # with the ensemble, once both exist
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
                                   [{k: torch.from_numpy(v).to(self.device) for k, v in s.items()}
                                    for s in shards], device=self.device, encoder=encoder)
@@ -224,10 +227,8 @@ class Teachers:
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
                   for i, shard in enumerate(ens.shards)}
-        encoder = ({} if self.encoder_ is None else {"pool_encoder": {
-            "file": checkpoints.ENCODER_FILE,
-            "sha256": checkpoints.save_encoder(root, self.encoder_),
-            "method": MODEL_RECORDS[self.config.model].pool_encoder}})
+        encoder = ({} if self.encoder_ is None else {"pool_encoder": checkpoints.encoder_record(
+            root, self.encoder_, MODEL_RECORDS[self.config.model].pool_encoder)})
         checkpoints.write_manifest(root, {**encoder,
             "model": self.config.model, "in_shape": list(ens.in_shape),
             "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,

@@ -7,7 +7,7 @@ one batched tensor, on HOG features (``teachers.hog``) and on scattering feature
 (``teachers.scattering``: order 2, J = 2, L = 8, each group of three maps normalised by the
 example itself). ``--recipe full-batch`` (the default) trains each expert on all its rows at
 once (Adam, ``--steps`` steps, an L2 penalty ``--weight-decay`` on the weights); ``--recipe
-teachers`` as ``pate teachers train`` does (minibatches of ``--batch-size``, ``--epochs``,
+teachers`` with ``pate teachers train``'s recipe (minibatches of ``--batch-size``, ``--epochs``,
 AdamW with decoupled decay ``--weight-decay``, a one-cycle schedule peaking at ``--lr``). A
 teacher of the pair votes with the mean of its two experts' probabilities,
 as ``teachers.models.Experts`` does. For each it prints the teachers' mean accuracy on the
@@ -48,7 +48,7 @@ from teachers.fixed_maps import feature_table
 from teachers.hog import HOG
 from teachers.partition import make_partition
 from teachers.scattering import Scattering
-from teachers.whitening import pool_whitening
+from teachers.whitening import SHRINKAGE, pool_whitening
 
 
 def features(fixed: torch.nn.Module, x: np.ndarray) -> torch.Tensor:
@@ -77,7 +77,9 @@ def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr
 def train_as_teachers(xs: list[torch.Tensor], y: torch.Tensor, classes: int, epochs: int,
                       batch_size: int, lr: float, weight_decay: float, seed: int
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The teachers' own recipe (``teachers.ensemble``) for T teachers whose experts read the
+    """The teachers' own recipe (``teachers.ensemble``: the same optimiser, schedule, batches
+    and initialisation bounds, not the same random numbers, so a teacher here is one of the
+    same distribution as ``pate teachers train``'s) for T teachers whose experts read the
     tables ``xs`` (each ``[T, m, F_e]``, rows in the teacher's order) with labels ``y [T, m]``:
     minibatches of ``batch_size`` drawn from a fresh permutation each epoch, each expert on its
     own cross-entropy, AdamW with decoupled ``weight_decay`` and a one-cycle schedule peaking at
@@ -142,7 +144,7 @@ def main() -> None:
                         help="full-batch: the L2 penalty; teachers: AdamW's decoupled decay")
     parser.add_argument("--whiten", type=int, default=0, metavar="K",
                         help="project each map on the pool's K leading principal components")
-    parser.add_argument("--shrinkage", type=float, default=0.1,
+    parser.add_argument("--shrinkage", type=float, default=SHRINKAGE,
                         help="with --whiten: add this times the mean variance to each one")
     parser.add_argument("--votes-out", type=Path, help="write the pair's votes on the pool")
     parser.add_argument("--threads", type=int, default=2)

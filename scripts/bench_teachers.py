@@ -10,8 +10,9 @@ Cases (one JSON object per case on stdout, also written to results/bench_teacher
                    (the trained group's parameters repeated, or the teachers of --run)
 Each training case reports teachers per second, the mean accuracy of its teachers on the
 evaluation half, and the accuracy of their noiseless plurality there and on the pool. A model that
-reads a pool encoder (``cnn-pool-hog-simclr``) gets one learnt first by SimCLR from the pool, on
-``--device``, for ``--encoder-epochs`` (its seconds reported with the first training case).
+reads a pool encoder gets it fitted first on the pool (``teachers.models.fit_pool_encoder``):
+``cnn-pool-hog-simclr`` by SimCLR on ``--device`` for ``--encoder-epochs``,
+``hog-scatter-whitened`` its whitening (its seconds reported with the first training case).
 Run: .venv/bin/python scripts/bench_teachers.py [--cases ...].
 """
 
@@ -31,7 +32,7 @@ import torch
 
 from pate.data.datasets import load_dataset, public_split
 from pate.io import ensure_dir, write_json_atomic
-from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS
+from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, SIMCLR
 from teachers.ensemble import TrainConfig, train_group, train_one
 from teachers.models import fit_pool_encoder
 from teachers.partition import make_partition
@@ -89,7 +90,7 @@ def main() -> None:
                                     args.encoder_epochs).items()}
         common.update(encoder=MODEL_RECORDS[cfg.model].pool_encoder,
                       encoder_seconds=round(time.perf_counter() - t0, 2))
-        if common["encoder"] == "simclr":
+        if common["encoder"] == SIMCLR:
             common["encoder_epochs"] = args.encoder_epochs
 
     def ensemble(shards: list[dict[str, torch.Tensor]]) -> Ensemble:

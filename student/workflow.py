@@ -63,6 +63,7 @@ from student.training import (
     seed_everything,
 )
 from teachers import checkpoints
+from teachers.choices import SIMCLR
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
 
 
@@ -78,7 +79,7 @@ def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
             raise UserError(f"--pool-encoder {options.pool_encoder}: {exc}") from None
     try:
         recorded = (checkpoints.read_manifest(run.root) or {}).get("pool_encoder")
-        if recorded and recorded.get("method", "simclr") != "simclr":
+        if recorded and recorded.get("method", SIMCLR) != SIMCLR:
             recorded = None  # a whitening of fixed maps (teachers.whitening): no encoder
         tensors = None if not recorded else checkpoints.load_encoder(run.root,
                                                                      recorded["sha256"])

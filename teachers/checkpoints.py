@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,8 +116,18 @@ def load_shard(run_dir: Path, index: int, sha256: str, device: str = "cpu"
 
 
 def save_encoder(run_dir: Path, tensors: dict[str, np.ndarray]) -> str:
-    """Write the run's frozen pool encoder (:mod:`teachers.pool_encoder`); returns its sha256."""
+    """Write the run's frozen pool encoder (SimCLR's, :mod:`teachers.pool_encoder`, or a
+    whitening, :mod:`teachers.whitening`); returns its sha256."""
     return _save(run_dir, ENCODER_FILE, tensors)
+
+
+def encoder_record(run_dir: Path, tensors: dict[str, np.ndarray], method: str | None,
+                   **details: Any) -> dict[str, Any]:
+    """Write the pool encoder ``tensors`` (:func:`save_encoder`) and return the manifest's
+    record of it: its file, digest, ``method`` (``simclr`` or ``whitening``) and ``details``
+    (the pool's rows, SimCLR's epochs and device, the seconds it took)."""
+    return {"file": ENCODER_FILE, "sha256": save_encoder(run_dir, tensors), "method": method,
+            **details}
 
 
 def encoder_ok(run_dir: Path, sha256: str) -> bool:

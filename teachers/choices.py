@@ -5,6 +5,7 @@ forms apart without importing anything."""
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ SCATTERING_SIDE = MinSide(4, "scattering at 2 scales")
 _POOLS = MinSide(4, "two 2x2 max-pools")
 
 
+# The kinds of frozen pool encoder a built-in network may read (a run's manifest names its kind).
+SIMCLR, WHITENING = "simclr", "whitening"
+PoolEncoderKind = Literal["simclr", "whitening"]
+
+
 @dataclass(frozen=True)
 class TeacherModel:
     """What the code needs to know of a built-in teachers' network: whether it is made for
@@ -41,7 +47,7 @@ class TeacherModel:
     :mod:`teachers.whitening`)."""
 
     images_only: bool
-    pool_encoder: str | None = None
+    pool_encoder: PoolEncoderKind | None = None
     min_side: MinSide = ANY_SIDE
 
 
@@ -51,9 +57,9 @@ MODEL_RECORDS: dict[str, TeacherModel] = {
     "hog": TeacherModel(True, min_side=HOG_SIDE),
     "scatter": TeacherModel(True, min_side=SCATTERING_SIDE),
     "hog-scatter": TeacherModel(True, min_side=HOG_SIDE),
-    "hog-scatter-whitened": TeacherModel(True, pool_encoder="whitening", min_side=HOG_SIDE),
+    "hog-scatter-whitened": TeacherModel(True, pool_encoder=WHITENING, min_side=HOG_SIDE),
     "cnn-pool-hog": TeacherModel(True, min_side=HOG_SIDE),
-    "cnn-pool-hog-simclr": TeacherModel(True, pool_encoder="simclr", min_side=HOG_SIDE)}
+    "cnn-pool-hog-simclr": TeacherModel(True, pool_encoder=SIMCLR, min_side=HOG_SIDE)}
 MODELS: tuple[str, ...] = tuple(MODEL_RECORDS)
 POOL_ENCODER_MODELS = frozenset(n for n, m in MODEL_RECORDS.items() if m.pool_encoder)
 # The model a run's teachers get when none is named, by the kind of data (pate.data.task).

@@ -35,7 +35,7 @@ from pate.errors import UserError
 from pate.progress import progress_bar, say
 from pate.rundir import RunDir
 from teachers import checkpoints
-from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, model_data_problem
+from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, SIMCLR, model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
 from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import (
@@ -314,17 +314,16 @@ def _pool_encoder(run_dir: Path, job: TrainJob, manifest: dict, data: Task, devi
     pool_x = data.pool_x
     device = "cpu" if device_problem(device) else device
     method = MODEL_RECORDS[job.train.model].pool_encoder
-    what = (f"{EPOCHS} SimCLR epochs on {device}" if method == "simclr"
+    what = (f"{EPOCHS} SimCLR epochs on {device}" if method == SIMCLR
             else "the whitening of its fixed maps")
     say(f"pool encoder: {what}, on the {len(pool_x)} public pool rows")
     t0 = time.time()
     encoder = fit_pool_encoder(job.train.model, pool_x, job.train.seed, device, EPOCHS)
     say(f"pool encoder: fitted in {time.time() - t0:.1f} s")
-    manifest["pool_encoder"] = {
-        "file": checkpoints.ENCODER_FILE, "sha256": checkpoints.save_encoder(run_dir, encoder),
-        "method": method, "pool_rows": len(pool_x),
-        **({"epochs": EPOCHS, "device": device} if method == "simclr" else {}),
-        "seconds": round(time.time() - t0, 2)}
+    manifest["pool_encoder"] = checkpoints.encoder_record(
+        run_dir, encoder, method, pool_rows=len(pool_x),
+        **({"epochs": EPOCHS, "device": device} if method == SIMCLR else {}),
+        seconds=round(time.time() - t0, 2))
     checkpoints.write_manifest(run_dir, manifest)
     return encoder
 

@@ -5,13 +5,13 @@ A fixed map (histograms of oriented gradients, wavelet scattering, the frozen po
 no parameter a teacher learns, draws no random number, and maps each row by itself (no statistic
 of the batch): its output on a row is the same at every step, for every teacher, whatever rows
 share its batch. A network whose every path starts with one (``hog``, ``scatter``,
-``hog-scatter``) is a head on the maps' outputs. Where its rows reach it as they are, it can learn
-from, and vote on, a table of those outputs computed once per row: for 250 ``hog`` teachers of
-240 rows (160 steps of 32 rows each) that is HOG of 60 000 private rows once, instead of 1.28
-million times, once per row drawn (docs/benchmarks.md). Where a shift, a mirror or a mixup
-changes the pixels first, the maps run on each batch's changed rows, outside ``torch.func.vmap``
-(Kymatio's scattering writes in place and cannot run inside it), and only the head is mapped
-over the teachers.
+``hog-scatter``, ``hog-scatter-whitened``) is a head on the maps' outputs. Where its rows reach
+it as they are, it can learn from, and vote on, a table of those outputs computed once per row:
+for 250 ``hog`` teachers of 240 rows (160 steps of 32 rows each) that is HOG of 60 000 private
+rows once, instead of 1.28 million times, once per row drawn (docs/benchmarks.md). Where a
+shift, a mirror or a mixup changes the pixels first, the maps run on each batch's changed rows,
+outside ``torch.func.vmap`` (Kymatio's scattering writes in place and cannot run inside it), and
+only the head is mapped over the teachers.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ from teachers import rng
 from teachers.choices import (
     MODEL_RECORDS,
     POOL_ENCODER_MODELS,
+    SIMCLR,
     is_import_path,
     model_name_problem,
 )
@@ -180,7 +181,7 @@ def fit_pool_encoder(name: str, pool_x: np.ndarray, seed: int, device: str = "cp
     reads, fitted on the public pool ``pool_x`` alone: SimCLR for ``epochs`` epochs
     (:func:`teachers.pool_encoder.train_pool_encoder`, on ``device``, seeded by ``seed``), or
     the whitening of its fixed maps (:func:`teachers.whitening.fit_whitening`, deterministic)."""
-    if MODEL_RECORDS[name].pool_encoder == "simclr":
+    if MODEL_RECORDS[name].pool_encoder == SIMCLR:
         return train_pool_encoder(pool_x, epochs, seed, device)
     return fit_whitening(pool_x)
 

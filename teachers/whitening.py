@@ -6,10 +6,12 @@ principal components of the public pool's features, each component rescaled towa
 variance, every direction the pool's images vary along starts on an equal footing: each teacher
 learns its own weights along all of them, so the teachers' errors agree less and their vote is
 better. The rescaling is a shrunk PCA whitening: component k is divided by
-sqrt(v_k + a * mean(v)), v_k the pool's variance along it (a = 0: full whitening; large a: the
-plain projection, rescaled; for PCA whitening, A. Kessy, A. Lewin, K. Strimmer, "Optimal
-Whitening and Decorrelation", The American Statistician 72, 2018, §3; for shrinking a covariance
-towards a multiple of the identity, O. Ledoit, M. Wolf, J. Multivariate Anal. 88, 2004).
+sqrt(v_k + a * mean(v)), v_k the pool's variance along it and mean(v) the mean over the K kept
+components (a = 0: full PCA whitening, A. Kessy, A. Lewin, K. Strimmer, "Optimal Whitening and
+Decorrelation", The American Statistician 72, 2018, §3; large a: the plain projection,
+rescaled). Adding a multiple of the mean variance to each is in the spirit of shrinking a
+covariance towards a multiple of the identity (O. Ledoit, M. Wolf, J. Multivariate Anal. 88,
+2004), with a fixed a rather than their estimated one.
 
 Privacy: the map is fitted on the public pool alone (its mean and principal directions), never
 on the private split, so it costs no privacy, as the pool encoder (:mod:`teachers.pool_encoder`)
@@ -50,13 +52,15 @@ def pool_whitening(features: torch.Tensor, components: int, shrinkage: float
     """``(mean [F], projection [F, K])`` of the rows ``features [n, F]``: ``(z - mean) @
     projection`` is a row's coordinates on the K = min(components, F, n - 1) leading principal
     components (at least 1), component k divided by sqrt(v_k + shrinkage * mean(v)), v the
-    variances along the K components. In float64, from the leading eigenvectors alone (LAPACK's
+    variances along the K components; components of no variance (below 1e-10 of the first's)
+    are dropped. In float64, from the leading eigenvectors alone (LAPACK's
     ``syevr`` on an index range: 4 times faster than a whole SVD for scattering's 3 969
     features) of the covariance ``[F, F]``, or where the rows are fewer than the features of
     their Gram matrix ``[n, n]``, whose eigenvector u_k gives the component X^T u_k / ||X^T u_k||
     (the same, for a smaller matrix: CIFAR-10's scattering has 15 552 features)."""
-    mean = features.mean(0)
-    centred = (features - mean).double().numpy()
+    rows = features.detach().cpu().double()
+    mean = rows.mean(0)
+    centred = (rows - mean).numpy()
     n, width = centred.shape
     k = max(1, min(components, width, n - 1))
     by_rows = n < width
@@ -65,11 +69,14 @@ def pool_whitening(features: torch.Tensor, components: int, shrinkage: float
     variance, vectors = scipy.linalg.eigh(gram, subset_by_index=[size - k, size - 1],
                                           driver="evr")
     variance, vectors = np.clip(variance[::-1], 0.0, None), vectors[:, ::-1]  # leading first
+    kept = max(1, int((variance > 1e-10 * variance[0]).sum()))
+    variance, vectors = variance[:kept], vectors[:, :kept]
     if by_rows:
         vectors = centred.T @ vectors
         vectors /= np.maximum(np.linalg.norm(vectors, axis=0), 1e-300)
     scale = 1.0 / np.sqrt(variance + shrinkage * variance.mean() + 1e-12)
-    return mean, torch.as_tensor(np.ascontiguousarray(vectors * scale), dtype=torch.float32)
+    return (mean.float(),
+            torch.as_tensor(np.ascontiguousarray(vectors * scale), dtype=torch.float32))
 
 
 def fit_whitening(pool_x: np.ndarray, components: int = COMPONENTS,

@@ -91,7 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr.add_argument("--pool-encoder", type=Path, metavar="FILE",
                     help="cnn-hog-simclr: the frozen encoder learnt from the public pool "
                          "(`pate teachers train` writes RUN/teachers/pool-encoder.safetensors; "
-                         "default: that of --run's teachers, else one learnt here from the pool)")
+                         "default: that of --run's teachers where they learnt one by SimCLR, "
+                         "else one learnt here from the pool)")
     tr.add_argument("--encoder-epochs", type=int, default=None,
                     help="cnn-hog-simclr: SimCLR epochs of an encoder learnt here (default: the "
                          "teachers')")
