@@ -1,22 +1,25 @@
 """Teachers that are linear softmax experts on fixed features: HOG, wavelet scattering, and the
 pair (issue 27: can a better fixed feature lift the teachers' plurality?).
 
-The private rows are split as ``pate teachers train`` splits them (``make_partition``, seed 0).
-Each of the ``--teachers`` teachers gets a linear softmax per feature map, all trained at once as
-one batched tensor, on HOG features (``teachers.hog``) and on scattering features
-(``teachers.scattering``: order 2, J = 2, L = 8, each group of three maps normalised by the
-example itself). ``--recipe full-batch`` (the default) trains each expert on all its rows at
-once (Adam, ``--steps`` steps, an L2 penalty ``--weight-decay`` on the weights); ``--recipe
-teachers`` with ``pate teachers train``'s recipe (minibatches of ``--batch-size``, ``--epochs``,
-AdamW with decoupled decay ``--weight-decay``, a one-cycle schedule peaking at ``--lr``). A
-teacher of the pair votes with the mean of its two experts' probabilities,
-as ``teachers.models.Experts`` does. For each it prints the teachers' mean accuracy on the
-evaluation half and their plurality's accuracy there and on the pool, one JSON line each,
-appended to results/bench_linear_experts.jsonl.
+The private rows are split as ``pate teachers train`` splits them by default
+(``make_partition``, seed 0). ``--recipe full-batch`` (the default) gives each of the
+``--teachers`` teachers a linear softmax per feature map, on HOG features (``teachers.hog``) and
+on scattering features (``teachers.scattering``: order 2, J = 2, L = 8, each group of three maps
+normalised by the example itself), all trained at once as one batched tensor on the first rows
+of each part (as many as the smallest has), each on all of them at once (Adam, ``--steps``
+steps, an L2 penalty ``--weight-decay`` on the weights); a teacher of the pair votes with the
+mean of its two experts' probabilities, as ``teachers.models.Experts`` does. ``--recipe
+teachers`` trains the teachers of the pair as ``pate teachers train`` does, with its own code:
+the model ``hog-scatter`` (``hog-scatter-whitened`` with ``--whiten``), minibatches of
+``--batch-size``, ``--epochs``, AdamW with decoupled decay ``--weight-decay`` and a one-cycle
+schedule peaking at ``--lr``. It prints the teachers' mean accuracy on the evaluation half and
+their plurality's accuracy there and on the pool, for each map (full batch) and for the pair,
+one JSON line each, appended to results/bench_linear_experts.jsonl.
 
 ``--whiten K`` first whitens each map's features on the public pool as the
-``hog-scatter-whitened`` teachers do (``teachers.whitening.pool_whitening``): their K leading
-principal components, each divided by sqrt(v_k + a * mean(v)), a the ``--shrinkage``.
+``hog-scatter-whitened`` teachers do (``teachers.whitening``, with K and a in place of the
+model's 128 and 1): their K leading principal components, each divided by
+sqrt(v_k + a * mean(v)), a the ``--shrinkage``.
 ``--votes-out F`` writes the pair's votes on the pool (``[pool rows, classes]``, in the pool's
 order) as a ``.npy`` that ``pate student train --votes F`` and
 ``scripts/bench_ensemble_size.py`` read.
@@ -42,13 +45,16 @@ import torch
 from bench_common import emit
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
-from pate.data.task import load_task
+from pate.data.task import Task, load_task
 from pate.io import write_with_atomic
+from teachers.distributed import train_shard
+from teachers.ensemble import TrainConfig
 from teachers.fixed_maps import feature_table
 from teachers.hog import HOG
-from teachers.partition import make_partition
+from teachers.partition import Partition, make_partition
 from teachers.scattering import Scattering
-from teachers.whitening import SHRINKAGE, pool_whitening
+from teachers.votes import Ensemble
+from teachers.whitening import SHRINKAGE, fit_whitening, pool_whitening
 
 
 def features(fixed: torch.nn.Module, x: np.ndarray) -> torch.Tensor:
@@ -74,38 +80,29 @@ def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr
     return weights.detach(), bias.detach()
 
 
-def train_as_teachers(xs: list[torch.Tensor], y: torch.Tensor, classes: int, epochs: int,
-                      batch_size: int, lr: float, weight_decay: float, seed: int
-                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The teachers' own recipe (``teachers.ensemble``: the same optimiser, schedule, batches
-    and initialisation bounds, not the same random numbers, so a teacher here is one of the
-    same distribution as ``pate teachers train``'s) for T teachers whose experts read the
-    tables ``xs`` (each ``[T, m, F_e]``, rows in the teacher's order) with labels ``y [T, m]``:
-    minibatches of ``batch_size`` drawn from a fresh permutation each epoch, each expert on its
-    own cross-entropy, AdamW with decoupled ``weight_decay`` and a one-cycle schedule peaking at
-    ``lr``, weights started uniform in +-1/sqrt(F_e). Returns each expert's weights and biases."""
-    generator = torch.Generator().manual_seed(seed)
-    t, m = y.shape
-    params = [(torch.empty(t, x.shape[2], classes).uniform_(-1, 1, generator=generator)
-               .mul_(x.shape[2] ** -0.5).requires_grad_(),
-               torch.zeros(t, 1, classes, requires_grad=True)) for x in xs]
-    opt = torch.optim.AdamW([p for pair in params for p in pair], lr=lr,
-                            weight_decay=weight_decay)
-    per_epoch = -(-m // batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * per_epoch)
-    for step in range(epochs * per_epoch):
-        if step % per_epoch == 0:
-            order = torch.argsort(torch.rand(t, m, generator=generator), 1)
-        rows = order[:, (step % per_epoch) * batch_size:(step % per_epoch + 1) * batch_size]
-        yb = y.gather(1, rows)
-        loss = sum(torch.nn.functional.cross_entropy(
-            (torch.einsum("tbf,tfc->tbc", x[torch.arange(t)[:, None], rows], w) + b)
-            .flatten(0, 1), yb.flatten()) for x, (w, b) in zip(xs, params, strict=True)) * t
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    return [(w.detach(), b.detach()) for w, b in params]
+def as_teachers(task: Task, partition: Partition, args: argparse.Namespace
+                ) -> tuple[dict[str, float], np.ndarray]:
+    """Teachers of the pair trained as ``pate teachers train`` trains them: the model
+    ``hog-scatter`` (or ``hog-scatter-whitened`` with ``--whiten``, its pool encoder fitted with
+    ``--whiten`` components and ``--shrinkage``), the one body of a Ray task
+    (``teachers.distributed.train_shard``: the same optimiser, schedule, batches and random
+    numbers), all in one shard; then their scores and their votes on the pool
+    (``teachers.votes.Ensemble``)."""
+    cfg = TrainConfig(model="hog-scatter-whitened" if args.whiten else "hog-scatter",
+                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                      weight_decay=args.weight_decay)
+    encoder = fit_whitening(task.pool_x, args.whiten, args.shrinkage) if args.whiten else None
+    classes = len(task.classes)
+    params = train_shard(cfg, task.private_x, task.private_y, classes, range(args.teachers),
+                         partition.parts(), partition.step_rows(), "cpu", args.threads, encoder)
+    ensemble = Ensemble(cfg.model, tuple(task.pool_x.shape[1:]), classes,
+                        [{k: torch.as_tensor(v) for k, v in params.items()}], encoder=encoder)
+    accuracy, plurality_eval = ensemble.scores(task.eval_x, task.eval_y)
+    pool_votes = ensemble.vote(task.pool_x)
+    plurality_pool = float((pool_votes.argmax(1) == task.pool_y).mean())
+    return ({"mean_accuracy": round(float(accuracy.mean()), 4),
+             "plurality_eval": round(plurality_eval, 4),
+             "plurality_pool": round(plurality_pool, 4)}, pool_votes)
 
 
 def probabilities(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -127,6 +124,34 @@ def scores(p_eval: torch.Tensor, p_pool: torch.Tensor, eval_y: torch.Tensor,
     return {"mean_accuracy": round(float((p_eval.argmax(-1) == eval_y).float().mean()), 4),
             "plurality_eval": round(plurality(p_eval, eval_y), 4),
             "plurality_pool": round(plurality(p_pool, pool_y), 4)}
+
+
+def full_batch(task: Task, partition: Partition, args: argparse.Namespace,
+               settings: dict[str, object]) -> tuple[dict[str, float], np.ndarray]:
+    """Experts trained full batch (:func:`train_experts`) on each map's features, each
+    map's teachers' scores emitted; returns the pair's scores and its votes on the pool. Every
+    teacher keeps the first rows of its part, as many as the smallest has, to stack them in one
+    tensor."""
+    per_teacher = int(partition.sizes.min())
+    parts = np.stack([rows[:per_teacher] for rows in partition.parts()])
+    y = torch.as_tensor(task.private_y)[parts]
+    eval_y, pool_y = torch.as_tensor(task.eval_y), torch.as_tensor(task.pool_y)
+    probs = {}
+    for name, fixed in (("hog", HOG()), ("scattering", Scattering(tuple(task.pool_x.shape[1:])))):
+        private, pool, evaluation = (features(fixed, x) for x in
+                                     (task.private_x, task.pool_x, task.eval_x))
+        if args.whiten:
+            mean, projection = pool_whitening(pool, args.whiten, args.shrinkage)
+            private, pool, evaluation = ((z - mean) @ projection
+                                         for z in (private, pool, evaluation))
+        weights, bias = train_experts(private[parts], y, len(task.classes), args.steps, args.lr,
+                                      args.weight_decay)
+        probs[name] = (probabilities(evaluation, weights, bias),
+                       probabilities(pool, weights, bias))
+        emit({"experts": name, **settings, **scores(*probs[name], eval_y, pool_y)}, args.out,
+             threads=args.threads)
+    pair = [(a + b) / 2 for a, b in zip(probs["hog"], probs["scattering"], strict=True)]
+    return scores(*pair, eval_y, pool_y), votes(pair[1]).numpy()
 
 
 def main() -> None:
@@ -156,46 +181,20 @@ def main() -> None:
     task = load_task(source_from_flags(args))
     assert task.pool_y is not None and task.eval_y is not None, "needs a labelled benchmark"
     partition = make_partition(len(task.private_y), args.teachers, seed=0)
-    per_teacher = int(partition.sizes.min())  # as many rows each, to stack them in one tensor
-    parts = np.stack([rows[:per_teacher] for rows in partition.parts()])
-    y = torch.as_tensor(task.private_y)[parts]
-    eval_y, pool_y = torch.as_tensor(task.eval_y), torch.as_tensor(task.pool_y)
-    scatter = Scattering(tuple(task.pool_x.shape[1:]))
-    settings = {"teachers": args.teachers, "rows_each": per_teacher, "recipe": args.recipe,
-                "whiten": args.whiten, "shrinkage": args.shrinkage if args.whiten else None,
-                "lr": args.lr, "weight_decay": args.weight_decay}
+    settings = {"teachers": args.teachers, "rows_each": int(partition.sizes.min()),
+                "recipe": args.recipe, "whiten": args.whiten,
+                "shrinkage": args.shrinkage if args.whiten else None, "lr": args.lr,
+                "weight_decay": args.weight_decay}
     start = time.perf_counter()
-    tables = {}
-    for name, fixed in (("hog", HOG()), ("scattering", scatter)):
-        private, pool, evaluation = (features(fixed, x) for x in
-                                     (task.private_x, task.pool_x, task.eval_x))
-        if args.whiten:
-            mean, projection = pool_whitening(pool, args.whiten, args.shrinkage)
-            private, pool, evaluation = ((z - mean) @ projection
-                                         for z in (private, pool, evaluation))
-        tables[name] = (private, pool, evaluation)
     if args.recipe == "teachers":
-        trained = train_as_teachers([t[0][parts] for t in tables.values()], y, len(task.classes),
-                                    args.epochs, args.batch_size, args.lr, args.weight_decay, 0)
+        pair, pool_votes = as_teachers(task, partition, args)
     else:
-        trained = [train_experts(t[0][parts], y, len(task.classes), args.steps, args.lr,
-                                 args.weight_decay) for t in tables.values()]
-    probs = {}
-    for (name, (_, pool, evaluation)), (weights, bias) in zip(tables.items(), trained,
-                                                              strict=True):
-        probs[name] = (probabilities(evaluation, weights, bias),
-                       probabilities(pool, weights, bias))
-        emit({"experts": name, **settings, **scores(*probs[name], eval_y, pool_y)}, args.out,
-             threads=args.threads)
-    pair = [(a + b) / 2 for a, b in zip(probs["hog"], probs["scattering"], strict=True)]
-    emit({"experts": "hog+scattering (mean of probabilities)", **settings,
-          **scores(*pair, eval_y, pool_y), "seconds": round(time.perf_counter() - start, 1)},
-         args.out, threads=args.threads)
+        pair, pool_votes = full_batch(task, partition, args, settings)
+    emit({"experts": "hog+scattering (mean of probabilities)", **settings, **pair,
+          "seconds": round(time.perf_counter() - start, 1)}, args.out, threads=args.threads)
     if args.votes_out is not None:
         # votes are a private artifact: owner-only, written whole or not at all
-        write_with_atomic(args.votes_out, lambda f: np.save(f, votes(pair[1]).numpy()),
-                          private=True)
-
+        write_with_atomic(args.votes_out, lambda f: np.save(f, pool_votes), private=True)
 
 if __name__ == "__main__":
     main()

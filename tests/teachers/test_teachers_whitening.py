@@ -1,16 +1,20 @@
 """teachers.whitening and the hog-scatter-whitened teachers: the pool's features whitened as the
 formula says, and a run that records it as its pool encoder, votes with it, and keeps it from a
 student that reads SimCLR encoders (that it reads the public pool alone:
-test_teachers_pool_encoder.py)."""
+test_teachers_pool_encoder.py), and the bench that trains such teachers as a run does."""
 
 from __future__ import annotations
 
 import stat
+from argparse import Namespace
 
+import numpy as np
 import pytest
 import torch
+from bench_linear_experts import as_teachers
 
 from pate.data.datasets import public_split
+from pate.data.task import load_task
 from pate.errors import UserError
 from pate.rundir import RunDir
 from student.options import StudentOptions
@@ -19,6 +23,7 @@ from teachers import checkpoints
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig
 from teachers.models import build_model, fit_pool_encoder
+from teachers.partition import make_partition
 from teachers.votes import collect_votes
 from teachers.whitening import COMPONENTS, pool_whitening
 
@@ -78,3 +83,22 @@ def test_a_run_of_whitened_teachers_votes_with_its_whitening(tmp_path, ray_stopp
     # a cnn-hog-simclr student on this run learns its own encoder: this one is no SimCLR's
     options = StudentOptions(method="vat", arch="cnn-hog-simclr")
     assert _given_encoder(RunDir(run), options, 1) is None
+
+
+def test_the_benchs_teachers_are_those_of_a_run(tmp_path, ray_stopped):
+    """``scripts/bench_linear_experts.py --recipe teachers --whiten 128 --shrinkage 1`` trains
+    the teachers ``pate teachers train`` trains (its code, its random numbers): the same votes
+    on the pool, to the last one."""
+    run = tmp_path / "run"
+    cfg = TrainConfig(model="hog-scatter-whitened", epochs=4, batch_size=16, lr=0.02)
+    job = TrainJob("digits", 12, 6, cfg)
+    train_teachers(run, job, Cluster(workers=1))
+    collect_votes(run)
+    task = load_task(job.source)
+    args = Namespace(teachers=12, whiten=COMPONENTS, shrinkage=1.0, epochs=4, batch_size=16,
+                     lr=0.02, weight_decay=cfg.weight_decay, threads=1)
+    scores, votes = as_teachers(task, make_partition(len(task.private_y), 12, seed=0), args)
+    np.testing.assert_array_equal(votes, np.load(run / "votes.npz")["votes"])
+    accuracy = checkpoints.read_manifest(run)["accuracy"]
+    assert scores["plurality_pool"] == round(accuracy["pool_plurality"], 4)
+    assert scores["mean_accuracy"] == round(float(accuracy["mean"]), 4)
