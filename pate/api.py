@@ -256,9 +256,9 @@ class Teachers:
             raise UserError(f"{directory}: its teachers' manifest is not of this version "
                             "(num_teachers, num_classes, model, train)") from None
         teachers.ensemble_ = load_ensemble(directory, device)
-        if "pool_encoder" in manifest:  # digest checked by load_ensemble already
-            teachers.encoder_ = {k: v.numpy() for k, v in checkpoints.load_encoder(
-                Path(directory), manifest["pool_encoder"]["sha256"]).items()}
+        if teachers.ensemble_.encoder is not None:  # read, its digest checked, once
+            teachers.encoder_ = {k: v.cpu().numpy()
+                                 for k, v in teachers.ensemble_.encoder.items()}
         teachers.private_records_ = (manifest.get("private_records")
                                      or RunDir(directory).private_records())
         # the key of the ledgers of their data (a run's: its data as given; a run of an older

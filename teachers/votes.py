@@ -85,13 +85,14 @@ def vote_groups(stacked: dict[str, torch.Tensor], shard_sizes: list[int], teache
 class Ensemble:
     """All teachers of a run, shard by shard, on one device; ``encoder`` is the run's frozen
     pool encoder for the architectures that use one (one copy shared by all teachers: rows are
-    the same for every teacher, so vmap evaluates it once per batch)."""
+    the same for every teacher, so vmap evaluates it once per batch), kept as given."""
 
     def __init__(self, model: str, in_shape: tuple[int, int, int], num_classes: int,
                  shards: list[dict[str, torch.Tensor]], device: str = "cpu",
                  encoder: dict[str, torch.Tensor] | None = None) -> None:
         self.num_classes = num_classes
         self.in_shape = tuple(in_shape)
+        self.encoder = encoder
         self.device = torch.device(device)
         self._sizes = [next(iter(p.values())).shape[0] for p in shards]
         # one copy of every teacher's tensors; the shards and the voting groups are its views
