@@ -43,17 +43,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_common import emit
+from bench_teacher_levers import trained
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.data.task import Task, load_task
 from pate.io import write_with_atomic
-from teachers.distributed import train_shard
 from teachers.ensemble import TrainConfig
 from teachers.fixed_maps import feature_table
 from teachers.hog import HOG
 from teachers.partition import Partition, make_partition
 from teachers.scattering import Scattering
-from teachers.votes import Ensemble
 from teachers.whitening import SHRINKAGE, fit_whitening, pool_whitening
 
 
@@ -82,21 +81,15 @@ def train_experts(x: torch.Tensor, y: torch.Tensor, classes: int, steps: int, lr
 
 def as_teachers(task: Task, partition: Partition, args: argparse.Namespace
                 ) -> tuple[dict[str, float], np.ndarray]:
-    """Teachers of the pair trained as ``pate teachers train`` trains them: the model
-    ``hog-scatter`` (or ``hog-scatter-whitened`` with ``--whiten``, its pool encoder fitted with
-    ``--whiten`` components and ``--shrinkage``), the one body of a Ray task
-    (``teachers.distributed.train_shard``: the same optimiser, schedule, batches and random
-    numbers), all in one shard; then their scores and their votes on the pool
-    (``teachers.votes.Ensemble``)."""
+    """Teachers of the pair trained as ``pate teachers train`` trains them
+    (``bench_teacher_levers.trained``): the model ``hog-scatter``, or ``hog-scatter-whitened``
+    with ``--whiten``, its pool encoder fitted with ``--whiten`` components and
+    ``--shrinkage``; their scores, and their votes on the pool."""
     cfg = TrainConfig(model="hog-scatter-whitened" if args.whiten else "hog-scatter",
                       epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                       weight_decay=args.weight_decay)
     encoder = fit_whitening(task.pool_x, args.whiten, args.shrinkage) if args.whiten else None
-    classes = len(task.classes)
-    params = train_shard(cfg, task.private_x, task.private_y, classes, range(args.teachers),
-                         partition.parts(), partition.step_rows(), "cpu", args.threads, encoder)
-    ensemble = Ensemble(cfg.model, tuple(task.pool_x.shape[1:]), classes,
-                        [{k: torch.as_tensor(v) for k, v in params.items()}], encoder=encoder)
+    ensemble = trained(task, partition, cfg, encoder, False, args.threads)
     accuracy, plurality_eval = ensemble.scores(task.eval_x, task.eval_y)
     pool_votes = ensemble.vote(task.pool_x)
     plurality_pool = float((pool_votes.argmax(1) == task.pool_y).mean())

@@ -50,11 +50,12 @@ from teachers.whitening import COMPONENTS, MAPS, Whitened, fit_whitening
 MODEL = "hog-scatter-whitened"
 
 
-def trained(task: Task, partition: Partition, encoder: dict[str, np.ndarray], mirror: bool,
-            args: argparse.Namespace) -> Ensemble:
-    """The teachers ``pate teachers train`` trains on ``partition``, with ``mirror`` each also
-    on the mirror images of its own rows (appended after the private rows: row i's image is
-    row n + i)."""
+def trained(task: Task, partition: Partition, cfg: TrainConfig,
+            encoder: dict[str, np.ndarray] | None, mirror: bool, threads: int) -> Ensemble:
+    """The teachers ``pate teachers train`` trains with ``cfg`` on ``partition``, by its own
+    code (``train_shard``, the body of a Ray task: the same batches and random numbers), all in
+    one shard; with ``mirror`` each also on the mirror images of its own rows (appended after
+    the private rows: row i's image is row n + i)."""
     x, y = task.private_x, task.private_y
     parts, step_rows = partition.parts(), np.asarray(partition.step_rows())
     if mirror:
@@ -62,11 +63,10 @@ def trained(task: Task, partition: Partition, encoder: dict[str, np.ndarray], mi
         y = np.concatenate([y, y])
         parts = [np.concatenate([p, p + len(task.private_y)]) for p in parts]
         step_rows = 2 * step_rows
-    cfg = TrainConfig(model=MODEL, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr)
     classes = len(task.classes)
-    params = train_shard(cfg, x, y, classes, range(args.teachers), parts, step_rows, "cpu",
-                         args.threads, encoder)
-    return Ensemble(MODEL, tuple(task.pool_x.shape[1:]), classes,
+    params = train_shard(cfg, x, y, classes, range(len(parts)), parts, step_rows, "cpu",
+                         threads, encoder)
+    return Ensemble(cfg.model, tuple(task.pool_x.shape[1:]), classes,
                     [{k: torch.as_tensor(v) for k, v in params.items()}], encoder=encoder)
 
 
@@ -154,7 +154,9 @@ def main() -> None:
     if args.lever == "lda":
         labels = lda_labels(task, partition, encoder, args)
     else:
-        ensemble = trained(task, partition, encoder, args.lever == "mirror", args)
+        cfg = TrainConfig(model=MODEL, epochs=args.epochs, batch_size=args.batch_size,
+                          lr=args.lr)
+        ensemble = trained(task, partition, cfg, encoder, args.lever == "mirror", args.threads)
         labels = tuple(torch.cat(list(ensemble.labels(x)), 1).numpy()
                        for x in (task.eval_x, task.pool_x))
     scores, pool_votes = summary(*labels, task, len(task.classes))
