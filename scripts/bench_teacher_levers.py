@@ -16,6 +16,10 @@ plurality pass 0.87?), each on the same split and the same whitening as a run.
   §4.3.1, regularised discriminant analysis), scores x^T Sigma^-1 mu_c - mu_c^T Sigma^-1 mu_c / 2,
   equal class priors; ``--alpha`` is alpha. Closed form, no step, no random number; every
   teacher reads the first rows of its part, as many as the smallest has.
+- ``lda-shared``: the same, every teacher with the within-class covariance of **all** the
+  private rows and its own class means. That covariance is a statistic of every teacher's
+  data: this is not a private ensemble, only the bound of one whose teachers share a covariance
+  released with noise (a Gaussian mechanism, charged to the budget besides the answers).
 
 It prints the teachers' mean accuracy on the evaluation half and their plurality's there and on
 the pool, one JSON line appended to results/bench_teacher_levers.jsonl, and with
@@ -70,15 +74,25 @@ def trained(task: Task, partition: Partition, cfg: TrainConfig,
                     [{k: torch.as_tensor(v) for k, v in params.items()}], encoder=encoder)
 
 
-def discriminants(z: torch.Tensor, y: torch.Tensor, classes: int, alpha: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights ``[T, F, C]`` and biases ``[T, C]`` of T shrunk linear discriminants, teacher t's
-    from its rows ``z[t] [m, F]`` (float64) and labels ``y[t] [m]``."""
+def class_statistics(z: torch.Tensor, y: torch.Tensor, classes: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class means ``[T, C, F]`` and within-class covariances ``[T, F, F]`` (the residuals from
+    each row's class mean, divided by the rows) of T sets of rows ``z [T, m, F]`` (float64),
+    labelled ``y [T, m]``."""
     onehot = torch.nn.functional.one_hot(y, classes).double()
     means = (torch.einsum("tmc,tmf->tcf", onehot, z)
              / onehot.sum(1).clamp(min=1)[..., None])
     resid = z - torch.einsum("tmc,tcf->tmf", onehot, means)
-    within = torch.einsum("tmf,tmg->tfg", resid, resid) / z.shape[1]
+    return means, torch.einsum("tmf,tmg->tfg", resid, resid) / z.shape[1]
+
+
+def discriminants(z: torch.Tensor, y: torch.Tensor, classes: int, alpha: float,
+                  within: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights ``[T, F, C]`` and biases ``[T, C]`` of T shrunk linear discriminants, teacher t's
+    from its rows ``z[t] [m, F]`` (float64) and labels ``y[t] [m]``; the within-class
+    covariance its own rows', or ``within [F, F]`` for all."""
+    means, own = class_statistics(z, y, classes)
+    within = own if within is None else within.expand_as(own)
     scale = torch.diagonal(within, dim1=1, dim2=2).mean(1)[:, None, None]
     eye = torch.eye(z.shape[2], dtype=z.dtype)
     sigma = (1 - alpha) * within + alpha * scale * eye
@@ -101,11 +115,15 @@ def lda_labels(task: Task, partition: Partition, encoder: dict[str, np.ndarray],
     per_teacher = int(partition.sizes.min())
     parts = torch.as_tensor(np.stack([rows[:per_teacher] for rows in partition.parts()]))
     y = torch.as_tensor(task.private_y)[parts]
+    shared = None
+    if args.lever == "lda-shared":  # all the private rows': a bound, not a private teacher
+        shared = class_statistics(private[None], torch.as_tensor(task.private_y)[None],
+                                  len(task.classes))[1][0]
     out: list[list[torch.Tensor]] = [[], []]
     for start in range(0, args.teachers, args.group):
         group = slice(start, start + args.group)
         weights, bias = discriminants(private[parts[group]], y[group], len(task.classes),
-                                      args.alpha)
+                                      args.alpha, shared)
         for i, z in enumerate((evaluation, pool)):
             out[i].append((torch.einsum("nf,tfc->tnc", z, weights) + bias[:, None]).argmax(-1))
     return tuple(torch.cat(o).numpy() for o in out)
@@ -130,7 +148,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_data_flags(parser)
     parser.add_argument("--teachers", type=int, default=500)
-    parser.add_argument("--lever", choices=("none", "mirror", "lda"), default="none")
+    parser.add_argument("--lever", choices=("none", "mirror", "lda", "lda-shared"),
+                        default="none")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.02)
@@ -151,7 +170,7 @@ def main() -> None:
     start = time.perf_counter()
     partition = make_partition(len(task.private_y), args.teachers, seed=0)
     encoder = fit_whitening(task.pool_x, args.components)
-    if args.lever == "lda":
+    if args.lever in ("lda", "lda-shared"):
         labels = lda_labels(task, partition, encoder, args)
     else:
         cfg = TrainConfig(model=MODEL, epochs=args.epochs, batch_size=args.batch_size,
@@ -162,7 +181,7 @@ def main() -> None:
     scores, pool_votes = summary(*labels, task, len(task.classes))
     emit({"lever": args.lever, "teachers": args.teachers, "components": args.components,
           "rows_each": int(partition.sizes.min()),
-          **({"alpha": args.alpha} if args.lever == "lda" else
+          **({"alpha": args.alpha} if args.lever.startswith("lda") else
              {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr}),
           **scores, "seconds": round(time.perf_counter() - start, 1)}, args.out,
          threads=args.threads)
