@@ -150,11 +150,16 @@ class Teachers:
                                   seed=checked_integer("seed", seed, 0, SEED_LIMIT))
         self.device = checked_device(device)
         self.ensemble_: Ensemble | None = None
-        # set by fit for the models that read one: the frozen encoder fitted on the public pool
-        self.encoder_: dict[str, np.ndarray] | None = None
         # set by fit (or load): how many private rows, and their fingerprint (PRIVATE)
         self.private_records_: int | None = None
         self.private_fingerprint_: str | None = None
+
+    @property
+    def encoder_(self) -> dict[str, np.ndarray] | None:
+        """The frozen encoder fitted on the public pool, for the models that read one (the
+        ensemble's, as CPU arrays); None before ``fit`` or ``load``, and for the others."""
+        encoder = None if self.ensemble_ is None else self.ensemble_.encoder
+        return None if encoder is None else {k: v.cpu().numpy() for k, v in encoder.items()}
 
     def fit(self, x: ArrayLike, y: ArrayLike, keys: ArrayLike | None = None,
             x_public: ArrayLike | None = None) -> Teachers:
@@ -198,7 +203,6 @@ class Teachers:
                   for teachers in shard_ranges(self.n_teachers, self.shard_size)]
         encoder = (None if fitted is None else
                    {k: torch.as_tensor(v, device=self.device) for k, v in fitted.items()})
-        self.encoder_ = fitted  # with the ensemble, once both exist
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
                                   [{k: torch.from_numpy(v).to(self.device) for k, v in s.items()}
                                    for s in shards], device=self.device, encoder=encoder)
@@ -227,8 +231,9 @@ class Teachers:
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
                   for i, shard in enumerate(ens.shards)}
-        encoder = ({} if self.encoder_ is None else {"pool_encoder": checkpoints.encoder_record(
-            root, self.encoder_, MODEL_RECORDS[self.config.model].pool_encoder)})
+        fitted = self.encoder_
+        encoder = ({} if fitted is None else {"pool_encoder": checkpoints.encoder_record(
+            root, fitted, MODEL_RECORDS[self.config.model].pool_encoder)})
         checkpoints.write_manifest(root, {**encoder,
             "model": self.config.model, "in_shape": list(ens.in_shape),
             "num_classes": ens.num_classes, "num_teachers": ens.num_teachers,
@@ -256,9 +261,6 @@ class Teachers:
             raise UserError(f"{directory}: its teachers' manifest is not of this version "
                             "(num_teachers, num_classes, model, train)") from None
         teachers.ensemble_ = load_ensemble(directory, device)
-        if teachers.ensemble_.encoder is not None:  # read, its digest checked, once
-            teachers.encoder_ = {k: v.cpu().numpy()
-                                 for k, v in teachers.ensemble_.encoder.items()}
         teachers.private_records_ = (manifest.get("private_records")
                                      or RunDir(directory).private_records())
         # the key of the ledgers of their data (a run's: its data as given; a run of an older
