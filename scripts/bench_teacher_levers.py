@@ -134,7 +134,7 @@ def summary(eval_labels: np.ndarray, pool_labels: np.ndarray, task: Task, classe
     """The teachers' mean accuracy, their plurality's on both halves, and their votes on the
     pool, from their labels ``[T, n]``."""
     def votes(labels: np.ndarray) -> np.ndarray:
-        return np.eye(classes, dtype=np.int32)[labels].sum(0)
+        return (labels[..., None] == np.arange(classes)).sum(0, dtype=np.int32)
 
     pool_votes = votes(pool_labels)
     return ({"mean_accuracy": round(float((eval_labels == task.eval_y).mean()), 4),
