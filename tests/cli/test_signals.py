@@ -39,7 +39,8 @@ def test_a_broken_pipe_that_is_not_stdout_stays_an_error(monkeypatch, tmp_path: 
 
 
 @pytest.mark.parametrize("workers", [1, 2])  # in this process; on a local Ray
-def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int) -> None:
+def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "slow.toml"
     text = dump_config(load_config("digits-tiny"))
     text = re.sub(r"(\[teachers\][^\[]*?)epochs = \d+", r"\1epochs = 2000", text, flags=re.S)
@@ -59,7 +60,8 @@ def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == "pate: terminated"
     assert "SIGTERM received" not in err and "Traceback" not in err
-    status = subprocess.run([sys.executable, "-m", "pate", "status", "--run", str(run)],
-                            capture_output=True, text=True, timeout=60)
-    assert re.search(r"teachers\s+stopped", status.stdout), status.stdout
+    capsys.readouterr()
+    assert main(["status", "--run", str(run)]) == 0  # in this process: no second start-up
+    status = capsys.readouterr().out
+    assert re.search(r"teachers\s+stopped", status), status
     assert (run / "log.txt").read_text().splitlines()[-1].endswith("teachers: interrupted")
