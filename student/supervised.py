@@ -12,6 +12,8 @@ from student.losses import cross_entropy
 class SupervisedLearner:
     """Adam on the cross-entropy of the labelled batch."""
 
+    labelled_only = True  # fit may train it on a table of its network's fixed maps
+
     def __init__(self, model: nn.Module, lr: float = 1e-3) -> None:
         self.model = model
         self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]

@@ -44,6 +44,8 @@ from student.models import (
     build_classifier,
 )
 from teachers.choices import is_import_path, model_name_problem
+from teachers.fixed_maps import Pixels, feature_table
+from teachers.models import on_features
 from teachers.user_models import check_trains_on, load_factory
 
 
@@ -125,7 +127,10 @@ class FitConfig:
 
 
 class Learner(Protocol):
-    """What ``fit`` drives: the published classifier, the optimisers and one step."""
+    """What ``fit`` drives: the published classifier, the optimisers and one step. A learner
+    whose step reads the labelled batch only, and only through ``self.model(x_lab)``, says so
+    with a class attribute ``labelled_only = True``: ``fit`` may then hand it rows of a table of
+    its network's fixed maps, with ``self.model`` a head that reads them (:func:`_on_table`)."""
 
     model: nn.Module
     optimizers: list[torch.optim.Optimizer]
@@ -222,29 +227,53 @@ def fit(learner: Learner, x_lab: np.ndarray, y_lab: np.ndarray, x_unl: np.ndarra
     total = steps * config.epochs
     lab_order = torch.empty(0, dtype=torch.int64)
     losses, seconds = [], []
-    learner.model.train()
-    for epoch in range(config.epochs):
-        start = time.perf_counter()
-        perm = torch.randperm(len(xu), generator=gen)
-        sums: dict[str, float] = {}
-        for i in range(steps):
-            while len(lab_order) < lb:  # a fresh random order of the labelled set, as needed
-                lab_order = torch.cat([lab_order,
-                                       lab_pool[torch.randperm(len(lab_pool), generator=gen)]])
-            li, lab_order = lab_order[:lb], lab_order[lb:]
-            _set_lr(learner, lr_scale(epoch * steps + i, total, config.decay_from))
-            stats = learner.step(random_augment(xl[li.to(device)], config.augment, gen),
-                                 yl[li.to(device)],
-                                 random_augment(xu[perm[i * ub:(i + 1) * ub].to(device)],
-                                                config.augment, gen))
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
-        losses.append({k: v / steps for k, v in sums.items()})
-        seconds.append(time.perf_counter() - start)
-        if on_epoch is not None:
-            on_epoch(epoch, losses[-1])
-    settle_batch_norm(learner.model, xu[torch.randperm(len(xu), generator=gen).to(device)], ub)
+    model = learner.model.train()
+    on_table = _on_table(learner, config, xl)
+    if on_table is not None:  # the steps' network reads the table's rows; it trains ``model``
+        learner.model, xl = on_table
+    try:
+        for epoch in range(config.epochs):
+            start = time.perf_counter()
+            perm = torch.randperm(len(xu), generator=gen)
+            sums: dict[str, float] = {}
+            for i in range(steps):
+                while len(lab_order) < lb:  # a fresh random order of the labelled set
+                    order = torch.randperm(len(lab_pool), generator=gen)
+                    lab_order = torch.cat([lab_order, lab_pool[order]])
+                li, lab_order = lab_order[:lb], lab_order[lb:]
+                _set_lr(learner, lr_scale(epoch * steps + i, total, config.decay_from))
+                stats = learner.step(random_augment(xl[li.to(device)], config.augment, gen),
+                                     yl[li.to(device)],
+                                     random_augment(xu[perm[i * ub:(i + 1) * ub].to(device)],
+                                                    config.augment, gen))
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+            losses.append({k: v / steps for k, v in sums.items()})
+            seconds.append(time.perf_counter() - start)
+            if on_epoch is not None:
+                on_epoch(epoch, losses[-1])
+    finally:
+        learner.model = model
+    settle_batch_norm(model, xu[torch.randperm(len(xu), generator=gen).to(device)], ub)
     return FitResult(losses, seconds)
+
+
+def _on_table(learner: Learner, config: FitConfig, x: torch.Tensor
+              ) -> tuple[nn.Module, torch.Tensor] | None:
+    """``(head, table)`` where ``learner`` reads labelled rows only through its model
+    (``labelled_only``), none is augmented (the maps see every row as it is) and its network
+    has fixed maps (``cnn-hog-scatter``'s HOG and scattering): ``table`` holds the maps'
+    outputs and the input's own columns on every row of ``x``, computed once, and ``head``
+    (:func:`teachers.models.on_features`) trains the learner's model from its rows. The maps
+    of a batch of 32 rows took 45 % of a step of that student (docs/benchmarks.md). None
+    otherwise: the maps run on each batch."""
+    if not getattr(learner, "labelled_only", False) or config.augment != "none":
+        return None
+    found = on_features(learner.model, tuple(x.shape[1:]), inputs=True)
+    if found is None or all(isinstance(m, Pixels) for m in found[1]):
+        return None
+    head, maps = found
+    return head, feature_table(maps, x)
 
 
 @torch.no_grad()

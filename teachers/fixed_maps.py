@@ -31,6 +31,14 @@ class FixedMap(nn.Module):
     function of its own input row alone; subclasses define ``forward(x [n, ...]) -> [n, F]``."""
 
 
+class Pixels(FixedMap):
+    """The input itself, each row flattened: the map that lets a path that reads the input (a
+    student's convolutions) take its rows from the same table as the maps beside it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)
+
+
 class Columns(nn.Module):
     """Columns ``[start, stop)`` of a table row: what a :class:`FixedMap` gave for that row."""
 

@@ -61,7 +61,7 @@ from teachers.choices import (
     is_import_path,
     model_name_problem,
 )
-from teachers.fixed_maps import Columns, FixedMap
+from teachers.fixed_maps import Columns, FixedMap, Pixels
 from teachers.hog import HOG, hog_size
 from teachers.pool_encoder import EPOCHS, FEATURES, FrozenEncoder, train_pool_encoder
 from teachers.scattering import Scattering, scattering_size
@@ -203,31 +203,43 @@ def build_model(name: str, in_shape: Shape, num_classes: int,
     return ARCHITECTURES[name](tuple(in_shape), num_classes, *extra)
 
 
-def on_features(model: nn.Module, in_shape: Shape) -> tuple[nn.Module, list[FixedMap]] | None:
+def on_features(model: nn.Module, in_shape: Shape, inputs: bool = False
+                ) -> tuple[nn.Module, list[FixedMap]] | None:
     """``(head, maps)`` where every path of ``model`` (a built-in's, for inputs ``[C, H, W]``)
     starts with a :class:`~teachers.fixed_maps.FixedMap`: ``head`` is ``model`` with each map
     replaced by the :class:`~teachers.fixed_maps.Columns` of its output in a table of the
     ``maps``' outputs (:func:`teachers.fixed_maps.feature_table`), its parameters named as
     ``model``'s, so a teacher's state fits either. None where a path reads the input itself
-    (``cnn-pool-hog``'s convolutions)."""
+    (``cnn-pool-hog``'s convolutions), unless ``inputs``: then such a path reads the input's
+    own columns (a :class:`~teachers.fixed_maps.Pixels` map among ``maps``), shaped back to
+    ``in_shape``, and ``head``, whose parameters are ``model``'s own objects under other names,
+    trains ``model`` itself."""
     maps: list[FixedMap] = []
     columns: list[Columns] = []
+    read_input: list[Columns] = []  # the input's own columns, shared by the paths that read it
+
+    def table_columns(module: FixedMap) -> Columns:
+        device = next(module.buffers(), torch.zeros(0)).device
+        with torch.no_grad():
+            width = module(torch.zeros((1, *in_shape), device=device)).shape[1]
+        start = sum(c.stop - c.start for c in columns)
+        columns.append(Columns(start, start + width))
+        maps.append(module)
+        return columns[-1]
 
     def head_of(module: nn.Module) -> nn.Module | None:
         if isinstance(module, FixedMap):
-            device = next(module.buffers(), torch.zeros(0)).device
-            with torch.no_grad():
-                width = module(torch.zeros((1, *in_shape), device=device)).shape[1]
-            start = sum(c.stop - c.start for c in columns)
-            columns.append(Columns(start, start + width))
-            maps.append(module)
-            return columns[-1]
+            return table_columns(module)
         if isinstance(module, nn.Sequential) and len(module):
             first = head_of(module[0])
-            return None if first is None else nn.Sequential(first, *list(module)[1:])
+            if first is not None:
+                return nn.Sequential(first, *list(module)[1:])
         if isinstance(module, Experts):
             heads = [head_of(e) for e in module.experts]
             return None if any(h is None for h in heads) else Experts(*heads)
+        if inputs:
+            read_input[:] = read_input or [table_columns(Pixels())]
+            return nn.Sequential(read_input[0], nn.Unflatten(1, tuple(in_shape)), module)
         return None
 
     head = head_of(model)

@@ -12,6 +12,7 @@ from student_support import one_thread
 from pate.data.datasets import Dataset
 from pate.errors import UserError
 from student.models import ModelSpec, build_classifier, check_network
+from student.supervised import SupervisedLearner
 from student.training import (
     FitConfig,
     MethodConfig,
@@ -123,3 +124,33 @@ def test_a_short_training_leaves_batch_norm_settled_on_the_pool(digits: Dataset)
         batch_stats = float((model.train()(torch.as_tensor(pool)).argmax(1).numpy()
                              == digits.train_y[:258]).mean())
     assert abs(evaluated - batch_stats) < 0.05, (evaluated, batch_stats)
+
+
+class _MapsOnEveryBatch(SupervisedLearner):
+    labelled_only = False  # fit runs the network's fixed maps on every batch
+
+
+def test_a_table_of_the_fixed_maps_trains_the_student_as_every_batch_does() -> None:
+    """``cnn-hog-scatter``'s HOG and scattering, computed once per labelled row, train the
+    same weights as on each batch, and run on far fewer rows."""
+    gen = np.random.default_rng(0)
+    y = gen.integers(0, 3, 64)
+    x = (gen.random((64, 1, 28, 28)) + y[:, None, None, None] * np.linspace(0, 1, 28)
+         ).astype(np.float32)
+    spec = ModelSpec("cnn-hog-scatter", (1, 28, 28), 3)
+    states, rows = [], []
+
+    def count(module: torch.nn.Module, inputs: tuple, out: torch.Tensor) -> None:
+        rows[-1] += len(out)
+
+    for learner in (SupervisedLearner, _MapsOnEveryBatch):
+        seed_everything(0)
+        model = build_classifier(spec)
+        rows.append(0)
+        model.experts[2][0].register_forward_hook(count)
+        fit(learner(model), x[:32], y[:32], x, FitConfig(epochs=2, unlabelled_batch_size=32))
+        states.append(model.state_dict())
+    for name, value in states[0].items():
+        torch.testing.assert_close(value, states[1][name], rtol=1e-5, atol=1e-6, msg=name)
+    assert rows[0] == 1 + 32 + 64  # its width, the table, the pool for batch norm
+    assert rows[1] == 2 * 2 * 32 + 64
