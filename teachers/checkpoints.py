@@ -10,16 +10,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from safetensors.numpy import load, save
 
 from pate.data.task import Benchmark, DataSource, Task, source_from_record
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 from pate.rundir import RunDir
+
+if TYPE_CHECKING:  # torch is imported where tensors are loaded: `pate report` needs none
+    import torch
 
 ENCODER_FILE = "pool-encoder.safetensors"
 
@@ -96,6 +98,8 @@ def _load(run_dir: Path, name: str, sha256: str, device: str, what: str
     if hashlib.sha256(data).hexdigest() != sha256:
         raise UserError(f"{what} {path} is missing or corrupt; rerun `pate teachers train` "
                         "with the same --run to retrain it")
+    import torch
+
     return {k: torch.from_numpy(v).to(device) for k, v in load(data).items()}
 
 
