@@ -230,11 +230,12 @@ def on_features(model: nn.Module, in_shape: Shape, inputs: bool = False
     def head_of(module: nn.Module) -> nn.Module | None:
         if isinstance(module, FixedMap):
             return table_columns(module)
-        if isinstance(module, nn.Sequential) and len(module):
+        # exact types: a subclass (a user's) may have a forward of its own, not rebuilt here
+        if type(module) is nn.Sequential and len(module):
             first = head_of(module[0])
             if first is not None:
                 return nn.Sequential(first, *list(module)[1:])
-        if isinstance(module, Experts):
+        if type(module) is Experts:
             heads = [head_of(e) for e in module.experts]
             return None if any(h is None for h in heads) else Experts(*heads)
         if inputs:

@@ -21,6 +21,8 @@ from student.training import (
     fit,
     seed_everything,
 )
+from teachers.fixed_maps import feature_table
+from teachers.models import on_features, scatter_linear
 
 LABELS = 50
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
@@ -154,3 +156,21 @@ def test_a_table_of_the_fixed_maps_trains_the_student_as_every_batch_does() -> N
         torch.testing.assert_close(value, states[1][name], rtol=1e-5, atol=1e-6, msg=name)
     assert rows[0] == 1 + 32 + 64  # its width, the table, the pool for batch norm
     assert rows[1] == 2 * 2 * 32 + 64
+
+
+class _OwnSequential(torch.nn.Sequential):
+    """A user's network: a Sequential with a forward of its own (here, the logits doubled)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+def test_a_users_sequential_keeps_its_own_forward() -> None:
+    """A subclass of ``nn.Sequential`` that starts with a fixed map is not rebuilt as a plain
+    one for the table: its own forward would be lost."""
+    net = _OwnSequential(*scatter_linear((1, 28, 28), 3))
+    found = on_features(net, (1, 28, 28), inputs=True)
+    assert found is not None and [type(m).__name__ for m in found[1]] == ["Pixels"]
+    head, maps = found
+    x = torch.rand(4, 1, 28, 28)
+    torch.testing.assert_close(head(feature_table(maps, x)), net(x))
