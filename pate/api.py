@@ -73,7 +73,7 @@ from pate.api_dpsgd import DPSGD
 from pate.api_tables import TableEncoder
 from pate.data.augment import AUGMENTATIONS
 from pate.data.partitions import PARTITIONS
-from pate.data.task import rows_fingerprint
+from pate.data.task import private_rows_key, rows_content_digest, rows_fingerprint
 from pate.data.votes_file import check_votes
 from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
@@ -150,9 +150,11 @@ class Teachers:
                                   seed=checked_integer("seed", seed, 0, SEED_LIMIT))
         self.device = checked_device(device)
         self.ensemble_: Ensemble | None = None
-        # set by fit (or load): how many private rows, and their fingerprint (PRIVATE)
+        # set by fit (or load): how many private rows, their fingerprint, and that of the rows
+        # in any order (the ledgers' second key, Task.private_rows_fingerprint; PRIVATE)
         self.private_records_: int | None = None
         self.private_fingerprint_: str | None = None
+        self.private_rows_fingerprint_: str | None = None
 
     @property
     def encoder_(self) -> dict[str, np.ndarray] | None:
@@ -207,6 +209,7 @@ class Teachers:
                                   [{k: torch.from_numpy(v).to(self.device) for k, v in s.items()}
                                    for s in shards], device=self.device, encoder=encoder)
         self.private_records_, self.private_fingerprint_ = len(ys), rows_fingerprint(xs, ys)
+        self.private_rows_fingerprint_ = private_rows_key(rows_content_digest(xs))
         return self
 
     def vote(self, x: ArrayLike) -> NDArray[np.int32]:
@@ -241,6 +244,7 @@ class Teachers:
             "done": True, "private_records": self.private_records_,
             "private_fingerprint": self.private_fingerprint_,
             "private_data_fingerprint": self.private_fingerprint_,  # the arrays as given: both
+            "private_rows_fingerprint": self.private_rows_fingerprint_,
             "saved_by": "pate.api.Teachers"})
         return root
 
@@ -267,6 +271,7 @@ class Teachers:
         # version, or these teachers' save: the rows), as their votes carry it
         teachers.private_fingerprint_ = (manifest.get("private_data_fingerprint")
                                          or manifest.get("private_fingerprint"))
+        teachers.private_rows_fingerprint_ = manifest.get("private_rows_fingerprint")
         return teachers
 
 
@@ -367,7 +372,9 @@ class PrivateLabels:
         except ParameterError as exc:  # a threshold outside [0, the votes' teachers]
             raise UserError(str(exc)) from None
         try:
-            note_ledger(None if teachers is None else teachers.private_fingerprint_, url)
+            if teachers is not None:
+                note_ledger(teachers.private_fingerprint_, url,
+                            rows_fingerprint=teachers.private_rows_fingerprint_)
         except BaseException:
             self.service.close()
             raise

@@ -89,7 +89,8 @@ def _other_ledgers(run: RunDir, url: str) -> list[str]:
     if not run.votes.is_file():
         return []
     return other_ledgers((load_private_fingerprint(run.votes),  # and the key older versions
-                          load_private_fingerprint(run.votes, "former_private_fingerprint")),
+                          load_private_fingerprint(run.votes, "former_private_fingerprint"),
+                          load_private_fingerprint(run.votes, "private_rows_fingerprint")),
                          canonical_url(url))
 
 

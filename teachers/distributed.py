@@ -290,6 +290,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     manifest.setdefault("pool_fingerprint", data.pool_fingerprint)
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
     manifest.setdefault("private_data_fingerprint", data.private_data_fingerprint)
+    manifest.setdefault("private_rows_fingerprint", data.private_rows_fingerprint)
     return manifest, data, part
 
 

@@ -254,13 +254,15 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     private = manifest.get("private_data_fingerprint") or manifest.get("private_fingerprint")
     former = (manifest.get("private_fingerprint")
               if manifest.get("private_data_fingerprint") else None)
+    rows = manifest.get("private_rows_fingerprint")  # its rows in any format: a second key
     by = manifest.get("partition", "position")  # what the analysis covers (public setting)
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
         pool_fingerprint=np.array(task.pool_fingerprint), partition=np.array(by),
         **({} if records is None else {"private_records": np.array(records, np.int64)}),
         **({} if private is None else {"private_fingerprint": np.array(private)}),
-        **({} if former is None else {"former_private_fingerprint": np.array(former)})),
+        **({} if former is None else {"former_private_fingerprint": np.array(former)}),
+        **({} if rows is None else {"private_rows_fingerprint": np.array(rows)})),
         private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:

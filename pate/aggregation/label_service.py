@@ -314,7 +314,8 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if record is not None:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
         if pool is not None:
-            note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint)
+            note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint,
+                        pool.private_rows_fingerprint)
     except BaseException:
         service.close()
         raise
@@ -328,16 +329,22 @@ BUDGET_SPENT_HINT = ("this private data's budget is spent: one body of private d
 
 
 def note_ledger(private_fingerprint: str | None, url: str,
-                former_fingerprint: str | None = None) -> None:
+                former_fingerprint: str | None = None,
+                rows_fingerprint: str | None = None) -> None:
     """Enter the ledger at ``url`` in the registry of the ledgers of the private data whose
-    fingerprint the votes record (``budget_registry``; nothing where none is known), and warn
-    when it is new to the registry while other ledgers charge the same data: their budgets
-    add up (docs/design.md, privacy rule 5). Those older versions entered under
-    ``former_fingerprint`` (the rows') count as others too."""
+    fingerprint the votes record (``budget_registry``; nothing where none is known), and under
+    ``rows_fingerprint``, the key of its rows in any order and format
+    (``Task.private_rows_fingerprint``), where known; warn when it is new to the registry while
+    other ledgers charge the same data under either: their budgets add up (docs/design.md,
+    privacy rule 5). Those older versions entered under ``former_fingerprint`` (the rows' in
+    order) count as others too."""
     if private_fingerprint is None:
         return
     _, new = enter_ledger(private_fingerprint, canonical_url(url))
-    others = other_ledgers((private_fingerprint, former_fingerprint), canonical_url(url))
+    if rows_fingerprint is not None:
+        new = enter_ledger(rows_fingerprint, canonical_url(url))[1] or new
+    others = other_ledgers((private_fingerprint, former_fingerprint, rows_fingerprint),
+                           canonical_url(url))
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({', '.join(others)}): the budgets of one body of "

@@ -26,18 +26,22 @@ class VotePool:
     ``fingerprint``: the ``Task.pool_fingerprint`` of the pool the votes were cast on, if
     known; ``private_records``: the number of private records the teachers learnt from, if
     known (the delta the votes may be charged at depends on it); ``private_fingerprint``: the
-    private data's (``Task.private_data_fingerprint``, PRIVATE), if known, and
-    ``former_private_fingerprint`` the key older versions knew it by (its rows')."""
+    private data's (``Task.private_data_fingerprint``, PRIVATE), if known,
+    ``former_private_fingerprint`` the key older versions knew it by (its rows' in order), and
+    ``private_rows_fingerprint`` its rows' in any order and format
+    (``Task.private_rows_fingerprint``), the second key of its ledgers."""
 
     def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None,
                  fingerprint: str | None = None, private_records: int | None = None,
                  private_fingerprint: str | None = None,
-                 former_private_fingerprint: str | None = None) -> None:
+                 former_private_fingerprint: str | None = None,
+                 private_rows_fingerprint: str | None = None) -> None:
         self.votes = np.asarray(votes, np.int64)
         self.fingerprint = fingerprint
         self.private_records = private_records
         self.private_fingerprint = private_fingerprint
         self.former_private_fingerprint = former_private_fingerprint
+        self.private_rows_fingerprint = private_rows_fingerprint
         index = (np.arange(len(self.votes)) if pool_index is None
                  else np.asarray(pool_index, np.int64))
         if index.shape != (len(self.votes),):
@@ -54,7 +58,8 @@ class VotePool:
         ``pool_fingerprint``, ``private_records`` and ``private_fingerprint`` (votes.npz)."""
         return cls(*load_votes_with_index(path), load_pool_fingerprint(path),
                    load_private_records(path), load_private_fingerprint(path),
-                   load_private_fingerprint(path, "former_private_fingerprint"))
+                   load_private_fingerprint(path, "former_private_fingerprint"),
+                   load_private_fingerprint(path, "private_rows_fingerprint"))
 
     @functools.cached_property
     def digest(self) -> str:

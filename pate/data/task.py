@@ -56,6 +56,25 @@ def rows_fingerprint(x: NDArray, y: NDArray) -> str:
     return digest.hexdigest()
 
 
+def rows_content_digest(x: NDArray) -> str:
+    """sha256 (hex) of the rows ``x`` as a set with repeats: their shape and dtype, then each
+    row's bytes, the rows sorted by them. The same in any order of the rows, and without the
+    labels: a second key of the ledgers of one body of private data
+    (``Task.private_rows_fingerprint``), under which its copies in other formats meet. PRIVATE
+    for private rows."""
+    rows = np.ascontiguousarray(x).reshape(len(x), -1)
+    digest = hashlib.sha256(str((x.shape[1:], x.dtype.str)).encode())
+    digest.update(np.sort(rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize)))
+                          .ravel()).tobytes())
+    return digest.hexdigest()
+
+
+def private_rows_key(digest: str) -> str:
+    """The registry's key of private rows whose ``rows_content_digest`` is ``digest``: the
+    same for a run's data and the Python API's arrays. PRIVATE."""
+    return hashlib.sha256(f"private rows {digest}".encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """A built-in dataset by name; ``pool_size`` rows of its test split are the public pool."""
@@ -142,7 +161,8 @@ class Task:
     data. ``classes_from`` says where the label set came from; ``pool_file`` the user's public
     file or folder the pool was read from (None for a built-in dataset), ``private_content``
     a digest of what the private one holds (where read: ``table_digest`` of a CSV,
-    ``files.content_digest`` of the others);
+    ``files.content_digest`` of the others), ``private_rows`` that of its rows as read, before
+    any statistic of the pool is applied (``rows_content_digest``; not for a CSV's);
     ``preprocessing`` describes, publicly, how features were made; ``private_keys`` whose
     each private row is (a CSV's ``DataFiles.key`` column, as text; PRIVATE)."""
 
@@ -160,6 +180,7 @@ class Task:
     preprocessing: dict[str, Any] | None = None
     private_content: str | None = None
     private_keys: NDArray[np.str_] | None = None
+    private_rows: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -197,6 +218,19 @@ class Task:
         content = (f"dataset {self.name}" if self.private_content is None
                    else self.private_content)
         return hashlib.sha256(f"private data {content}".encode()).hexdigest()
+
+    @cached_property
+    def private_rows_fingerprint(self) -> str | None:
+        """sha256 (hex) of the private rows as read, in any order and without their labels
+        (``rows_content_digest``; None without them, and for a CSV, whose
+        ``private_data_fingerprint`` is of its cells already): a second key of the ledgers that
+        charge the data, the same for a built-in dataset, its images saved as an ``.npz``
+        (integers or floats in [0, 1]) or as a folder of image files at their size and mode, and
+        the same arrays given to the Python API. PRIVATE."""
+        if self.private_x is None or (self.private_content is not None
+                                      and self.private_rows is None):
+            return None
+        return private_rows_key(self.private_rows or rows_content_digest(self.private_x))
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -343,7 +377,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
     private_content = (files.content_digest(source.private)
                        if need_private and kind != "csv" else None)
-    private_keys = None
+    private_keys = private_rows = None
     wanted = {"public": (source.public, False), "test": (source.test, True),
               "private": (source.private, True)}
     if not need_private:
@@ -374,6 +408,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                 warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape),
                               stacklevel=3)
         reads = {role: (as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
+        if "private" in reads:  # before the pool's statistics: the rows as given
+            private_rows = rows_content_digest(reads["private"][0])
         if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics
             standardiser = Standardiser.fit(reads["public"][0])
             reads = {role: (standardiser.transform(x), y) for role, (x, y) in reads.items()}
@@ -388,6 +424,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                 x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size,
                                                      private=role == "private")
                 reads[role] = (x, y)
+        if "private" in reads:
+            private_rows = rows_content_digest(reads["private"][0])
         preprocessing.update({"mode": mode, "height": size[1], "width": size[0],
                               "fitted_on": "public"})
     pool_x = reads["public"][0]
@@ -414,4 +452,4 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                                    True, _SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
-                preprocessing, private_content, private_keys)
+                preprocessing, private_content, private_keys, private_rows)

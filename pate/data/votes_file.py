@@ -156,7 +156,8 @@ def load_private_fingerprint(path: str | Path, member: str = "private_fingerprin
     as read, ``Task.private_fingerprint``; PRIVATE: which ledgers charge the same data,
     ``pate.aggregation.budget_registry``); None for a file without it. ``member``
     ``former_private_fingerprint``: the rows' one beside it, the key older versions entered
-    their ledgers under."""
+    their ledgers under; ``private_rows_fingerprint``: the rows' in any order and format
+    (``Task.private_rows_fingerprint``), the second key of the data's ledgers."""
     held, value = _npz_member(path, member)
     if not held:
         return None

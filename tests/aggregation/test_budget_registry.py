@@ -69,6 +69,25 @@ def test_ledgers_older_versions_entered_under_the_rows_key_are_warned_of(
     assert len(said) == 1 and str(tmp_path / "old" / "ledger.db") in said[0]
 
 
+def test_copies_of_one_data_in_other_formats_meet_under_the_rows_key(tmp_path: Path) -> None:
+    """Votes of teachers on the same rows read from other files (an ``.npz``, a folder of
+    images: other first keys) carry one ``private_rows_fingerprint``, under which each ledger is
+    entered too: the second is warned of; a run whose ledger already has the rows key (its
+    own votes again) is not."""
+    rows = "c" * 64
+    votes = np.random.default_rng(0).multinomial(20, [0.8, 0.1, 0.1], size=30)
+    for name, first in (("npz", SAME), ("png", OTHER)):
+        (tmp_path / name).mkdir()
+        np.savez(tmp_path / name / "votes.npz", votes=votes, private_fingerprint=np.array(first),
+                 private_rows_fingerprint=np.array(rows))
+    assert _open_and_close(tmp_path / "npz" / "votes.npz") == []
+    said = _open_and_close(tmp_path / "png" / "votes.npz")
+    assert len(said) == 1 and str(tmp_path / "npz" / "ledger.db") in said[0]
+    assert _open_and_close(tmp_path / "npz" / "votes.npz") == []
+    # an older run's votes without the rows key, on the same first key: found by that key
+    assert _open_and_close(_votes(tmp_path / "old", OTHER)) != []
+
+
 def test_the_registry_folder_is_made_private_and_no_home_is_no_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATE_STATE_DIR", str(tmp_path / "new" / "state"))

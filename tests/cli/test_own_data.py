@@ -180,6 +180,47 @@ def test_the_private_data_is_known_by_its_content_however_it_is_read(tmp_path: P
     assert load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
                                label="income", classes=(">50K", "<=50K")),
                      need_private=False).private_data_fingerprint is None
+    assert first.private_rows_fingerprint is None  # a CSV's first key is of its cells already
+
+
+def test_the_same_images_in_another_format_or_order_share_the_second_key(tmp_path: Path
+                                                                          ) -> None:
+    """The ledgers' second key (``private_rows_fingerprint``) is of the private images as read:
+    the same as integers in an ``.npz``, as floats in [0, 1], as a folder of PNG files, shuffled
+    and relabelled, and for the Python API's teachers given the arrays; another where one pixel
+    differs. The first key, of the file as given, differs between the formats."""
+    from pate.api import Teachers
+
+    rng = np.random.default_rng(5)
+    x, y = _images(40, rng)
+    public, _ = _images(10, rng)
+    np.savez(tmp_path / "public.npz", x=public)
+    for role, pixels in (("public", public), ("private", x)):
+        for i, image in enumerate(pixels):
+            folder = tmp_path / f"{role}-png" / ("" if role == "public" else ["a", "b"][y[i]])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image, "L").save(folder / f"{i}.png")
+    order = rng.permutation(len(x))
+    changed = x.copy()
+    changed[3, 0, 0] ^= 1
+    for name, (xs, ys) in {"ints": (x, y), "floats": (x / np.float32(255), y),
+                           "shuffled": (x[order], 1 - y[order]), "changed": (changed, y)}.items():
+        np.savez(tmp_path / f"{name}.npz", x=xs, y=ys)
+
+    def task(private: str, public: str = "public.npz") -> Task:
+        return load_task(DataFiles(str(tmp_path / private), str(tmp_path / public),
+                                   classes=("0", "1") if private.endswith("npz") else None))
+
+    ints = task("ints.npz")
+    assert ints.private_rows_fingerprint is not None
+    for same in (task("floats.npz"), task("shuffled.npz"), task("private-png", "public-png")):
+        assert same.private_rows_fingerprint == ints.private_rows_fingerprint
+        assert same.private_data_fingerprint != ints.private_data_fingerprint
+    assert task("changed.npz").private_rows_fingerprint != ints.private_rows_fingerprint
+    teachers = Teachers(2, 2, epochs=1, model="mlp").fit(x[order], y[order])
+    assert teachers.private_rows_fingerprint_ == ints.private_rows_fingerprint
+    assert Teachers.load(teachers.save(tmp_path / "t")).private_rows_fingerprint_ == \
+        ints.private_rows_fingerprint
 
 
 def test_a_public_file_unlike_both_others_is_the_one_named(tmp_path: Path) -> None:
