@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass
@@ -45,6 +46,7 @@ from pate.data.preprocessing import (
 from pate.errors import UserError
 
 MANY_NUMBER_CLASSES = 20  # more classes than this, all numbers: perhaps a numeric column
+DIGEST_ROWS = 4096  # rows copied at a time into rows_content_digest's hash
 
 
 def rows_fingerprint(x: NDArray, y: NDArray) -> str:
@@ -58,14 +60,18 @@ def rows_fingerprint(x: NDArray, y: NDArray) -> str:
 
 def rows_content_digest(x: NDArray) -> str:
     """sha256 (hex) of the rows ``x`` as a set with repeats: their shape and dtype, then each
-    row's bytes, the rows sorted by them. The same in any order of the rows, and without the
-    labels: a second key of the ledgers of one body of private data
-    (``Task.private_rows_fingerprint``), under which its copies in other formats meet. PRIVATE
-    for private rows."""
-    rows = np.ascontiguousarray(x).reshape(len(x), -1)
+    row's bytes, the rows in the order of their bytes. The same in any order of the rows, and
+    without the labels: a second key of the ledgers of one body of private data
+    (``Task.private_rows_fingerprint``), under which its copies in other formats meet. Sorted by
+    index and hashed ``DIGEST_ROWS`` rows at a time, so no second copy of the data is made.
+    PRIVATE for private rows."""
+    rows = np.ascontiguousarray(x).reshape(len(x), math.prod(x.shape[1:]))
     digest = hashlib.sha256(str((x.shape[1:], x.dtype.str)).encode())
-    digest.update(np.sort(rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize)))
-                          .ravel()).tobytes())
+    if rows.size:
+        order = np.argsort(rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel(),
+                           kind="stable")
+        for start in range(0, len(order), DIGEST_ROWS):
+            digest.update(rows[order[start:start + DIGEST_ROWS]].tobytes())
     return digest.hexdigest()
 
 
