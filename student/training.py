@@ -44,7 +44,7 @@ from student.models import (
     build_classifier,
 )
 from teachers.choices import is_import_path, model_name_problem
-from teachers.fixed_maps import Pixels, feature_table
+from teachers.fixed_maps import Pixels, feature_table, table_fits, table_width
 from teachers.models import on_features
 from teachers.user_models import check_trains_on, load_factory
 
@@ -266,14 +266,16 @@ def _on_table(learner: Learner, config: FitConfig, x: torch.Tensor
     outputs and the input's own columns on every row of ``x``, computed once, and ``head``
     (:func:`teachers.models.on_features`) trains the learner's model from its rows. The maps
     of a batch of 32 rows took 45 % of a step of that student (docs/benchmarks.md). None
-    otherwise: the maps run on each batch."""
+    otherwise, and where the table would take more than a quarter of the memory left on its
+    device (large images' scattering): the maps run on each batch."""
     if not getattr(learner, "labelled_only", False) or config.augment != "none":
         return None
     found = on_features(learner.model, tuple(x.shape[1:]), inputs=True)
     if found is None or all(isinstance(m, Pixels) for m in found[1]):
         return None
     head, maps = found
-    return head, feature_table(maps, x)
+    fits = table_fits(len(x), table_width(head), x.device)
+    return (head, feature_table(maps, x)) if fits else None
 
 
 @torch.no_grad()

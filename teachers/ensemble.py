@@ -51,7 +51,7 @@ from pate.data.task import Benchmark, DataSource
 from pate.errors import UserError
 from teachers import rng
 from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_problem
-from teachers.fixed_maps import FixedMap, feature_table
+from teachers.fixed_maps import FixedMap, feature_table, table_fits, table_width
 from teachers.models import build_model, initial_state, on_features
 from teachers.partition import check_disjoint
 from teachers.user_models import (
@@ -276,7 +276,9 @@ def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_class
     maps: list[FixedMap] = []
     if split is not None:  # the head is mapped over the teachers, the fixed maps run outside
         base, maps = split
-        if cfg.augment == "none" and cfg.mixup == 0:  # the rows reach the maps as they are
+        rows, width = sum(len(p) for p in parts), table_width(base)
+        # the rows reach the maps as they are, and their table fits: the maps run once a row
+        if cfg.augment == "none" and cfg.mixup == 0 and table_fits(rows, width, device):
             x, y, parts = _mapped_rows(maps, x, y, parts)
             maps = []
     batch = _batches(cfg, ids, parts, steps, device)

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from pate.data.files import available_memory
+
 # Input floats per forward pass of the maps while a table is computed: 2 048 Fashion-MNIST
 # images, whose scattering writes about 0.35 GB of intermediate maps; fewer rows of larger images.
 TABLE_FLOATS = 2048 * 784
@@ -48,6 +50,21 @@ class Columns(nn.Module):
 
     def forward(self, table: torch.Tensor) -> torch.Tensor:
         return table[..., self.start:self.stop]
+
+
+def table_width(head: nn.Module) -> int:
+    """The width of the table ``head``'s :class:`Columns` read: as far as the last reaches."""
+    return max(m.stop for m in head.modules() if isinstance(m, Columns))
+
+
+def table_fits(rows: int, width: int, device: torch.device) -> bool:
+    """Whether a float32 table of ``rows`` x ``width`` takes at most a quarter of the memory
+    left on ``device`` (a GPU's free memory; else the process's, ``files.available_memory``;
+    True where unknown): a table of large images' scattering may not, and then the maps run on
+    each batch instead."""
+    room = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
+            else available_memory())
+    return room is None or rows * width * 4 <= room // 4
 
 
 def table_rows(row_shape: torch.Size | tuple[int, ...]) -> int:

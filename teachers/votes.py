@@ -32,7 +32,7 @@ from pate.progress import progress_bar
 from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import is_import_path
-from teachers.fixed_maps import Columns, feature_table, table_rows
+from teachers.fixed_maps import Columns, feature_table, table_rows, table_width
 from teachers.models import build_model, on_features
 from teachers.user_models import vmap_problem, warn_one_at_a_time
 
@@ -131,7 +131,7 @@ class Ensemble:
         (as wide as its last :class:`~teachers.fixed_maps.Columns` reach), else the input's."""
         if not self._maps:
             return self.in_shape
-        return (max(m.stop for m in self._base.modules() if isinstance(m, Columns)),)
+        return (table_width(self._base),)
 
     def inputs(self, xb: torch.Tensor) -> torch.Tensor:
         """What the teachers' network reads of the rows ``xb``: their fixed maps' table

@@ -80,6 +80,21 @@ def test_vectorised_group_equals_one_by_one(digits, data, pool_encoders, model):
             assert not torch.equal(p, init_stacked(alone, np.array([t]), 5)[name][0])
 
 
+def test_a_table_that_would_not_fit_leaves_the_maps_on_each_batch(data, monkeypatch):
+    """Where the group's table would take over a quarter of the memory left, the maps run on
+    each batch of rows instead (``teachers.fixed_maps.table_fits``): the same teachers."""
+    cfg = TrainConfig(**{**CFG.__dict__, "model": "hog", "augment": "none", "mixup": 0.0,
+                         "epochs": 2})
+    tabled = _group(cfg, data, [0, 1])
+    calls = []
+    monkeypatch.setattr("teachers.fixed_maps.available_memory", lambda: 1 << 10)
+    monkeypatch.setattr("teachers.ensemble._mapped_rows", lambda *a: calls.append(a))
+    each = _group(cfg, data, [0, 1])
+    assert calls == []  # no table was made
+    for name, value in tabled.items():
+        torch.testing.assert_close(each[name], value, rtol=1e-4, atol=1e-5)
+
+
 def test_teacher_does_not_depend_on_its_group(data):
     a = _group(CFG, data, [0, 1, 2, 3])
     b = _group(CFG, data, [2, 7])
