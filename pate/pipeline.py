@@ -229,8 +229,10 @@ def _warn_of_other_budgets(config: RunConfig, run: RunDir, task: Task) -> None:
     ledger = config.aggregator.ledger
     url = canonical_url(ledger_url(ledger) if ledger is not None
                         else f"sqlite:///{run.root.resolve() / LEDGER_FILE}")
-    # the rows' key too: older versions entered the data's ledgers under it
-    others = other_ledgers((private, task.private_fingerprint), url)
+    # the rows' key in order (older versions entered the data's ledgers under it), and in any
+    # order and format (its copies' ledgers)
+    others = other_ledgers((private, task.private_fingerprint, task.private_rows_fingerprint),
+                           url)
     if others:
         warnings.warn(f"this private data is already charged to {len(others)} other ledger(s) "
                       f"({', '.join(others)}): this run's ledger would be another budget for "

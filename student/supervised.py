@@ -12,7 +12,9 @@ from student.losses import cross_entropy
 class SupervisedLearner:
     """Adam on the cross-entropy of the labelled batch."""
 
-    labelled_only = True  # fit may train it on a table of its network's fixed maps
+    # fit may train it on a table of its network's fixed maps: a subclass whose step reads
+    # the unlabelled batch through the network must set it False
+    labelled_only = True
 
     def __init__(self, model: nn.Module, lr: float = 1e-3) -> None:
         self.model = model

@@ -334,17 +334,21 @@ def note_ledger(private_fingerprint: str | None, url: str,
     """Enter the ledger at ``url`` in the registry of the ledgers of the private data whose
     fingerprint the votes record (``budget_registry``; nothing where none is known), and under
     ``rows_fingerprint``, the key of its rows in any order and format
-    (``Task.private_rows_fingerprint``), where known; warn when it is new to the registry while
-    other ledgers charge the same data under either: their budgets add up (docs/design.md,
-    privacy rule 5). Those older versions entered under ``former_fingerprint`` (the rows' in
-    order) count as others too."""
+    (``Task.private_rows_fingerprint``), where known; warn when it is new under a key while
+    other ledgers charge the same data: their budgets add up (docs/design.md, privacy rule 5).
+    Those older versions entered under ``former_fingerprint`` (the rows' in order) count as
+    others too. A ledger new only under the rows' key (a run of a version before that key)
+    warns only where that key finds ledgers the first had not: of those, it warned then."""
     if private_fingerprint is None:
         return
-    _, new = enter_ledger(private_fingerprint, canonical_url(url))
+    url = canonical_url(url)
+    new = enter_ledger(private_fingerprint, url)[1]
+    known = other_ledgers((private_fingerprint, former_fingerprint), url)
+    others = known
     if rows_fingerprint is not None:
-        new = enter_ledger(rows_fingerprint, canonical_url(url))[1] or new
-    others = other_ledgers((private_fingerprint, former_fingerprint, rows_fingerprint),
-                           canonical_url(url))
+        new_rows = enter_ledger(rows_fingerprint, url)[1]
+        others = other_ledgers((private_fingerprint, former_fingerprint, rows_fingerprint), url)
+        new = new or (new_rows and set(others) != set(known))
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({', '.join(others)}): the budgets of one body of "

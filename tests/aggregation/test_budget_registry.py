@@ -88,6 +88,16 @@ def test_copies_of_one_data_in_other_formats_meet_under_the_rows_key(tmp_path: P
     assert _open_and_close(_votes(tmp_path / "old", OTHER)) != []
 
 
+def test_a_ledger_given_the_rows_key_later_is_not_warned_of_again(tmp_path: Path) -> None:
+    """A run of a version before the rows' key, warned of its twin then: its votes written
+    again with the key enter it, and nothing new is said."""
+    first, twin = _votes(tmp_path / "a", SAME), _votes(tmp_path / "b", SAME)
+    assert _open_and_close(first) == [] and len(_open_and_close(twin)) == 1
+    np.savez(twin, votes=np.load(twin)["votes"], private_fingerprint=np.array(SAME),
+             private_rows_fingerprint=np.array("c" * 64))
+    assert _open_and_close(twin) == []
+
+
 def test_the_registry_folder_is_made_private_and_no_home_is_no_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATE_STATE_DIR", str(tmp_path / "new" / "state"))

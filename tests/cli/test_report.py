@@ -76,7 +76,10 @@ def pate(*args: str) -> subprocess.CompletedProcess:
     and what it printed."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(list(args))
+        try:
+            status = main(list(args))
+        except SystemExit as exc:  # a usage error: argparse exits, with status 2
+            status = exc.code if isinstance(exc.code, int) else 1
     return subprocess.CompletedProcess(args, status, out.getvalue(), err.getvalue())
 
 
