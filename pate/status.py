@@ -18,7 +18,7 @@ from pate.aggregation.label_service import recorded_ledger
 from pate.aggregation.ledger import stored_budget
 from pate.aggregation.ledger_store import canonical_url
 from pate.config import RunConfig, parse_config
-from pate.data.votes_file import load_private_fingerprint
+from pate.data.votes_file import load_private_keys
 from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report
 from pate.rundir import RunDir
@@ -88,10 +88,7 @@ def _other_ledgers(run: RunDir, url: str) -> list[str]:
     this user holds them (``budget_registry``; their budgets add up with this one's)."""
     if not run.votes.is_file():
         return []
-    return other_ledgers((load_private_fingerprint(run.votes),  # and the key older versions
-                          load_private_fingerprint(run.votes, "former_private_fingerprint"),
-                          load_private_fingerprint(run.votes, "private_rows_fingerprint")),
-                         canonical_url(url))
+    return other_ledgers(load_private_keys(run.votes), canonical_url(url))
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:

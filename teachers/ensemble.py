@@ -276,9 +276,9 @@ def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_class
     maps: list[FixedMap] = []
     if split is not None:  # the head is mapped over the teachers, the fixed maps run outside
         base, maps = split
-        rows, width = sum(len(p) for p in parts), table_width(base)
         # the rows reach the maps as they are, and their table fits: the maps run once a row
-        if cfg.augment == "none" and cfg.mixup == 0 and table_fits(rows, width, device):
+        if cfg.augment == "none" and cfg.mixup == 0 and table_fits(
+                sum(len(p) for p in parts), table_width(base), device):
             x, y, parts = _mapped_rows(maps, x, y, parts)
             maps = []
     batch = _batches(cfg, ids, parts, steps, device)

@@ -342,13 +342,12 @@ def note_ledger(private_fingerprint: str | None, url: str,
     if private_fingerprint is None:
         return
     url = canonical_url(url)
-    new = enter_ledger(private_fingerprint, url)[1]
-    known = other_ledgers((private_fingerprint, former_fingerprint), url)
-    others = known
-    if rows_fingerprint is not None:
-        new_rows = enter_ledger(rows_fingerprint, url)[1]
-        others = other_ledgers((private_fingerprint, former_fingerprint, rows_fingerprint), url)
-        new = new or (new_rows and set(others) != set(known))
+    first, new = enter_ledger(private_fingerprint, url)
+    known = list(dict.fromkeys(first + other_ledgers((former_fingerprint,), url)))
+    by_rows, new_rows = (([], False) if rows_fingerprint is None
+                         else enter_ledger(rows_fingerprint, url))
+    others = list(dict.fromkeys(known + by_rows))
+    new = new or (new_rows and len(others) > len(known))
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({', '.join(others)}): the budgets of one body of "

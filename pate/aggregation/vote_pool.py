@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from pate.data.votes_file import (
     load_pool_fingerprint,
-    load_private_fingerprint,
+    load_private_keys,
     load_private_records,
     load_votes_with_index,
 )
@@ -57,9 +57,7 @@ class VotePool:
         """``.npy`` votes, or ``.npz`` with ``votes`` and optional ``pool_index``,
         ``pool_fingerprint``, ``private_records`` and ``private_fingerprint`` (votes.npz)."""
         return cls(*load_votes_with_index(path), load_pool_fingerprint(path),
-                   load_private_records(path), load_private_fingerprint(path),
-                   load_private_fingerprint(path, "former_private_fingerprint"),
-                   load_private_fingerprint(path, "private_rows_fingerprint"))
+                   load_private_records(path), *load_private_keys(path))
 
     @functools.cached_property
     def digest(self) -> str:

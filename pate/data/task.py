@@ -167,8 +167,8 @@ class Task:
     data. ``classes_from`` says where the label set came from; ``pool_file`` the user's public
     file or folder the pool was read from (None for a built-in dataset), ``private_content``
     a digest of what the private one holds (where read: ``table_digest`` of a CSV,
-    ``files.content_digest`` of the others), ``private_rows`` that of its rows as read, before
-    any statistic of the pool is applied (``rows_content_digest``; not for a CSV's);
+    ``files.content_digest`` of the others), ``private_rows`` that of an ``.npz``'s feature rows
+    as read, before the pool's statistics standardise them (``rows_content_digest``);
     ``preprocessing`` describes, publicly, how features were made; ``private_keys`` whose
     each private row is (a CSV's ``DataFiles.key`` column, as text; PRIVATE)."""
 
@@ -233,8 +233,7 @@ class Task:
         charge the data, the same for a built-in dataset, its images saved as an ``.npz``
         (integers or floats in [0, 1]) or as a folder of image files at their size and mode, and
         the same arrays given to the Python API. PRIVATE."""
-        if self.private_x is None or (self.private_content is not None
-                                      and self.private_rows is None):
+        if self.private_x is None or (self.preprocessing or {}).get("format") == "csv":
             return None
         return private_rows_key(self.private_rows or rows_content_digest(self.private_x))
 
@@ -414,9 +413,9 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                 warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape),
                               stacklevel=3)
         reads = {role: (as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
-        if "private" in reads:  # before the pool's statistics: the rows as given
-            private_rows = rows_content_digest(reads["private"][0])
         if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics
+            if "private" in reads:  # the second key is of the rows as given
+                private_rows = rows_content_digest(reads["private"][0])
             standardiser = Standardiser.fit(reads["public"][0])
             reads = {role: (standardiser.transform(x), y) for role, (x, y) in reads.items()}
             preprocessing.update(standardiser.describe())
@@ -430,8 +429,6 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                 x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size,
                                                      private=role == "private")
                 reads[role] = (x, y)
-        if "private" in reads:
-            private_rows = rows_content_digest(reads["private"][0])
         preprocessing.update({"mode": mode, "height": size[1], "width": size[0],
                               "fitted_on": "public"})
     pool_x = reads["public"][0]

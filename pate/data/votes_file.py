@@ -167,6 +167,18 @@ def load_private_fingerprint(path: str | Path, member: str = "private_fingerprin
     return str(value)
 
 
+# the members under which a votes file records the keys of its private data's ledgers: the data
+# as given, the rows' in order (older versions' key), the rows' in any order and format
+PRIVATE_KEY_MEMBERS = ("private_fingerprint", "former_private_fingerprint",
+                       "private_rows_fingerprint")
+
+
+def load_private_keys(path: str | Path) -> tuple[str | None, ...]:
+    """Every key of the ledgers of the votes' private data (``PRIVATE_KEY_MEMBERS``, each as
+    :func:`load_private_fingerprint` reads it; None where absent). PRIVATE."""
+    return tuple(load_private_fingerprint(path, member) for member in PRIVATE_KEY_MEMBERS)
+
+
 def _npz_member(path: str | Path, key: str) -> tuple[bool, NDArray | None]:
     """Whether the ``.npz`` at ``path`` holds ``key``, and its value: None where it cannot be
     read (an object array, a damaged member), for the caller to refuse."""
