@@ -123,8 +123,23 @@ def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int
     torch.set_num_threads(threads)
     xt, yt, enc = _on_device(x, y, encoder, device)
     params = train_group(cfg, xt, yt, num_classes, np.arange(teachers.start, teachers.stop),
-                         parts, step_rows, enc, on_epochs)
+                         parts, step_rows, enc, on_epochs, device_share(device))
     return {k: v.numpy() for k, v in params.items()}
+
+
+def device_share(device: str) -> float:
+    """The part of its device's memory the Ray task calling this may count on, where the tasks
+    beside it look at the same free memory at about the same time: its fraction of a GPU on
+    cuda (at most 1), else its CPUs over its node's (``_run`` gives each of the
+    ``Cluster.workers`` shards in flight an equal part of the CPUs)."""
+    import ray
+
+    context = ray.get_runtime_context()
+    held = context.get_assigned_resources()
+    if device == "cuda":
+        return min(1.0, held.get("GPU", 1.0))
+    node = next(n for n in ray.nodes() if n["NodeID"] == context.get_node_id())
+    return min(1.0, held.get("CPU", 1.0) / node["Resources"].get("CPU", 1.0))
 
 
 def _on_device(x: np.ndarray, y: np.ndarray, encoder: dict[str, np.ndarray] | None,

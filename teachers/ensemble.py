@@ -231,7 +231,8 @@ def vectorised(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int,
 def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                 teacher_ids: np.ndarray, parts: list[np.ndarray], step_rows: int | np.ndarray,
                 encoder: dict[str, torch.Tensor] | None = None,
-                on_epochs: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+                on_epochs: Callable[[int], None] | None = None,
+                memory_share: float = 1.0) -> dict[str, torch.Tensor]:
     """Train the teachers ``teacher_ids`` together; teacher k only ever reads rows ``parts[k]``
     of ``x``/``y`` (already on the target device) and takes ``total_steps(cfg, step_rows[k])``
     steps (an int: the same for all). ``encoder``: the run's frozen pool encoder,
@@ -239,7 +240,8 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
     parameters (CPU), and a user's network's buffers. A user's network that fails the vmap test
     (:func:`vectorised`) is trained one teacher at a time (:func:`train_one`), the slower
     path, and so is one alone (the non-private model). ``on_epochs(n)``: ``n`` more
-    teacher-epochs are done (after each epoch)."""
+    teacher-epochs are done (after each epoch). ``memory_share``: the part of the device's
+    memory this group may count on (:func:`teachers.fixed_maps.table_fits`)."""
     check_disjoint(parts, len(x))
     ids = np.asarray(teacher_ids, dtype=np.int64)
     rows = np.broadcast_to(np.asarray(step_rows, dtype=np.int64), ids.shape)
@@ -252,7 +254,8 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
     steps = total_steps(cfg, rows)
     groups = [np.flatnonzero(steps == s) for s in np.unique(steps)]
     states = [_train_stacked(cfg, x, y, num_classes, ids[g], [parts[i] for i in g],
-                             int(steps[g[0]]), encoder, on_epochs) for g in groups]
+                             int(steps[g[0]]), encoder, on_epochs, memory_share)
+              for g in groups]
     order = torch.as_tensor(np.argsort(np.concatenate(groups), kind="stable"))
     return {k: torch.cat([s[k] for s in states])[order] for k in states[0]}
 
@@ -260,7 +263,8 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
 def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                    ids: np.ndarray, parts: list[np.ndarray], steps: int,
                    encoder: dict[str, torch.Tensor] | None,
-                   on_epochs: Callable[[int], None] | None) -> dict[str, torch.Tensor]:
+                   on_epochs: Callable[[int], None] | None,
+                   memory_share: float) -> dict[str, torch.Tensor]:
     """:func:`train_group`'s vectorised path for teachers that all take ``steps`` steps."""
     device = x.device
     in_shape = tuple(x.shape[1:])
@@ -278,7 +282,7 @@ def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_class
         base, maps = split
         # the rows reach the maps as they are, and their table fits: the maps run once a row
         if cfg.augment == "none" and cfg.mixup == 0 and table_fits(
-                sum(len(p) for p in parts), table_width(base), device):
+                sum(len(p) for p in parts), table_width(base), device, memory_share):
             x, y, parts = _mapped_rows(maps, x, y, parts)
             maps = []
     batch = _batches(cfg, ids, parts, steps, device)

@@ -57,14 +57,16 @@ def table_width(head: nn.Module) -> int:
     return max(m.stop for m in head.modules() if isinstance(m, Columns))
 
 
-def table_fits(rows: int, width: int, device: torch.device) -> bool:
-    """Whether a float32 table of ``rows`` x ``width`` takes at most a quarter of the memory
-    left on ``device`` (a GPU's free memory; else the process's, ``files.available_memory``;
-    True where unknown): a table of large images' scattering may not, and then the maps run on
-    each batch instead."""
+def table_fits(rows: int, width: int, device: torch.device, share: float = 1.0) -> bool:
+    """Whether a float32 table of ``rows`` x ``width`` takes at most a quarter of this
+    process's ``share`` of the memory left on ``device`` (a GPU's free memory; else the
+    machine's, ``files.available_memory``; True where unknown): a table of large images'
+    scattering may not, and then the maps run on each batch instead. ``share``: the part of the
+    device this process holds, under 1 where others share it and check at the same time (a Ray
+    task's CPUs over its node's, ``teachers.distributed.device_share``)."""
     room = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
             else available_memory())
-    return room is None or rows * width * 4 <= room // 4
+    return room is None or rows * width * 4 <= room * share / 4
 
 
 def table_rows(row_shape: torch.Size | tuple[int, ...]) -> int:

@@ -26,6 +26,7 @@ from teachers.distributed import (
     Cluster,
     TrainJob,
     _check_reachable,
+    device_share,
     shard_ranges,
     train_teachers,
 )
@@ -43,6 +44,14 @@ def _shas(run: Path) -> dict[str, str]:
 def test_shard_ranges_cover_all_teachers():
     shards = shard_ranges(10, 4)
     assert [(r.start, r.stop) for r in shards] == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_a_ray_shard_counts_on_its_cpus_share_of_the_memory(ray_running):
+    """Shards in flight side by side see the same free memory when they decide whether their
+    table fits: each counts on its CPUs' share of its node's (``device_share``)."""
+    node_cpus = ray.cluster_resources()["CPU"]  # one local node
+    share = ray.get(ray.remote(device_share).options(num_cpus=1).remote("cpu"))
+    assert share == pytest.approx(1 / node_cpus)
 
 
 @pytest.mark.parametrize("cluster,message", [

@@ -80,16 +80,24 @@ def test_vectorised_group_equals_one_by_one(digits, data, pool_encoders, model):
             assert not torch.equal(p, init_stacked(alone, np.array([t]), 5)[name][0])
 
 
-def test_a_table_that_would_not_fit_leaves_the_maps_on_each_batch(data, monkeypatch):
-    """Where the group's table would take over a quarter of the memory left, the maps run on
-    each batch of rows instead (``teachers.fixed_maps.table_fits``): the same teachers."""
+@pytest.mark.parametrize("short", ["memory", "share"])
+def test_a_table_that_would_not_fit_leaves_the_maps_on_each_batch(data, monkeypatch, short):
+    """Where the group's table would take over a quarter of its share of the memory left (a
+    machine with little left, or a small share of it: a Ray shard beside many others), the maps
+    run on each batch of rows instead (``teachers.fixed_maps.table_fits``): the same
+    teachers."""
     cfg = TrainConfig(**{**CFG.__dict__, "model": "hog", "augment": "none", "mixup": 0.0,
                          "epochs": 2})
     tabled = _group(cfg, data, [0, 1])
     calls = []
-    monkeypatch.setattr("teachers.fixed_maps.available_memory", lambda: 1 << 10)
     monkeypatch.setattr("teachers.ensemble._mapped_rows", lambda *a: calls.append(a))
-    each = _group(cfg, data, [0, 1])
+    if short == "memory":
+        monkeypatch.setattr("teachers.fixed_maps.available_memory", lambda: 1 << 10)
+        each = _group(cfg, data, [0, 1])
+    else:
+        x, y, part, min_size = data
+        each = train_group(cfg, x, y, 10, np.array([0, 1]), part.parts([0, 1]), min_size,
+                           memory_share=1e-9)
     assert calls == []  # no table was made
     for name, value in tabled.items():
         torch.testing.assert_close(each[name], value, rtol=1e-4, atol=1e-5)
