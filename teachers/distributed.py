@@ -131,9 +131,12 @@ def device_share(device: str) -> float:
     """The part of its device's memory the Ray task calling this may count on, where the tasks
     beside it look at the same free memory at about the same time: its fraction of a GPU on
     cuda (at most 1), else its CPUs over its node's (``_run`` gives each of the
-    ``Cluster.workers`` shards in flight an equal part of the CPUs)."""
+    ``Cluster.workers`` shards in flight an equal part of the CPUs); 1 outside a Ray task
+    (the Python API's ``Teachers.fit`` trains its shards in its own process)."""
     import ray
 
+    if not ray.is_initialized() or ray.get_runtime_context().get_task_id() is None:
+        return 1.0
     context = ray.get_runtime_context()
     held = context.get_assigned_resources()
     if device == "cuda":

@@ -75,6 +75,20 @@ def rows_content_digest(x: NDArray) -> str:
     return digest.hexdigest()
 
 
+def numeric_rows_digest(frame: pd.DataFrame) -> str | None:
+    """``rows_content_digest`` of a table's cells as float32 rows, its columns in their order,
+    where every cell is a finite number (None where one is text or missing): the rows an
+    ``.npz`` of the same features holds (``x``, one row per line, the label apart), so that a
+    CSV and its conversion share the ledgers' second key. PRIVATE for the private file."""
+    try:
+        numbers = frame.apply(pd.to_numeric)
+    except (ValueError, TypeError):
+        return None
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        rows = numbers.to_numpy(np.float32)
+    return rows_content_digest(rows) if np.isfinite(rows).all() else None
+
+
 def private_rows_key(digest: str) -> str:
     """The registry's key of private rows whose ``rows_content_digest`` is ``digest``: the
     same for a run's data and the Python API's arrays. PRIVATE."""
@@ -168,7 +182,8 @@ class Task:
     file or folder the pool was read from (None for a built-in dataset), ``private_content``
     a digest of what the private one holds (where read: ``table_digest`` of a CSV,
     ``files.content_digest`` of the others), ``private_rows`` that of an ``.npz``'s feature rows
-    as read, before the pool's statistics standardise them (``rows_content_digest``);
+    as read, before the pool's statistics standardise them (``rows_content_digest``), or of a
+    CSV's cells where all are numbers (``numeric_rows_digest``; None where one is not);
     ``preprocessing`` describes, publicly, how features were made; ``private_keys`` whose
     each private row is (a CSV's ``DataFiles.key`` column, as text; PRIVATE)."""
 
@@ -228,13 +243,16 @@ class Task:
     @cached_property
     def private_rows_fingerprint(self) -> str | None:
         """sha256 (hex) of the private rows as read, in any order and without their labels
-        (``rows_content_digest``; None without them, and for a CSV, whose
-        ``private_data_fingerprint`` is of its cells already): a second key of the ledgers that
-        charge the data, the same for a built-in dataset, its images saved as an ``.npz``
-        (integers or floats in [0, 1]) or as a folder of image files at their size and mode, and
-        the same arrays given to the Python API. PRIVATE."""
-        if self.private_x is None or (self.preprocessing or {}).get("format") == "csv":
+        (``rows_content_digest``; None without them): a second key of the ledgers that charge
+        the data, the same for a built-in dataset, its images saved as an ``.npz`` (integers or
+        floats in [0, 1]) or as a folder of image files at their size and mode, a CSV of
+        numbers and its features saved as an ``.npz`` (``numeric_rows_digest``; a CSV with a
+        text or missing cell has none: its ``private_data_fingerprint`` is of its cells in any
+        order already), and the same arrays given to the Python API. PRIVATE."""
+        if self.private_x is None:
             return None
+        if (self.preprocessing or {}).get("format") == "csv":  # its rows as read are encoded
+            return None if self.private_rows is None else private_rows_key(self.private_rows)
         return private_rows_key(self.private_rows or rows_content_digest(self.private_x))
 
     @property
@@ -394,6 +412,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
             private_content = table_digest(*frames["private"], source.label)
         if source.key is not None:
             frames, private_keys = _without_key(frames, source.key, wanted)
+        if "private" in frames:
+            private_rows = numeric_rows_digest(frames["private"][0])
         columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
         if others := _odd_public(columns, wanted):
             public, their = columns["public"], columns["test"]  # which agrees with private

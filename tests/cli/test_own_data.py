@@ -180,7 +180,45 @@ def test_the_private_data_is_known_by_its_content_however_it_is_read(tmp_path: P
     assert load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
                                label="income", classes=(">50K", "<=50K")),
                      need_private=False).private_data_fingerprint is None
-    assert first.private_rows_fingerprint is None  # a CSV's first key is of its cells already
+    assert first.private_rows_fingerprint is None  # text cells: its first key is all it has
+
+
+def test_a_csv_of_numbers_and_its_npz_share_the_second_key(tmp_path: Path) -> None:
+    """A CSV whose every feature cell is a number and its features saved as an ``.npz``
+    (``x`` as float32, the label apart), in another order of the rows, share the ledgers'
+    second key; their first keys differ. The key column is not a feature; one changed cell
+    gives another key; a text cell, none."""
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(50, 3)).astype(np.float32), rng.integers(0, 2, 50)
+    public = rng.normal(size=(20, 3)).astype(np.float32)
+
+    def table(features: np.ndarray, **more: object) -> str:
+        columns = {"a": features[:, 0], "b": features[:, 1], "c": features[:, 2], **more}
+        lines = [",".join(columns)] + [",".join(str(v[i]) for v in columns.values())
+                                       for i in range(len(features))]
+        return "\n".join(lines) + "\n"
+
+    (tmp_path / "public.csv").write_text(table(public))
+    (tmp_path / "private.csv").write_text(table(x, label=y, person=np.arange(50) % 7))
+    changed = x.copy()
+    changed[7, 1] += 1
+    (tmp_path / "changed.csv").write_text(table(changed, label=y))
+    (tmp_path / "text.csv").write_text(table(x, label=y, town=np.array(["a", "b"])[y]))
+    (tmp_path / "public-text.csv").write_text(table(public, town=["a"] * 20))
+    order = rng.permutation(50)
+    np.savez(tmp_path / "private.npz", x=x[order], y=y[order])
+    np.savez(tmp_path / "public.npz", x=public)
+
+    def task(private: str, public: str = "public.csv", key: str | None = None) -> Task:
+        return load_task(DataFiles(str(tmp_path / private), str(tmp_path / public),
+                                   label="label", classes=("0", "1"), key=key))
+
+    csv, npz = task("private.csv", key="person"), task("private.npz", "public.npz")
+    assert csv.private_rows_fingerprint is not None
+    assert csv.private_rows_fingerprint == npz.private_rows_fingerprint
+    assert csv.private_data_fingerprint != npz.private_data_fingerprint
+    assert task("changed.csv").private_rows_fingerprint != csv.private_rows_fingerprint
+    assert task("text.csv", "public-text.csv").private_rows_fingerprint is None
 
 
 def test_the_same_images_in_another_format_or_order_share_the_second_key(tmp_path: Path

@@ -52,6 +52,7 @@ def test_a_ray_shard_counts_on_its_cpus_share_of_the_memory(ray_running):
     node_cpus = ray.cluster_resources()["CPU"]  # one local node
     share = ray.get(ray.remote(device_share).options(num_cpus=1).remote("cpu"))
     assert share == pytest.approx(1 / node_cpus)
+    assert device_share("cpu") == 1.0  # the driver, as the Python API trains its shards
 
 
 @pytest.mark.parametrize("cluster,message", [
