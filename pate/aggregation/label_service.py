@@ -61,6 +61,9 @@ from pate.io import write_bytes_atomic
 from pate.rundir import LEDGER_FILE, LEDGER_RECORD, RunDir
 
 
+NOTHING_TO_SERVE = "nothing to serve: no votes file and no teacher ensemble"
+
+
 class TeacherEnsemble(Protocol):
     """Teachers that vote on new inputs (``teachers.votes.Ensemble``, loaded by the application
     layer): ``vote(x float32 [n, *in_shape]) -> int [n, classes]`` vote counts."""
@@ -76,7 +79,7 @@ class LabelService:
     def __init__(self, aggregator: Aggregator, ledger: Ledger, pool: VotePool | None,
                  ensemble: TeacherEnsemble | None = None, limits: Limits | None = None) -> None:
         if pool is None and ensemble is None:
-            raise UserError("nothing to serve: no votes file and no teacher ensemble")
+            raise UserError(NOTHING_TO_SERVE)
         if not np.array_equal(aggregator.orders, ledger.orders):
             raise ValueError("the aggregator must cost on the ledger's orders grid")
         self.aggregator = aggregator
@@ -102,9 +105,12 @@ class LabelService:
              epsilon_budget: float, delta: float, conversion: Conversion = "improved",
              ensemble: TeacherEnsemble | None = None, limits: Limits | None = None
              ) -> LabelService:
-        """Check ``mechanism``'s threshold against the votes' number of teachers
-        (``analysis.mechanisms.ParameterError``) and the budget (``check_budget``) before the
-        ledger exists, then open the ledger at ``url`` and serve through it."""
+        """Check that there is something to serve, ``mechanism``'s threshold against the
+        votes' number of teachers (``analysis.mechanisms.ParameterError``) and the budget
+        (``check_budget``) before the ledger exists, then open the ledger at ``url`` and serve
+        through it."""
+        if pool is None and ensemble is None:
+            raise UserError(NOTHING_TO_SERVE)
         if pool is not None:
             check_threshold(mechanism, pool.teachers)
         check_budget(mechanism, epsilon_budget, delta, conversion)

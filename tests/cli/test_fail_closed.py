@@ -541,3 +541,21 @@ def test_a_warning_is_one_line_once_per_command(capsys: pytest.CaptureFixture) -
     assert capsys.readouterr().err.splitlines() == [
         "pate: warning: the public data's column age is read as categories",
         "pate: warning: another"]
+
+
+def test_serving_a_run_with_nothing_to_serve_makes_no_ledger(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``pate serve`` on a run directory with neither votes nor teachers: one line, and no
+    ledger (it would hold the mistaken budget for the run's teachers to come), here or where
+    ``--ledger`` points."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "tokens").write_text("a-token\n")
+    (tmp_path / "tokens").chmod(0o600)
+    serve = ["serve", "--run", str(run), "--mechanism", "gnmax", "--sigma", "2",
+             "--budget-epsilon", "10", "--delta", "1e-5", "--token-file",
+             str(tmp_path / "tokens"), "--port", "0"]
+    for extra in ([], ["--ledger", str(run / "other.db")]):
+        assert main([*serve, *extra]) == 2
+        _one_error_line(capsys, "nothing to serve: no votes file and no teacher ensemble")
+        assert sorted(p.name for p in run.iterdir()) == []
