@@ -187,6 +187,19 @@ def needs_previous_student(run: RunDir, mechanism: str | None, options: StudentO
     return needs
 
 
+def check_same_ledger(rounds_before: list[dict[str, Any]], ledger: str | None) -> None:
+    """Refuse an aggregator whose ledger (``Budget.ledger``, its random name) is not the one
+    that charged the run's answers so far, as its rounds record it: the same private data
+    charged to a second ledger would have a second budget (docs/design.md, privacy rule 5).
+    Rounds of versions that recorded no ledger are not checked."""
+    charged = {r["ledger"] for r in rounds_before if r.get("ledger") and r.get("queries")}
+    if charged and ledger not in charged:
+        raise UserError("the aggregator charges another ledger than the one that charged this "
+                        "run's answers: one body of private data has one budget, and a second "
+                        "ledger would be a second (ask the aggregator that answered them, or "
+                        "start a new run)")
+
+
 def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: StudentOptions,
                before: Received, previous: tuple[Any, ModelSpec] | None,
                rounds_before: list[dict[str, Any]], conversion: str, spent_is_final: bool,
@@ -202,6 +215,8 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
         mechanism = _served_mechanism(session)
         if session.service is None:  # a remote aggregator's votes, by their description
             check_votes(run, _described(session, "pool", optional=True), task)
+        ledger = session.source.budget().get("ledger")
+        check_same_ledger(rounds_before, ledger)
         run.student.mkdir(exist_ok=True)  # once the aggregator has accepted the round
         candidates = np.setdiff1d(np.arange(len(task.pool_x)), before.pool_index)
         if session.service is not None and session.service.pool is not None:
@@ -220,7 +235,7 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
         if interactive and chosen.size:
             assert probs_all is not None
             probs = probs_all[np.searchsorted(candidates, chosen)]
-        record = {"mechanism": mechanism, "select": options.select,
+        record = {"mechanism": mechanism, "select": options.select, "ledger": ledger,
                   **({} if name is None else {"round": name})}
         if chosen.size:  # recorded before its first request: whose rows a stop leaves
             run.write_json(run.rounds, [*rounds_before, {**record,

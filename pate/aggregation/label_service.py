@@ -60,7 +60,6 @@ from pate.errors import (
 from pate.io import write_bytes_atomic
 from pate.rundir import LEDGER_FILE, LEDGER_RECORD, RunDir
 
-
 NOTHING_TO_SERVE = "nothing to serve: no votes file and no teacher ensemble"
 
 

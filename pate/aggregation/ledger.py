@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,6 +56,7 @@ from pate.aggregation.ledger_store import (
     I8,
     I32,
     I64,
+    LEDGER_ID,
     OPEN_HINT,
     RELEASE_FIELDS,
     SCHEMA_VERSION,
@@ -103,11 +105,12 @@ class Budget:
     basis: str
     queries: int
     answered: int
+    ledger: str | None = None  # which ledger: a random name made with it (``LEDGER_ID``)
 
     def as_json(self) -> dict[str, Any]:
         return {"epsilon_budget": self.epsilon_budget, "delta": self.delta,
                 "epsilon_spent": self.epsilon_spent, "basis": self.basis,
-                "queries": self.queries, "answered": self.answered}
+                "queries": self.queries, "answered": self.answered, "ledger": self.ledger}
 
 
 def budget_basis(conversion: Conversion, delta: float) -> str:
@@ -175,7 +178,7 @@ def stored_budget(url: str) -> Budget | None:
         reader.dispose()
     return Budget(found["epsilon_budget"], found["delta"], found["epsilon_spent"],
                   budget_basis(found["conversion"], found["delta"]), found["queries"],
-                  found["answered"])
+                  found["answered"], found.get(LEDGER_ID))
 
 
 class CostSource(Protocol):
@@ -328,6 +331,9 @@ class Ledger:
     # -- set-up and consistency -----------------------------------------------------------
 
     def _init_or_check_meta(self) -> None:
+        """Create the ledger's settings, or check them against those it was created with, and
+        name it (``LEDGER_ID``: 128 random bits, given once to a ledger, older ones included,
+        and never again), all in one transaction: a refusal changes nothing."""
         wanted = {"schema_version": str(SCHEMA_VERSION),
                   "orders": json.dumps(self.orders.tolist()),
                   "delta": repr(self.delta),
@@ -347,14 +353,24 @@ class Ledger:
                 conn.execute(budget_table.insert().values(
                     id=1, requests=0, queries=0, answered=0, epsilon_spent=0.0,
                     rdp_independent=zero, rdp_dependent=zero))
-                return
-            charged = conn.execute(sa.select(budget_table.c.requests)).scalar() or 0
+            else:
+                self._check_settings(found, wanted, conn)
+            if LEDGER_ID not in found:
+                found[LEDGER_ID] = secrets.token_hex(16)
+                conn.execute(meta_table.insert().values(key=LEDGER_ID, value=found[LEDGER_ID]))
+        self.ledger_id: str = found[LEDGER_ID]
+
+    def _check_settings(self, found: dict[str, str], wanted: dict[str, str],
+                        conn: sa.Connection) -> None:
+        """Take the orders grid of an existing ledger and refuse other settings than those it
+        was created with (``found``)."""
         try:
             self.orders = np.asarray(json.loads(found["orders"]), np.float64)
         except (KeyError, ValueError):
             raise LedgerError("the ledger has no valid orders grid") from None
         for key, value in wanted.items():
             if key != "orders" and found.get(key) != value:
+                charged = conn.execute(sa.select(budget_table.c.requests)).scalar() or 0
                 raise LedgerError(
                     f"the ledger was created with {key} {found.get(key)}; reopen it with the "
                     "same settings" + (
@@ -419,7 +435,8 @@ class Ledger:
         return self._budget(row.epsilon_spent, row.queries, row.answered)
 
     def _budget(self, spent: float, queries: int, answered: int) -> Budget:
-        return Budget(self.epsilon_budget, self.delta, spent, self.basis, queries, answered)
+        return Budget(self.epsilon_budget, self.delta, spent, self.basis, queries, answered,
+                      self.ledger_id)
 
     def lookup(self, client: str, request_id: str) -> Stored | None:
         """The stored answer of ``client``'s ``request_id``, if it was recorded."""

@@ -25,6 +25,10 @@ SCHEMA_VERSION = 3  # 1: request_id unique over all clients, no replays; 2: repl
 
 metadata = sa.MetaData()
 
+# the ledger_meta key of a ledger's name: random, made once with it (or on the first opening of
+# an older ledger), so that a student's run can tell which ledger charged its answers
+LEDGER_ID = "ledger_id"
+
 meta_table = sa.Table(
     "ledger_meta", metadata,
     sa.Column("key", sa.String(64), primary_key=True),
@@ -220,7 +224,7 @@ def _read_stored(url: str, totals: bool) -> dict[str, Any] | None:
             return None
         settings = {"delta": float(found["delta"]),
                     "epsilon_budget": float(found["epsilon_budget"]),
-                    "conversion": found["conversion"]}
+                    "conversion": found["conversion"], LEDGER_ID: found.get(LEDGER_ID)}
         return settings if row is None else {
             **settings, "epsilon_spent": float(row.epsilon_spent), "queries": int(row.queries),
             "answered": int(row.answered)}

@@ -19,7 +19,7 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.label_requests import LabelsRequest
-from pate.aggregation.ledger import Charge, Ledger
+from pate.aggregation.ledger import Charge, Ledger, stored_budget
 from pate.aggregation.ledger_store import SCHEMA_VERSION
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict
 
@@ -104,6 +104,33 @@ def test_reopening_with_other_settings_is_refused(tmp_path: Path, agg: Aggregato
                                           r"would be a second one") as refused:
         Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", ORDERS, 1e-5, 3.0)
     assert "remove it" not in str(refused.value)
+
+
+def test_a_ledger_is_named_once_and_for_good(tmp_path: Path) -> None:
+    """``Budget.ledger``: 128 random bits made with the ledger, the same on every opening and
+    as read without opening (``stored_budget``), another for another ledger; an older ledger
+    without one is named on its first opening, and a refused opening names nothing."""
+    first = open_ledger(tmp_path / "a.db")
+    name = first.budget().ledger
+    first.close()
+    assert name is not None and len(name) == 32
+    again = open_ledger(tmp_path / "a.db")
+    assert again.budget().ledger == name and again.budget().as_json()["ledger"] == name
+    again.close()
+    assert stored_budget(f"sqlite:///{tmp_path / 'a.db'}").ledger == name
+    other = open_ledger(tmp_path / "b.db")
+    assert other.budget().ledger not in (None, name)
+    other.close()
+    with sqlite3.connect(tmp_path / "b.db") as db:  # as a version before names made it
+        db.execute("DELETE FROM ledger_meta WHERE key = 'ledger_id'")
+    db.close()
+    assert stored_budget(f"sqlite:///{tmp_path / 'b.db'}").ledger is None
+    with pytest.raises(LedgerError, match="delta"):
+        Ledger(f"sqlite:///{tmp_path / 'b.db'}", ORDERS, 1e-6, 2.0)
+    assert stored_budget(f"sqlite:///{tmp_path / 'b.db'}").ledger is None
+    named = open_ledger(tmp_path / "b.db")
+    assert named.budget().ledger not in (None, name)
+    named.close()
 
 
 def test_tampered_totals_are_detected(tmp_path: Path, agg: Aggregator) -> None:

@@ -6,6 +6,7 @@ directory left by a failed command, and `pate run --help` naming every preset.""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -194,6 +195,33 @@ def test_answers_in_hand_without_their_ledger_are_refused(
     assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 2
     _one_error_line(capsys, "answers received before were charged to a ledger that is not at")
     assert not (run / "ledger.db").exists()
+
+
+def test_answers_in_hand_are_asked_for_more_only_of_their_own_ledger(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A run's rounds record which ledger charged them (its random name, ``Budget.ledger``): an
+    aggregator over a copy of the votes, with a ledger of its own (here another run's), is
+    refused for that run before it asks anything; the first ledger still answers it."""
+    rng = np.random.default_rng(8)
+    votes = tmp_path / "votes.npz"
+    np.savez(votes, votes=rng.multinomial(20, [0.9] + [0.1 / 9] * 9, size=250))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "votes.npz").write_bytes(votes.read_bytes())
+    run = tmp_path / "run"
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 0
+    assert main(_student(tmp_path / "other", copy / "votes.npz", "--budget-epsilon", "20",
+                         "--queries", "5")) == 0
+    rounds = json.loads((run / "student" / "rounds.json").read_text())
+    assert len({r["ledger"] for r in rounds}) == 1
+    capsys.readouterr()
+    assert main(_student(run, copy / "votes.npz", "--budget-epsilon", "20", "--queries",
+                         "5")) == 2
+    _one_error_line(capsys, "the aggregator charges another ledger than the one that charged "
+                            "this run's answers")
+    assert len(np.load(run / "labels.npz")["pool_index"]) == 5
+    assert _spent(copy / "votes.npz", 20) == _spent(votes, 20)  # nothing more charged there
+    assert main(_student(run, votes, "--budget-epsilon", "20", "--queries", "5")) == 0
 
 
 def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Path,
