@@ -192,7 +192,8 @@ def check_same_ledger(rounds_before: list[dict[str, Any]], ledger: str | None) -
     that charged the run's answers so far, as its rounds record it: the same private data
     charged to a second ledger would have a second budget (docs/design.md, privacy rule 5).
     Rounds of versions that recorded no ledger are not checked."""
-    charged = {r["ledger"] for r in rounds_before if r.get("ledger") and r.get("queries")}
+    charged = {r["ledger"] for r in rounds_before
+               if isinstance(r.get("ledger"), str) and r["queries"]}
     if charged and ledger not in charged:
         raise UserError("the aggregator charges another ledger than the one that charged this "
                         "run's answers: one body of private data has one budget, and a second "

@@ -136,8 +136,9 @@ class Received:
 def select_queries(candidates: NDArray[np.int64], n: int, how: str,
                    rng: np.random.Generator | None = None,
                    probs: NDArray[np.float64] | None = None) -> NDArray[np.int64]:
-    """Up to ``n`` of ``candidates`` (pool indices): the ``first`` ones, ``random`` ones (with
-    ``rng``), or by ``uncertainty`` (``probs[i]`` the student's probabilities for
+    """Up to ``n`` of ``candidates`` (pool indices), in the order to ask them: the ``first``
+    ones, ``random`` ones (with ``rng``; in a random order, so that a round the budget cuts
+    short keeps a random part of them, not the lowest indices), or by ``uncertainty`` (``probs[i]`` the student's probabilities for
     ``candidates[i]``; least confident first, ties by pool index)."""
     candidates = np.asarray(candidates, np.int64)
     n = min(int(n), candidates.size)
@@ -148,7 +149,7 @@ def select_queries(candidates: NDArray[np.int64], n: int, how: str,
     if how == "random":
         if rng is None:
             raise ValueError("random selection needs a generator")
-        return np.sort(rng.choice(candidates, n, replace=False))
+        return rng.choice(candidates, n, replace=False)
     if how == "uncertainty":
         if probs is None or len(probs) != candidates.size:
             raise ValueError("uncertainty selection needs the student's probabilities of every "

@@ -60,6 +60,12 @@ def test_selection() -> None:
     np.testing.assert_array_equal(select_queries(cand, 3, "first"), [1, 3, 5])
     picked = select_queries(cand, 3, "random", np.random.default_rng(0))
     assert len(set(picked.tolist())) == 3 and set(picked.tolist()) <= set(cand.tolist())
+    # asked in a random order: a round the budget cuts short keeps a random part, not the
+    # lowest indices (the first 50 of 500 of 0-999 average about 500, sorted about 50)
+    many = np.arange(1000)
+    firsts = [select_queries(many, 500, "random", np.random.default_rng(s))[:50].mean()
+              for s in range(20)]
+    assert 400 < np.mean(firsts) < 600
     probs = np.array([[0.9, 0.1], [0.5, 0.5], [0.6, 0.4], [0.5, 0.5], [1.0, 0.0]])
     np.testing.assert_array_equal(select_queries(cand, 3, "uncertainty", probs=probs),
                                   [3, 7, 5])
