@@ -145,7 +145,7 @@ class AggregatorConfig(_Section):
     threshold: float
     sigma1: float = Field(gt=0)
     sigma2: float = Field(gt=0)
-    gamma: float = Field(default=0.9, gt=0, le=1)
+    gamma: float = Field(default=0.9, ge=0, le=1)
     interactive_threshold: float | None = None
     interactive_sigma1: float | None = Field(default=None, gt=0)
     interactive_sigma2: float | None = Field(default=None, gt=0)

@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", metavar="DIR", help="run directory")
     group.add_argument("--runs", metavar="DIR", nargs="+", help="run directories to compare")
-    p.add_argument("--out", metavar="DIR", default="report-comparison",
-                   help="where --runs writes its comparison (default: ./report-comparison)")
+    p.add_argument("--out", metavar="DIR",
+                   help="where --runs writes its comparison (default: ./report-comparison); a "
+                        "run's own report is always DIR/report")
     p.set_defaults(handler=run)
 
 
@@ -27,10 +28,14 @@ def run(args: argparse.Namespace) -> int:
     from pate.report.run_report import write_comparison, write_run_report
 
     if args.run:
+        if args.out is not None:
+            raise UserError("--out is for --runs: a run's report is written in its own "
+                            f"directory, {Path(args.run) / 'report'}")
         path = write_run_report(Path(args.run))
     else:
         if len(args.runs) < 2:
             raise UserError("--runs needs at least two run directories")
-        path = write_comparison([Path(r) for r in args.runs], Path(args.out))
+        path = write_comparison([Path(r) for r in args.runs],
+                                Path(args.out or "report-comparison"))
     print(json.dumps({"report": str(path)}))
     return 0

@@ -326,6 +326,11 @@ def test_report_of_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "neither a config.toml (pate run) nor a student's metrics" in proc.stderr
+    # --out is --runs' own: with --run it is refused, not silently ignored
+    proc = pate("report", "--run", str(tmp_path), "--out", str(tmp_path / "elsewhere"))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "--out is for --runs: a run's report is written in its own directory" in proc.stderr
+    assert not (tmp_path / "elsewhere").exists()
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
