@@ -138,8 +138,9 @@ def select_queries(candidates: NDArray[np.int64], n: int, how: str,
                    probs: NDArray[np.float64] | None = None) -> NDArray[np.int64]:
     """Up to ``n`` of ``candidates`` (pool indices), in the order to ask them: the ``first``
     ones, ``random`` ones (with ``rng``; in a random order, so that a round the budget cuts
-    short keeps a random part of them, not the lowest indices), or by ``uncertainty`` (``probs[i]`` the student's probabilities for
-    ``candidates[i]``; least confident first, ties by pool index)."""
+    short keeps a random part of them, not the lowest indices), or by ``uncertainty``
+    (``probs[i]`` the student's probabilities for ``candidates[i]``; least confident first,
+    ties by pool index)."""
     candidates = np.asarray(candidates, np.int64)
     n = min(int(n), candidates.size)
     if n == 0 and how in SELECTIONS:  # nothing to choose (a round that asks nothing)
