@@ -229,7 +229,7 @@ class Teachers:
             raise UserError(f"{root}: not a folder; save writes the teachers into a folder")
         if RunDir(root).manifest.exists():
             raise UserError(f"{root} holds teachers already: save into another folder")
-        warn_if_of_script(self.config.model, "the teachers")
+        warn_if_of_script(self.config.model, "the teachers'")
         ens = self.ensemble_
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}
@@ -543,7 +543,9 @@ class Student:
             raise UserError(f"the labels are of pool rows up to {labels.pool_index.max()} and "
                             f"classes up to {labels.label.max()}: x_public has {len(x)} rows "
                             f"and n_classes is {n_classes}")
-        warn_unseen_classes(labels.label[answered], [str(c) for c in range(n_classes)])
+        names = (classes if classes is not None and len(classes) == n_classes
+                 else range(n_classes))  # (a wrong count is refused with the table's schema)
+        warn_unseen_classes(labels.label[answered], [str(c) for c in names])
         method = self.method
         if kind == "tabular":  # the MLP unless an arch was named, and none made for images
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr,
@@ -596,7 +598,7 @@ class Student:
         ``schema.json`` for a student loaded from a run."""
         if self.model_ is None or self.spec_ is None:
             raise UserError("fit the student first")
-        warn_if_of_script(self.spec_.arch, "the student")
+        warn_if_of_script(self.spec_.arch, "the student's")
         out = Path(directory)
         if out.exists() and not out.is_dir():
             raise UserError(f"{out}: not a folder; save writes the student into a folder")

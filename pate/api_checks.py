@@ -150,10 +150,11 @@ def checked_network(value: object, name: str) -> str | None:
     return path
 
 
-def warn_if_of_script(path: str | None, what: str) -> None:
-    """Warn, when ``what`` is saved, that its network ``path`` is a factory of the running
-    script (``__main__``): only a process that runs the same script can load it again."""
+def warn_if_of_script(path: str | None, whose: str) -> None:
+    """Warn, when a model is saved, that ``whose`` network ``path`` (``"the student's"``) is a
+    factory of the running script (``__main__``): only a process that runs the same script can
+    load it again."""
     if path is not None and path.startswith("__main__:"):
-        warnings.warn(f"{what}'s network {path!r} is a factory of the running script: only the "
+        warnings.warn(f"{whose} network {path!r} is a factory of the running script: only the "
                       "same script can load it again (put it in a module file, mymodels.py, "
                       "to load it anywhere)", stacklevel=_user_stacklevel())

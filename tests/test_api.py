@@ -307,6 +307,9 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
                                          "predict them") as warned:
         assert Student("supervised", epochs=1).fit(x[:100], one, 2).predict(x[:5]).shape == (5,)
     assert warned[0].filename == __file__  # the caller's line, as the CLI's says its run
+    with pytest.warns(UserWarning, match=r"the class\(es\) "  # by the names given
+                                         rf"{['no', 'yes'][1 - got.label[k]]}, of 2"):
+        Student("supervised", epochs=1).fit(x[:100], one, 2, classes=["no", "yes"])
     with (pytest.raises(UserError, match="cannot train on batches of 1 row"),  # batch norm
           pytest.warns(UserWarning, match="no answered label is of the class")):
         Student("supervised", epochs=1, batch_size=1).fit(x[:100], one, 2)

@@ -64,12 +64,16 @@ def test_status_mid_run_and_after(tmp_path: Path, capsys: pytest.CaptureFixture)
 def test_status_of_a_missing_run_is_one_line(tmp_path: Path,
                                              capsys: pytest.CaptureFixture) -> None:
     assert main(["status", "--run", str(tmp_path / "none")]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such run directory" in err
     (tmp_path / "data").mkdir()  # a folder, but not a run's (a slip of the path)
     (tmp_path / "data" / "train.csv").write_text("a,b\n")
     assert main(["status", "--run", str(tmp_path / "data")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "holds nothing of a run" in err[0]
+    assert main(["status", "--run", str(tmp_path / "data" / "train.csv")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "train.csv: a file, not a run directory" in err[0]
 
 
 def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
