@@ -68,7 +68,11 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
     try:
         found: object = importlib.import_module(module_name)
     except Exception as exc:  # whatever the user's module raises while it is imported
-        raise UserError(f"{what} {name!r}: cannot import {module_name} ({_describe(exc)})"
+        hint = ("; run from the folder that holds it, or add that folder to PYTHONPATH (only "
+                "pate run looks beside its config file)"
+                if isinstance(exc, ModuleNotFoundError)
+                and module_name.split(".")[0] == (exc.name or "").split(".")[0] else "")
+        raise UserError(f"{what} {name!r}: cannot import {module_name} ({_describe(exc)}){hint}"
                         ) from None
     for part in attr.split("."):
         if not hasattr(found, part):

@@ -82,7 +82,9 @@ def test_gan_and_bad_paths_are_refused_in_one_line() -> None:
     with pytest.raises(UserError) as exc:
         MethodConfig("supervised", "nosuch_student_nets:f")
     assert str(exc.value) == ("arch 'nosuch_student_nets:f': cannot import nosuch_student_nets "
-                              "(ModuleNotFoundError: No module named 'nosuch_student_nets')")
+                              "(ModuleNotFoundError: No module named 'nosuch_student_nets'); "
+                              "run from the folder that holds it, or add that folder to "
+                              "PYTHONPATH (only pate run looks beside its config file)")
     with pytest.raises(UserError, match=f"arch '{NAME}:nothing': {NAME} has no attribute"):
         MethodConfig("vat", f"{NAME}:nothing")
     with pytest.raises(ValueError, match="neither one of cnn, cnn-hog"):
@@ -109,7 +111,9 @@ def test_cli_bad_arch_is_one_error_line(tmp_path, capsys) -> None:
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "pate: error: arch 'nosuch_student_nets:f': cannot import nosuch_student_nets "
-        "(ModuleNotFoundError: No module named 'nosuch_student_nets')"]
+        "(ModuleNotFoundError: No module named 'nosuch_student_nets'); run from the folder "
+        "that holds it, or add that folder to PYTHONPATH (only pate run looks beside its "
+        "config file)"]
 
 
 def test_a_network_that_cannot_be_built_fails_before_a_query(tmp_path, digits, capsys) -> None:

@@ -168,7 +168,9 @@ def test_cli_bad_import_path_is_one_error_line(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["pate: error: model 'nosuch_pkg.nets:f': cannot import nosuch_pkg.nets "
-                   "(ModuleNotFoundError: No module named 'nosuch_pkg')"]
+                   "(ModuleNotFoundError: No module named 'nosuch_pkg'); run from the folder "
+                   "that holds it, or add that folder to PYTHONPATH (only pate run looks "
+                   "beside its config file)"]
 
 
 @pytest.mark.parametrize("factory", ["broken", "not_a_module", "seven_logits"])
