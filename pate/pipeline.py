@@ -219,13 +219,14 @@ def _report(run: RunDir) -> None:
     say(f"pate run: report: {write_run_report(run.root)}")
 
 
-def _warn_of_other_budgets(config: RunConfig, run: RunDir, task: Task) -> None:
-    """Before anything trains: warn where other ledgers (the registry's) charge the same
-    private data and this run's ledger is not one of them: its budget would be another
-    (docs/design.md, privacy rule 5). The votes' own warning comes once the ledger opens."""
+def _other_budgets(config: RunConfig, run: RunDir, task: Task) -> str | None:
+    """The warning, given before anything trains (once the run is not refused), where other
+    ledgers (the registry's) charge the same private data and this run's ledger is not one of
+    them: its budget would be another (docs/design.md, privacy rule 5); None where none does.
+    The votes' own warning comes once the ledger opens."""
     private = task.private_data_fingerprint
     if private is None:
-        return
+        return None
     ledger = config.aggregator.ledger
     url = canonical_url(ledger_url(ledger) if ledger is not None
                         else f"sqlite:///{run.root.resolve() / LEDGER_FILE}")
@@ -233,14 +234,15 @@ def _warn_of_other_budgets(config: RunConfig, run: RunDir, task: Task) -> None:
     # order and format (its copies' ledgers)
     others = other_ledgers((private, task.private_fingerprint, task.private_rows_fingerprint),
                            url)
-    if others:
-        warnings.warn(f"this private data is already charged to {len(others)} other ledger(s) "
-                      f"({', '.join(others)}): this run's ledger would be another budget for "
-                      "it, and the budgets of one body of private data add up; to share one, "
-                      "give it as aggregator.ledger", UserWarning, stacklevel=3)
+    if not others:
+        return None
+    return (f"this private data is already charged to {len(others)} other ledger(s) "
+            f"({', '.join(others)}): this run's ledger would be another budget for it, and the "
+            "budgets of one body of private data add up; to share one, give it as "
+            "aggregator.ledger")
 
 
-def _check_data(config: RunConfig, run: RunDir) -> int:
+def _check_data(config: RunConfig, run: RunDir) -> tuple[int, str | None]:
     """Before a new run directory is made or a teacher trained, what would otherwise fail only
     after hours of training: the data loads (a wrong column, a missing file); delta suits its
     number of private records (``check_delta``; its warning is left to the student's stage,
@@ -249,13 +251,14 @@ def _check_data(config: RunConfig, run: RunDir) -> int:
     (a user's network is built once; DP-SGD needs test data); and
     the budget covers two queries (with a warning when it covers, at worst, fewer answered
     queries than there are classes, and one when the rounds ask more rows than the pool has).
-    Returns how many queries the budget covers, answered or declined, whatever the votes."""
+    Returns how many queries the budget covers, answered or declined, whatever the votes, and
+    the warning of other ledgers charging the same data (``_other_budgets``), said once nothing
+    refuses the run."""
     source = config.data.source()
     if isinstance(source, DataFiles) and (problem := unused_setting_problem(source)):
         raise UserError(f"[data]: {problem}")
     task = load_task(source, need_private=True)
     assert task.private_y is not None
-    _warn_of_other_budgets(config, run, task)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_delta(config.aggregator.delta, len(task.private_y),
@@ -305,7 +308,7 @@ def _check_data(config: RunConfig, run: RunDir) -> int:
                       f"teachers' answers, fewer than the "
                       f"{task.num_classes} classes: the student may get too few labels to "
                       "learn from, after the teachers have trained", UserWarning, stacklevel=2)
-    return covered
+    return covered, _other_budgets(config, run, task)
 
 
 def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
@@ -317,14 +320,17 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     run = RunDir(run_dir)
     recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
                 else None)
-    covered = None
+    covered = other_budgets = None
     if run.private_records() is None or (recorded is not None
                                          and config_differences(recorded, config)):
-        covered = _check_data(config, run)  # a new run, or one whose config was mended: first
+        # a new run, or one whose config was mended: first
+        covered, other_budgets = _check_data(config, run)
     if not run.root.is_dir():
         run.create()
     with run.exclusive():  # held before config.toml is read or written
         prepare_run_dir(config, run)  # made 0700 there, once it is not refused
+        if other_budgets is not None:
+            warnings.warn(other_budgets, UserWarning, stacklevel=2)
         if covered is not None:
             a = config.aggregator
             say(f"pate run: the budget (epsilon {a.budget_epsilon:g} at delta {a.delta:g}) "

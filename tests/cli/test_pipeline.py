@@ -2,6 +2,7 @@
 real ``pate serve`` process, the student's query rounds, the report), and a rerun skips them."""
 
 import json
+import re
 import stat
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pate.data.datasets import load_dataset
 from pate.data.task import load_task
 from pate.data.votes_file import load_private_fingerprint
 from pate.errors import UserError
-from pate.pipeline import _check_data, _warn_of_other_budgets, prepare_run_dir
+from pate.pipeline import _check_data, _other_budgets, prepare_run_dir
 from pate.progress import quiet
 from pate.rundir import RunDir
 from student.rounds import Received
@@ -452,11 +453,18 @@ def test_runs_on_one_private_dataset_can_share_one_budget(
     # checks of its data), as its ledger would be a second budget for the data
     own = load_config("digits-tiny")
     task = load_task(own.data.source())
-    with pytest.warns(UserWarning, match=r"already charged to 1 other ledger\(s\) \(sqlite:///"
-                                         r".*/shared/ledger\.db\): this run's ledger would be "
-                                         "another budget"):
-        _warn_of_other_budgets(own, RunDir(tmp_path / "run2"), task)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the shared one: nothing to say
-        _warn_of_other_budgets(load_config(str(tmp_path / "c0.toml")), RunDir(tmp_path / "run2"),
-                               task)
+    said = _other_budgets(own, RunDir(tmp_path / "run2"), task)
+    assert said is not None and re.search(
+        r"already charged to 1 other ledger\(s\) \(sqlite:///.*/shared/ledger\.db\): this "
+        "run's ledger would be another budget", said)
+    assert _other_budgets(load_config(str(tmp_path / "c0.toml")), RunDir(tmp_path / "run2"),
+                          task) is None  # the shared one: nothing to say
+    # said only once nothing refuses the run: a refusal is its one line
+    (tmp_path / "c2.toml").write_text(dump_config(own.model_copy(update={
+        "teachers": own.teachers.model_copy(update={"count": 10**6})})))
+    capsys.readouterr()
+    assert main(["--quiet", "run", str(tmp_path / "c2.toml"), "--run", str(tmp_path / "run2")]
+                ) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "teachers.count 1000000 is more than" in err[0], err
+    assert not (tmp_path / "run2").exists()
