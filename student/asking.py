@@ -225,9 +225,6 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
         if options.queries and not candidates.size:
             raise UserError("every pool row the votes cover has been asked already: nothing "
                             "is left to ask (--queries 0 trains on the answers so far)")
-        if options.queries > candidates.size:
-            say(f"{options.queries} queries asked for, {candidates.size} pool rows left to "
-                "ask: asking those")
         probs_all = None
         if needs_previous_student(run, session.mechanism, options, previous):
             assert previous is not None
@@ -260,6 +257,9 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
                     else BUDGET_SPENT_HINT)
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
+        if options.queries > candidates.size:
+            say(f"{options.queries} queries asked for, {candidates.size} pool rows were left "
+                "to ask: asked those")
         budget = session.source.budget()
         sanitised = (_sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                        conversion) if session.release_sanitised else None)

@@ -291,7 +291,7 @@ def test_asking_again_when_every_row_was_asked_is_one_line(
     np.savez(votes, votes=rng.multinomial(20, np.full(10, 0.1), size=250))
     run = tmp_path / "run"
     assert main(_student(run, votes, "--budget-epsilon", "1000", "--queries", "300")) == 0
-    assert "300 queries asked for, 250 pool rows left to ask: asking those" in \
+    assert "300 queries asked for, 250 pool rows were left to ask: asked those" in \
         capsys.readouterr().err  # said, not silently fewer
     spent = _spent(votes, 1000.0)
     assert main(_student(run, votes, "--budget-epsilon", "1000", "--select", "uncertainty")) == 2
