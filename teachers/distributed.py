@@ -135,9 +135,11 @@ def device_share(device: str) -> float:
     (the Python API's ``Teachers.fit`` trains its shards in its own process)."""
     import ray
 
-    if not ray.is_initialized() or ray.get_runtime_context().get_task_id() is None:
+    if not ray.is_initialized():
         return 1.0
     context = ray.get_runtime_context()
+    if context.get_task_id() is None:  # the driver
+        return 1.0
     held = context.get_assigned_resources()
     if device == "cuda":
         return min(1.0, held.get("GPU", 1.0))
