@@ -30,6 +30,9 @@ from analysis.rdp import Conversion, epsilon_from_rdp
 # in the order (Van Erven and Harremoës 2014, Thm. 3).
 _FRACTIONAL_TERM_LOG_TOL = -30.0
 _FRACTIONAL_MAX_TERMS = 20_000
+# The series is summed in blocks of terms, each twice the last: few passes for the long series of
+# high orders, little computed past the stop of the short ones.
+_FRACTIONAL_FIRST_BLOCK = 32
 # Relative slack for rounding in the alternating series, so that it stays an upper bound.
 _LOG_ROUNDING_SLACK = np.log(1e-13)
 # The noise multipliers the float64 series computes; outside, sampled_gaussian_rdp bounds.
@@ -80,6 +83,18 @@ def log_binomial_moment(q: float, orders: ArrayLike, sigma: ArrayLike) -> NDArra
     return logsumexp(terms, axis=-1)
 
 
+def _log_a_integer(q: float, sigma: float, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``log_binomial_moment`` at 1-d integer orders, taken in groups of orders within a factor
+    of two of each other: each group's expansion is as long as its own largest order, not the
+    grid's (orders 2..100 would otherwise each expand to 5000 terms)."""
+    out = np.empty_like(orders)
+    size_class = np.floor(np.log2(orders))
+    for size in np.unique(size_class):
+        group = size_class == size
+        out[group] = log_binomial_moment(q, orders[group], sigma)
+    return out
+
+
 def _log_a_fractional(q: float, sigma: float, orders: NDArray[np.float64]) -> NDArray[np.float64]:
     """log A_a for fractional orders, 0 < q < 1, sigma > 0 (Mironov, Talwar, Zhang 2019, §3.3):
     with z0 = sigma^2 log(1/q - 1) + 1/2 split the expectation at z0 and expand both sides,
@@ -95,34 +110,43 @@ def _log_a_fractional(q: float, sigma: float, orders: NDArray[np.float64]) -> ND
     z0 = sigma**2 * (log_1mq - log_q) + 0.5
     half_inv_var = 0.5 / sigma**2
     log_abs_gamma_a1 = gammaln(orders + 1.0)
-    log_pos = np.full(orders.shape, -np.inf)
-    log_neg = np.full(orders.shape, -np.inf)
-    log_last = np.full(orders.shape, -np.inf)
-    prev_s0 = np.full(orders.shape, np.inf)
-    prev_s1 = np.full(orders.shape, np.inf)
+    ceil_orders = np.ceil(orders)
+    # per order, the state after its last term so far: the sums, the last term, its two halves
+    log_pos, log_neg, log_last, prev_s0, prev_s1 = (
+        np.full(orders.shape, fill) for fill in (-np.inf, -np.inf, -np.inf, np.inf, np.inf))
     active = np.ones(orders.shape, bool)
-    for i in range(_FRACTIONAL_MAX_TERMS):
-        a = orders[active]
+    start, block = 0, _FRACTIONAL_FIRST_BLOCK
+    while start < _FRACTIONAL_MAX_TERMS and active.any():
+        # the next block of terms of every unfinished order at once: rows orders, columns i
+        rows = np.flatnonzero(active)
+        i = np.arange(start, min(start + block, _FRACTIONAL_MAX_TERMS), dtype=np.float64)
+        a = orders[rows, None]
         j = a - i
         # |binom(a, i)| = |Gamma(a + 1)| / (i! |Gamma(a - i + 1)|); gammaln returns log |Gamma|.
-        log_coef = log_abs_gamma_a1[active] - gammaln(i + 1.0) - gammaln(j + 1.0)
-        negative = (np.maximum(i - np.ceil(a), 0.0) % 2) == 1
+        log_coef = log_abs_gamma_a1[rows, None] - gammaln(i + 1.0) - gammaln(j + 1.0)
+        negative = (np.maximum(i - ceil_orders[rows, None], 0.0) % 2) == 1
         s0 = (log_coef + i * log_q + j * log_1mq + (i * i - i) * half_inv_var
               + log_ndtr((z0 - i) / sigma))
         s1 = (log_coef + j * log_q + i * log_1mq + (j * j - j) * half_inv_var
               + log_ndtr((j - z0) / sigma))
         term = np.logaddexp(s0, s1)
-        log_pos[active] = np.where(negative, log_pos[active], np.logaddexp(log_pos[active], term))
-        log_neg[active] = np.where(negative, np.logaddexp(log_neg[active], term), log_neg[active])
-        log_last[active] = term
-        falling = ((s0 < prev_s0[active]) | np.isneginf(s0)) & \
-            ((s1 < prev_s1[active]) | np.isneginf(s1))
-        small = np.maximum(s0, s1) < np.logaddexp(log_pos[active], log_neg[active]) + \
-            _FRACTIONAL_TERM_LOG_TOL
-        prev_s0[active], prev_s1[active] = s0, s1
-        active[np.flatnonzero(active)[falling & small]] = False
-        if not active.any():
-            break
+        # the running sums after each term, added one by one as the series is defined
+        pos = np.logaddexp.accumulate(np.column_stack(
+            [log_pos[rows], np.where(negative, -np.inf, term)]), axis=1)[:, 1:]
+        neg = np.logaddexp.accumulate(np.column_stack(
+            [log_neg[rows], np.where(negative, term, -np.inf)]), axis=1)[:, 1:]
+        before_s0 = np.column_stack([prev_s0[rows], s0[:, :-1]])
+        before_s1 = np.column_stack([prev_s1[rows], s1[:, :-1]])
+        falling = ((s0 < before_s0) | np.isneginf(s0)) & ((s1 < before_s1) | np.isneginf(s1))
+        small = np.maximum(s0, s1) < np.logaddexp(pos, neg) + _FRACTIONAL_TERM_LOG_TOL
+        stop = falling & small
+        stopped = stop.any(axis=1)
+        last = np.where(stopped, stop.argmax(axis=1), i.size - 1)  # each order's last term
+        at = (np.arange(rows.size), last)
+        log_pos[rows], log_neg[rows], log_last[rows] = pos[at], neg[at], term[at]
+        prev_s0[rows], prev_s1[rows] = s0[at], s1[at]
+        active[rows[stopped]] = False
+        start, block = start + i.size, 2 * block
     slack = np.logaddexp(log_last, _LOG_ROUNDING_SLACK + np.logaddexp(log_pos, log_neg))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         total = -np.expm1(log_neg - log_pos) + np.exp(slack - log_pos)
@@ -158,14 +182,14 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: ArrayLike | 
         return steps * a / (2.0 * noise_multiplier**2)
     integer = a == np.round(a)
     log_a = np.empty_like(a)
-    log_a[integer] = log_binomial_moment(q, a[integer], noise_multiplier)
+    log_a[integer] = _log_a_integer(q, noise_multiplier, a[integer])
     frac = ~integer
     if frac.any():
         fractional = _log_a_fractional(q, noise_multiplier, a[frac])
         fallback = np.isnan(fractional)
         if fallback.any():
             ceil = np.ceil(a[frac][fallback])
-            fractional[fallback] = (log_binomial_moment(q, ceil, noise_multiplier)
+            fractional[fallback] = (_log_a_integer(q, noise_multiplier, ceil)
                                     * (a[frac][fallback] - 1.0) / (ceil - 1.0))
         log_a[frac] = fractional
     return steps * np.maximum(log_a, 0.0) / (a - 1.0)

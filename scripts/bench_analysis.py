@@ -3,10 +3,13 @@ smooth sensitivity at the optimal order, on synthetic votes with realistic conse
 
 Cases (issue 2): (a) 640 queries x 250 teachers x 10 classes, Confident-GNMax with PATE 2018's
 MNIST parameters (T=200, sigma1=150, sigma2=40); (b) 12 000 queries x 5 000 teachers x 150
-classes, Confident-GNMax with its Glyph parameters (T=3500, sigma1=1500, sigma2=100).
+classes, Confident-GNMax with its Glyph parameters (T=3500, sigma1=1500, sigma2=100); (c) DP-SGD's
+noise calibration (``analysis.sampled_gaussian.noise_multiplier_for_epsilon``) to epsilon 2 at
+delta 1e-5 for the main job's baseline: 40 epochs of expected batches of 2 048 out of 60 000
+rows.
 Prints one JSON object per case and writes them to results/bench_analysis.json.
 
-    python scripts/bench_analysis.py [--case a|b|all] [--repeat N]
+    python scripts/bench_analysis.py [--case a|b|c|all] [--repeat N]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from analysis.mechanisms import ConfidentGNMax
+from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from analysis.votes_analysis import analyze_votes
 from pate.data.synthetic import synthetic_votes
 
@@ -30,7 +34,29 @@ CASES = {
 }
 
 
+CALIBRATION = dict(epsilon=2.0, delta=1e-5, sampling_rate=2048 / 60_000,
+                   steps=40 * -(-60_000 // 2048))
+
+
+def run_calibration(repeat: int) -> dict:
+    """Case (c): the bisection DP-SGD runs before it trains, on the default grid of orders."""
+    c = CALIBRATION
+    times, sigma = [], 0.0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        sigma = noise_multiplier_for_epsilon(c["epsilon"], c["sampling_rate"], c["steps"],
+                                             c["delta"])
+        times.append(time.perf_counter() - start)
+    epsilon, order = dpsgd_epsilon(c["sampling_rate"], sigma, c["steps"], c["delta"])
+    return {"bench": "analysis", "case": "c", **c, "noise_multiplier": sigma,
+            "epsilon_reached": epsilon, "order": order, "seconds": min(times),
+            "seconds_all": times, "cpus": os.cpu_count(),
+            "machine": platform.processor() or platform.machine()}
+
+
 def run_case(name: str, repeat: int) -> dict:
+    if name == "c":
+        return run_calibration(repeat)
     case = CASES[name]
     votes = synthetic_votes(case["queries"], case["teachers"], case["classes"], seed=0)
     times, result = [], None
@@ -54,13 +80,13 @@ def run_case(name: str, repeat: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("a", "b", "all"), default="all")
+    parser.add_argument("--case", choices=("a", "b", "c", "all"), default="all")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    names = ["a", "b"] if args.case == "all" else [args.case]
+    names = ["a", "b", "c"] if args.case == "all" else [args.case]
     rows = []
     for name in names:
-        row = run_case(name, args.repeat if name == "a" else max(1, args.repeat // 3))
+        row = run_case(name, max(1, args.repeat // 3) if name == "b" else args.repeat)
         print(json.dumps(row), flush=True)
         rows.append(row)
     out = Path("results")
