@@ -30,8 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import logsumexp
-from scipy.stats import t as student_t
+from scipy.special import logsumexp, stdtrit
 
 from analysis.rdp import compose, delta_from_rdp, epsilon_from_rdp
 from analysis.sampled_gaussian import log_binomial_moment
@@ -65,7 +64,7 @@ def upper_confidence_log_mean(log_samples: ArrayLike, failure_probability: float
     log_mean = logsumexp(ell, axis=0) - np.log(m)
     with np.errstate(divide="ignore"):
         log_std = log_mean + 0.5 * np.log(np.mean(np.expm1(ell - log_mean) ** 2, axis=0))
-    log_t = np.log(student_t.isf(failure_probability, df=m - 1))
+    log_t = np.log(-stdtrit(m - 1, failure_probability))  # t_{1-gamma, m-1}
     return np.logaddexp(log_mean, log_t + log_std - 0.5 * np.log(m - 1.0))
 
 
