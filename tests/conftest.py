@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
+import torch
+from threadpoolctl import threadpool_limits
 
 from pate.data.datasets import Dataset, load_dataset
 from teachers.distributed import Cluster, _ray_session
@@ -23,9 +25,6 @@ def _share_the_cores() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return
-    import torch
-    from threadpoolctl import threadpool_limits
-
     threads = max(1, (os.cpu_count() or 1) // workers)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(threads)
