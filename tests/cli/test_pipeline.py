@@ -196,7 +196,8 @@ def test_a_budget_spent_by_the_first_round_does_not_stop_the_run(tmp_path: Path)
     to the report (a rerun would otherwise meet the same refusal, for good)."""
     text = dump_config(load_config("digits-tiny")).replace(
         "budget_epsilon = 1000.0", "budget_epsilon = 150.0").replace(
-        "[compare]\nenabled = true", "[compare]\nenabled = false")
+        "[compare]\nenabled = true", "[compare]\nenabled = false").replace(
+        "epochs = 40", "epochs = 5")  # the student's: the budget is what is tested
     (tmp_path / "c.toml").write_text(text)
     proc = subprocess.run([sys.executable, "-m", "pate", "run", str(tmp_path / "c.toml"),
                            "--run", str(tmp_path / "r")], capture_output=True, text=True,
@@ -428,8 +429,9 @@ def test_runs_on_one_private_dataset_can_share_one_budget(
     from pate.status import run_status
 
     tiny = load_config("digits-tiny")
-    tiny = tiny.model_copy(update={
+    tiny = tiny.model_copy(update={  # short trainings: the budget is what is tested
         "aggregator": tiny.aggregator.model_copy(update={"ledger": "shared/ledger.db"}),
+        "student": tiny.student.model_copy(update={"epochs": 5}),
         "compare": tiny.compare.model_copy(update={"enabled": False})})
     (tmp_path / "shared").mkdir()
     spent = []
