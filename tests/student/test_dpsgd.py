@@ -16,8 +16,11 @@ from pate.cli.main import main
 from pate.data.datasets import load_dataset, public_split
 from student.dpsgd import (
     DPSGDConfig,
+    dpsgd_network,
     dpsgd_setup,
+    ghost_clipped_sgd,
     pair_distances,
+    per_example_gradients,
     secure_generator,
     tempered_cnn,
     train_dpsgd,
@@ -34,17 +37,66 @@ def digits():
     return ds, public_split(ds)
 
 
-def test_pair_distances_clip_like_opacus() -> None:
-    gen = torch.Generator().manual_seed(0)
-    g1 = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])  # norms 5, 0.5, 0
-    g2 = torch.tensor([[0.0], [0.0], [0.0]])
-    d = pair_distances([g1, g2], 1.0, 500, gen)
-    clipped = g1 * (1.0 / (g1.norm(dim=1) + 1e-6)).clamp(max=1.0)[:, None]
+def _loop_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each row's gradient by its own backward pass: what the vectorised forms must equal."""
+    rows = []
+    for xi, yi in zip(x, y, strict=True):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(xi[None]), yi[None]).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    return torch.stack(rows)
+
+
+def test_pair_distances_are_those_of_clipped_per_example_gradients() -> None:
+    """Three rows, gradients of norm above, below and at C: every distance drawn is one of the
+    three between their clipped gradients (Opacus's factor min(1, C / (norm + 1e-6))), at most
+    2C; a batch of one gives C."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x = torch.tensor([[30.0, 0, 0, 0], [0.01, 0, 0, 0], [0, 2.0, 0, 1.0]])
+    y = torch.tensor([0, 1, 2])
+    grads = _loop_gradients(model, x, y)
+    clip = 1.0
+    norms = grads.norm(dim=1)
+    assert norms[0] > clip > norms[1]
+    clipped = grads * (clip / (norms + 1e-6)).clamp(max=1.0)[:, None]
     possible = {round(float((clipped[i] - clipped[j]).norm()), 5)
                 for i in range(3) for j in range(3) if i != j}
-    assert {round(float(x), 5) for x in d} == possible
-    assert float(d.max()) <= 2.0  # two clipped gradients are at most 2C apart
-    np.testing.assert_allclose(pair_distances([g1[:1], g2[:1]], 0.7, 4, gen).numpy(), 0.7)
+    params = dict(model.named_parameters())
+    d = pair_distances(model, params, x, y, clip, 500, torch.Generator().manual_seed(0))
+    assert {round(float(v), 5) for v in d} == possible
+    assert float(d.max()) <= 2 * clip
+    np.testing.assert_allclose(
+        pair_distances(model, params, x[:1], y[:1], 0.7, 4, torch.Generator()).numpy(), 0.7)
+
+
+@pytest.mark.parametrize("network", ["linear", "tempered-cnn"])
+def test_ghost_clipping_steps_by_the_clipped_per_example_gradients(network) -> None:
+    """Without noise, one step of Opacus's ghost clipping moves the parameters by minus the
+    learning rate times the sum of the clipped per-example gradients (formed one backward pass
+    per row) over the expected batch size; an empty batch leaves them where they were."""
+    torch.manual_seed(0)
+    shape = (1, 12, 12)
+    _, model = dpsgd_network(network, shape, 4, 0.0, 1.0)
+    x, y = torch.randn(9, *shape), torch.randint(0, 4, (9,))
+    clip, expected_batch = 0.05, 7
+    per_example = _loop_gradients(model, x, y)
+    assert (per_example.norm(dim=1) > clip).any()  # some rows are clipped
+    torch.testing.assert_close(per_example_gradients(model, dict(model.named_parameters()), x, y),
+                               per_example, atol=1e-6, rtol=1e-4)
+    clipped = per_example * (clip / (per_example.norm(dim=1) + 1e-6)).clamp(max=1.0)[:, None]
+    config = DPSGDConfig(noise_multiplier=0.0, lr=1.0, momentum=0.0, max_grad_norm=clip)
+    gsm, optimizer, loss_fn = ghost_clipped_sgd(model, config, 0.0, expected_batch,
+                                                torch.Generator())
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    for xb, yb in ((x, y), (x[:0], y[:0])):
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(gsm(xb), yb).backward()
+        optimizer.step()
+        after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        step = clipped.sum(dim=0) / expected_batch if len(yb) else torch.zeros_like(before)
+        torch.testing.assert_close(before - after, step, atol=1e-6, rtol=1e-4)
+        before = after
 
 
 def test_model_shapes() -> None:
