@@ -63,11 +63,28 @@ def test_pair_distances_are_those_of_clipped_per_example_gradients() -> None:
     possible = {round(float((clipped[i] - clipped[j]).norm()), 5)
                 for i in range(3) for j in range(3) if i != j}
     params = dict(model.named_parameters())
-    d = pair_distances(model, params, x, y, clip, 500, torch.Generator().manual_seed(0))
-    assert {round(float(v), 5) for v in d} == possible
-    assert float(d.max()) <= 2 * clip
+    for network in (model, torch.nn.Sequential(model)):  # the linear layer's closed form, vmap
+        names = dict(network.named_parameters())
+        d = pair_distances(network, names, x, y, clip, 500, torch.Generator().manual_seed(0))
+        assert {round(float(v), 5) for v in d} == possible
+        assert float(d.max()) <= 2 * clip
     np.testing.assert_allclose(
         pair_distances(model, params, x[:1], y[:1], 0.7, 4, torch.Generator()).numpy(), 0.7)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_linear_layers_pairs_are_those_of_its_formed_gradients(bias) -> None:
+    """One linear layer's pair distances come from e a^T's factorisation, without forming a
+    gradient: the same pairs' distances as from the formed per-example gradients (the same
+    layer wrapped, so that it takes the vmap), clipped rows among them."""
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(20, 5, bias=bias)
+    x, y = torch.randn(64, 20) * 3, torch.randint(0, 5, (64,))
+    wrapped = torch.nn.Sequential(layer)
+    assert (_loop_gradients(layer, x, y).norm(dim=1) > 0.5).any()
+    closed, formed = (pair_distances(net, dict(net.named_parameters()), x, y, 0.5, 200,
+                                     torch.Generator().manual_seed(2)) for net in (layer, wrapped))
+    torch.testing.assert_close(closed, formed, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("network", ["linear", "tempered-cnn"])
