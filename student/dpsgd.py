@@ -16,10 +16,11 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
   (Opacus's ``secure_mode``), else a ``torch.Generator`` seeded with 64 bits from ``os.urandom``.
 - Epsilon is ``analysis.sampled_gaussian`` (docs/privacy-math.md §6), not Opacus's accountant; with
   a target epsilon the noise multiplier is found by bisection on it.
-- Every step samples pairs of examples of the batch, forms their clipped gradients
-  (``torch.func``: a vmap of the per-example gradient over those rows only) and feeds their
-  distances to ``analysis.bayesian.BayesianAccountant`` (Triastcyn & Faltings 2020, §4.2: pairs
-  of examples from the data, noise std sigma * C in the same units).
+- Every step samples pairs of examples of the batch, takes the distances between their clipped
+  gradients (for one linear layer from the factorised gradient e a^T, none formed; else
+  ``torch.func``, a vmap of the per-example gradient over those rows only) and feeds them to
+  ``analysis.bayesian.BayesianAccountant`` (Triastcyn & Faltings 2020, §4.2: pairs of examples
+  from the data, noise std sigma * C in the same units).
 - The model is the tempered-sigmoid CNN of Papernot et al. 2021 ("Tempered Sigmoid Activations
   for Deep Learning with Differential Privacy", AAAI, Table 1: MNIST/Fashion-MNIST architecture)
   with tanh, trained with momentum SGD and large batches as Tramèr & Boneh 2021 ("Differentially
