@@ -9,8 +9,8 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
   Models Can Be Strong Differentially Private Learners", ICLR 2022, §4): each example's gradient
   norm from a first backward pass without forming the gradient (for a linear layer
   ||a_i|| ||e_i||), then one backward pass of the loss weighted by the clipping factors. The
-  update is the same as with every per-example gradient formed, and about 8 times faster for a
-  linear model on 1 296 HOG features (docs/benchmarks.md).
+  update is the same as with every per-example gradient formed; a step of a linear model on
+  1 296 HOG features, the Bayesian pairs included, is 5 to 7 times faster (docs/benchmarks.md).
 - Sampling and noise come from a generator seeded from the operating system's entropy
   (docs/design.md privacy rule 3): torchcsprng's /dev/urandom device generator when it is installed
   (Opacus's ``secure_mode``), else a ``torch.Generator`` seeded with 64 bits from ``os.urandom``.
