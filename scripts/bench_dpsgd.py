@@ -25,7 +25,14 @@ from bench_common import emit
 
 from pate.data.datasets import load_dataset, public_split
 from student.choices import DPSGD_MODELS
-from student.dpsgd import DPSGDConfig, dpsgd_network, fixed_features, train_dpsgd
+from student.dpsgd import (
+    DPSGDConfig,
+    _as_fetched,
+    _WholeBatches,
+    dpsgd_network,
+    fixed_features,
+    train_dpsgd,
+)
 
 OUT = Path("results/bench_dpsgd.jsonl")
 
@@ -43,16 +50,16 @@ def _progress(step: int, total: int) -> None:
 def plain_opacus_steps_per_second(ds, norm: tuple[float, float], config: DPSGDConfig,
                                   sigma: float) -> tuple[float, int]:
     """One epoch of the same trained part, on the same fixed features, with stock Opacus (its
-    own data loader, per-example gradients and accountant)."""
+    Poisson loader over the learner's batch fetch, its per-example gradients and accountant)."""
     from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     fixed, model = dpsgd_network(config.model, tuple(ds.train_x.shape[1:]), ds.num_classes,
                                  *norm)
     features = fixed_features(fixed, ds.train_x)
     engine = PrivacyEngine(accountant="rdp")
-    loader = DataLoader(TensorDataset(torch.from_numpy(features), torch.from_numpy(ds.train_y)),
-                        batch_size=config.expected_batch_size)
+    loader = DataLoader(_WholeBatches(torch.from_numpy(features), torch.from_numpy(ds.train_y)),
+                        batch_size=config.expected_batch_size, collate_fn=_as_fetched)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=config.lr,
                                                 momentum=config.momentum),

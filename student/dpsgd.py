@@ -10,7 +10,8 @@ Algorithm 1) on Opacus, accounted by our own RDP core.
   norm from a first backward pass without forming the gradient (for a linear layer
   ||a_i|| ||e_i||), then one backward pass of the loss weighted by the clipping factors. The
   update is the same as with every per-example gradient formed; a step of a linear model on
-  1 296 HOG features, the Bayesian pairs included, is 5 to 7 times faster (docs/benchmarks.md).
+  1 296 HOG features, the Bayesian pairs included, is about 5 times faster (docs/benchmarks.md).
+  Once trained, the published model is left without Opacus's hooks and gradients.
 - Sampling and noise come from a generator seeded from the operating system's entropy
   (docs/design.md privacy rule 3): torchcsprng's /dev/urandom device generator when it is installed
   (Opacus's ``secure_mode``), else a ``torch.Generator`` seeded with 64 bits from ``os.urandom``.
@@ -221,14 +222,14 @@ def _linear_gradient_products(layer: nn.Linear, parameters: dict[str, torch.Tens
                               x: torch.Tensor, y: torch.Tensor, i: torch.Tensor, j: torch.Tensor
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For one linear layer under the cross-entropy loss, each row's gradient with respect to
-    (W, b) is the outer product e a^T, e = softmax(W a + b) - onehot(y) and a = (x, 1) (the
+    (W, b) is the outer product e a^T, e = softmax(W x + b) - onehot(y) and a = (x, 1) (the
     1 where the bias is trained), so ||g_i||^2 = ||e_i||^2 ||a_i||^2 and <g_i, g_j> =
     <e_i, e_j> <a_i, a_j> without forming a gradient (I. Goodfellow, "Efficient Per-Example
     Gradient Computations", arXiv 1510.01799, 2015; the factorisation ghost clipping uses).
     In float64: (||g_i||^2, ||g_j||^2, <g_i, g_j>) for the pairs (i, j)."""
     weight = parameters["weight"].detach().double()
-    bias = parameters.get("bias")
-    ones = 0.0 if bias is None else 1.0
+    bias = layer.bias  # in the logits even where it is frozen (then not in ``parameters``)
+    ones = 1.0 if "bias" in parameters else 0.0
 
     def residual(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = x[rows].double()
@@ -401,6 +402,8 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray | N
         bayes.accumulate(distances[step], sigma * config.max_grad_norm, q)
         optimizer.step()
     seconds = time.perf_counter() - start
+    optimizer.zero_grad(set_to_none=True)  # the last clipped sum, before its noise, is private
+    gsm.cleanup()  # Opacus's hooks and the last batch's gradient norms off the published model
 
     published = whole_model(setup.fixed, setup.model)
     eps_rdp, order = dpsgd_epsilon(q, sigma, total_steps, config.delta, config.conversion)

@@ -122,6 +122,7 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
         _set_grads(params, noisy / max(1.0, q * n))
         optimizer.step()
     seconds = time.perf_counter() - start
+    gsm.cleanup()  # Opacus's hooks and attributes off the published model
     published = whole_model(setup.fixed, setup.model)
 
     eps, order = accountant.epsilon(q, sigma, total_steps, config.delta, config.conversion)

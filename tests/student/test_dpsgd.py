@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import stat
 from pathlib import Path
@@ -43,13 +44,14 @@ def _loop_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) ->
     for xi, yi in zip(x, y, strict=True):
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(xi[None]), yi[None]).backward()
-        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()
+                               if p.requires_grad]))
     return torch.stack(rows)
 
 
 def test_pair_distances_are_those_of_clipped_per_example_gradients() -> None:
-    """Three rows, gradients of norm above, below and at C: every distance drawn is one of the
-    three between their clipped gradients (Opacus's factor min(1, C / (norm + 1e-6))), at most
+    """Three rows, two gradients of norm above C and one below: every distance drawn is one of
+    the three between their clipped gradients (Opacus's factor min(1, C / (norm + 1e-6))), at most
     2C; a batch of one gives C."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -72,18 +74,24 @@ def test_pair_distances_are_those_of_clipped_per_example_gradients() -> None:
         pair_distances(model, params, x[:1], y[:1], 0.7, 4, torch.Generator()).numpy(), 0.7)
 
 
-@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bias", ["trained", "frozen", None])
 def test_a_linear_layers_pairs_are_those_of_its_formed_gradients(bias) -> None:
     """One linear layer's pair distances come from e a^T's factorisation, without forming a
     gradient: the same pairs' distances as from the formed per-example gradients (the same
-    layer wrapped, so that it takes the vmap), clipped rows among them."""
+    layer wrapped, so that it takes the vmap), clipped rows among them; a frozen bias is in the
+    logits and not in the gradient."""
     torch.manual_seed(1)
-    layer = torch.nn.Linear(20, 5, bias=bias)
+    layer = torch.nn.Linear(20, 5, bias=bias is not None)
+    if bias == "frozen":
+        layer.bias.data = torch.tensor([3.0, -3.0, 0.0, 1.0, 0.0])
+        layer.bias.requires_grad_(False)
     x, y = torch.randn(64, 20) * 3, torch.randint(0, 5, (64,))
     wrapped = torch.nn.Sequential(layer)
     assert (_loop_gradients(layer, x, y).norm(dim=1) > 0.5).any()
-    closed, formed = (pair_distances(net, dict(net.named_parameters()), x, y, 0.5, 200,
-                                     torch.Generator().manual_seed(2)) for net in (layer, wrapped))
+    closed, formed = (pair_distances(net, {k: p for k, p in net.named_parameters()
+                                           if p.requires_grad},
+                                     x, y, 0.5, 200, torch.Generator().manual_seed(2))
+                      for net in (layer, wrapped))
     torch.testing.assert_close(closed, formed, rtol=1e-5, atol=1e-6)
 
 
@@ -114,6 +122,61 @@ def test_ghost_clipping_steps_by_the_clipped_per_example_gradients(network) -> N
         step = clipped.sum(dim=0) / expected_batch if len(yb) else torch.zeros_like(before)
         torch.testing.assert_close(before - after, step, atol=1e-6, rtol=1e-4)
         before = after
+
+
+@pytest.mark.parametrize("network", ["linear", "hog-linear", "tempered-cnn"])
+def test_ghost_clipping_is_opacus_dpsgd_step_for_step(network) -> None:
+    """With noise and momentum, steps by ghost clipping and by Opacus's classic DP-SGD (every
+    per-example gradient formed) from the same start, on the same batches, with noise from
+    generators seeded alike, end at the same parameters; an empty batch (Poisson sampling draws
+    them) is noise alone in both."""
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    shape = (1, 16, 16)
+    torch.manual_seed(0)
+    _, ghost_model = dpsgd_network(network, shape, 4, 0.0, 1.0)
+    classic_model = copy.deepcopy(ghost_model)
+    x = torch.randn(10, *shape) if network != "hog-linear" else torch.randn(10, hog_size(shape))
+    y = torch.randint(0, 4, (10,))
+    config = DPSGDConfig(noise_multiplier=1.3, lr=0.5, momentum=0.9, max_grad_norm=0.05)
+    gsm, optimizer, loss_fn = ghost_clipped_sgd(ghost_model, config, 1.3, 8,
+                                                torch.Generator().manual_seed(7))
+    classic = GradSampleModule(classic_model)
+    classic_optimizer = DPOptimizer(
+        torch.optim.SGD(classic.parameters(), lr=0.5, momentum=0.9), noise_multiplier=1.3,
+        max_grad_norm=0.05, expected_batch_size=8, generator=torch.Generator().manual_seed(7))
+    start = [p.detach().clone() for p in ghost_model.parameters()]
+    for rows in (slice(0, 6), slice(0, 0), slice(3, 10)):
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(gsm(x[rows]), y[rows]).backward()
+        optimizer.step()
+        classic_optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(classic(x[rows]), y[rows]).backward()
+        classic_optimizer.step()
+    for ghost_p, classic_p, p0 in zip(ghost_model.parameters(), classic_model.parameters(), start,
+                                      strict=True):
+        assert not torch.equal(ghost_p, p0)
+        torch.testing.assert_close(ghost_p, classic_p, atol=1e-6, rtol=1e-5)
+
+
+def test_the_published_model_carries_nothing_of_the_training(digits) -> None:
+    """After ``train_dpsgd`` the published network holds no gradient (the last clipped sum
+    before its noise is private), no per-example norm and no Opacus hook: it trains again like
+    any module."""
+    ds, ((pool_x, _), (eval_x, eval_y)) = digits
+    config = DPSGDConfig(epochs=1, expected_batch_size=128, noise_multiplier=1.0,
+                         bayesian_pairs=8, model="linear")
+    model = train_dpsgd(ds.train_x, ds.train_y, eval_x, eval_y, 10, config,
+                        (float(pool_x.mean()), float(pool_x.std()))).model
+    for p in model.parameters():
+        assert p.grad is None
+        for left in ("summed_grad", "_norm_sample", "_forward_counter", "grad_sample"):
+            assert getattr(p, left, None) is None
+    model.train()
+    x = torch.from_numpy(eval_x[:4])
+    for _ in range(2):
+        model(x).sum().backward()
 
 
 def test_model_shapes() -> None:
