@@ -53,6 +53,7 @@ from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DPSGD_MODELS, dpsgd_model_for
+from student.gradient_encoding import clip_factors
 from student.training import accuracy
 from teachers.choices import HOG_SIDE, SCATTERING_SIDE
 from teachers.fixed_maps import feature_table
@@ -65,8 +66,6 @@ if TYPE_CHECKING:
     from opacus.optimizers import DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-# Opacus's clipping formula: factor = min(1, C / (norm + 1e-6)) (opacus.optimizers.optimizer).
-_CLIP_EPS = 1e-6
 _MIN_SIDE = 28
 
 
@@ -219,56 +218,51 @@ def per_example_gradients(network: nn.Module, parameters: dict[str, torch.Tensor
 
 
 def _linear_gradient_products(layer: nn.Linear, parameters: dict[str, torch.Tensor],
-                              x: torch.Tensor, y: torch.Tensor, i: torch.Tensor, j: torch.Tensor
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              x: torch.Tensor, y: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """For one linear layer under the cross-entropy loss, each row's gradient with respect to
     (W, b) is the outer product e a^T, e = softmax(W x + b) - onehot(y) and a = (x, 1) (the
     1 where the bias is trained), so ||g_i||^2 = ||e_i||^2 ||a_i||^2 and <g_i, g_j> =
     <e_i, e_j> <a_i, a_j> without forming a gradient (I. Goodfellow, "Efficient Per-Example
     Gradient Computations", arXiv 1510.01799, 2015; the factorisation ghost clipping uses).
-    In float64: (||g_i||^2, ||g_j||^2, <g_i, g_j>) for the pairs (i, j)."""
-    weight = parameters["weight"].detach().double()
+    For 2p rows, the first p paired with the last p, in float64: every row's ||g||^2 and each
+    pair's <g_i, g_j>."""
+    a = x.double()
     bias = layer.bias  # in the logits even where it is frozen (then not in ``parameters``)
+    logits = a @ parameters["weight"].detach().double().T
+    if bias is not None:
+        logits = logits + bias.detach().double()
+    e = torch.softmax(logits, dim=1)
+    e[torch.arange(len(y)), y] -= 1.0
     ones = 1.0 if "bias" in parameters else 0.0
-
-    def residual(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        a = x[rows].double()
-        logits = a @ weight.T + (0.0 if bias is None else bias.detach().double())
-        e = torch.softmax(logits, dim=1)
-        e[torch.arange(len(rows)), y[rows]] -= 1.0
-        return e, a
-
-    (e_i, a_i), (e_j, a_j) = residual(i), residual(j)
-    return ((e_i * e_i).sum(1) * ((a_i * a_i).sum(1) + ones),
-            (e_j * e_j).sum(1) * ((a_j * a_j).sum(1) + ones),
-            (e_i * e_j).sum(1) * ((a_i * a_j).sum(1) + ones))
+    p = len(y) // 2
+    return ((e * e).sum(1) * ((a * a).sum(1) + ones),
+            (e[:p] * e[p:]).sum(1) * ((a[:p] * a[p:]).sum(1) + ones))
 
 
 def pair_distances(network: nn.Module, parameters: dict[str, torch.Tensor], x: torch.Tensor,
                    y: torch.Tensor, max_grad_norm: float, pairs: int,
                    generator: torch.Generator) -> torch.Tensor:
     """Distances ||c_i g_i - c_j g_j|| between ``pairs`` random pairs (i != j) of the batch
-    (x, y)'s clipped per-example gradients (Opacus's flat clipping, c = min(1, C / (||g|| +
-    1e-6))); i.i.d. pairs, as the Student-t estimate of the Bayesian accountant assumes. From the
-    squared norms and inner products of the pairs' gradients, in float64: for a network that is
-    one linear layer by :func:`_linear_gradient_products`, else from the pairs' rows'
-    :func:`per_example_gradients`. A batch of fewer than two examples gives the worst case C
-    for every pair."""
+    (x, y)'s clipped per-example gradients (Opacus's flat clipping,
+    ``student.gradient_encoding.clip_factors``); i.i.d. pairs, as the Student-t estimate of the
+    Bayesian accountant assumes. From the squared norms and inner products of the pairs'
+    gradients, in float64: for a network that is one linear layer by
+    :func:`_linear_gradient_products`, else from the pairs' rows' :func:`per_example_gradients`.
+    A batch of fewer than two examples gives the worst case C for every pair."""
     b = len(y)
     if b < 2:
         return torch.full((pairs,), float(max_grad_norm), dtype=torch.float64)
     i = torch.randint(b, (pairs,), generator=generator)
     j = (i + torch.randint(1, b, (pairs,), generator=generator)) % b
+    rows = torch.cat([i, j])
     if isinstance(network, nn.Linear):
-        sq_i, sq_j, inner = _linear_gradient_products(network, parameters, x, y, i, j)
+        squares, inner = _linear_gradient_products(network, parameters, x[rows], y[rows])
     else:
-        rows = torch.cat([i, j])
         grads = per_example_gradients(network, parameters, x[rows], y[rows]).double()
-        g_i, g_j = grads[:pairs], grads[pairs:]
-        sq_i, sq_j, inner = (g_i * g_i).sum(1), (g_j * g_j).sum(1), (g_i * g_j).sum(1)
-    c_i = (max_grad_norm / (sq_i.sqrt() + _CLIP_EPS)).clamp(max=1.0)
-    c_j = (max_grad_norm / (sq_j.sqrt() + _CLIP_EPS)).clamp(max=1.0)
-    squared = c_i**2 * sq_i + c_j**2 * sq_j - 2 * c_i * c_j * inner
+        squares, inner = (grads * grads).sum(1), (grads[:pairs] * grads[pairs:]).sum(1)
+    c = clip_factors(squares.sqrt(), max_grad_norm)
+    squared = (c**2 * squares).view(2, pairs).sum(0) - 2 * c[:pairs] * c[pairs:] * inner
     return squared.clamp(min=0.0).sqrt()
 
 

@@ -125,10 +125,15 @@ def encode(grads: torch.Tensor, profiles: torch.Tensor | ProfileChooser,
     return out
 
 
+def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Opacus's per-example clipping factors min(1, C / (norm + 1e-6))
+    (``opacus.optimizers.optimizer``)."""
+    return (max_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
 def clip_flat(grads: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Plain DP-SGD's per-example clipping, with Opacus's factor min(1, C / (norm + 1e-6))."""
-    norms = grads.norm(dim=1, keepdim=True)
-    return grads * (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    """Plain DP-SGD's per-example clipping of the rows of ``grads`` (:func:`clip_factors`)."""
+    return grads * clip_factors(grads.norm(dim=1, keepdim=True), max_norm)
 
 
 def draw_noise(family: NoiseFamily, std: float, size: int,
