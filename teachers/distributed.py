@@ -37,6 +37,7 @@ from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, SIMCLR, model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
+from teachers.epoch_counter import EpochCounter
 from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import (
     Partition,
@@ -85,24 +86,6 @@ def shard_ranges(num_teachers: int, shard_size: int) -> list[range]:
     """Consecutive teacher ids, ``shard_size`` per shard (the last may be smaller)."""
     return [range(s, min(s + shard_size, num_teachers))
             for s in range(0, num_teachers, shard_size)]
-
-
-class EpochCounter:
-    """The teacher-epochs each shard has done, reported by its Ray task as it trains (a Ray
-    actor, ``_run``): the driver's progress within shards that take minutes each. A task
-    retried by Ray starts its shard's count again."""
-
-    def __init__(self) -> None:
-        self.done: dict[int, int] = {}
-
-    def start(self, shard: int) -> None:
-        self.done[shard] = 0
-
-    def add(self, shard: int, teacher_epochs: int) -> None:
-        self.done[shard] = self.done.get(shard, 0) + teacher_epochs
-
-    def total(self) -> int:
-        return sum(self.done.values())
 
 
 def train_shard(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, num_classes: int,

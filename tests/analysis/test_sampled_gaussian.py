@@ -62,6 +62,10 @@ def test_integer_orders_match_dp_accounting_and_opacus(q: float, sigma: float) -
         np.testing.assert_allclose(ours, opacus, rtol=1e-5)
 
 
+# Some of the grid's points are best at the first or last order: each of the three says so
+# (warnings expected here), and all three must still pick that order.
+@pytest.mark.filterwarnings("ignore:optimal Rényi order .* end of the grid:RuntimeWarning",
+                            "ignore:Optimal order is the (smallest|largest) alpha:UserWarning")
 @pytest.mark.parametrize(("q", "sigma"), GRID)
 def test_epsilon_matches_dp_accounting_and_opacus(q: float, sigma: float) -> None:
     from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent

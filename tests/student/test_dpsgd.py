@@ -31,6 +31,9 @@ from student.training import accuracy
 from teachers.hog import HOG, hog_size
 from teachers.scattering import Scattering, scattering_size
 
+# Opacus's hooks on a network whose input needs no gradient make torch warn on every step; the
+# learner silences it (train_dpsgd), the tests that step by hand run outside it.
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
 @pytest.fixture(scope="module")
 def digits():

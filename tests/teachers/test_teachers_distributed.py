@@ -33,7 +33,8 @@ from teachers.distributed import (
 from teachers.ensemble import TrainConfig, train_group
 from teachers.partition import make_partition
 
-CFG = TrainConfig(model="cnn", epochs=3, batch_size=16, augment="none", seed=1)
+CFG = TrainConfig(model="mlp", epochs=3, batch_size=16, augment="none", seed=1)  # cheap: the
+# tests are of checkpoints and Ray; the networks are tested in test_teachers_ensemble.py
 JOB = TrainJob("digits", num_teachers=12, shard_size=4, train=CFG)
 
 
@@ -220,7 +221,8 @@ def test_a_resume_on_reordered_or_changed_private_rows_is_refused(tmp_path, digi
 def test_shards_report_their_epochs_as_they_train(digits, ray_running):
     """A shard tells the driver's counter after each epoch (its progress within shards that
     take minutes each), vectorised or one teacher at a time."""
-    from teachers.distributed import EpochCounter, train_shard
+    from teachers.distributed import train_shard
+    from teachers.epoch_counter import EpochCounter
 
     part = make_partition(len(digits.train_y), 4, CFG.seed)
     min_size = int(part.sizes.min())
