@@ -18,6 +18,7 @@ from pate.audit.mechanism import (
 from pate.audit.model_options import CONTROL_LABELS, TARGETS, ModelsAuditOptions
 from pate.audit.model_options import DEFAULT_CONFIDENCE as MODELS_CONFIDENCE
 from pate.cli.device_flag import add_device_flag
+from pate.cli.paths import path_arg
 from pate.errors import UserError
 
 
@@ -69,7 +70,8 @@ def _register_models(sub: argparse._SubParsersAction) -> None:
                     "DIR/audit/ (0600); only aggregate figures are printed. Exits 1 when a lower "
                     "bound exceeds its analytic epsilon (a privacy bug) or the positive control "
                     "finds no epsilon above 1 (the audit could not see a leak).")
-    models.add_argument("--run", required=True, metavar="DIR", help="the run directory")
+    models.add_argument("--run", type=path_arg, required=True, metavar="DIR",
+                        help="the run directory")
     models.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS),
                         metavar="T", help=f"models to audit, of {', '.join(TARGETS)} "
                                           "(default: all)")

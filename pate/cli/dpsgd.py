@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
 from pate.cli.data_flags import add_data_flags, source_from_flags
+from pate.cli.paths import path_arg
 from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            description="Train a network with DP-SGD on the private data "
                                        "(default: the run's teachers') and evaluate it on the "
                                        "test data.")
-    train.add_argument("--run", type=Path, required=True, metavar="DIR")
+    train.add_argument("--run", type=path_arg, required=True, metavar="DIR")
     add_data_flags(train)
     noise = train.add_mutually_exclusive_group(required=True)
     noise.add_argument("--epsilon", type=float, metavar="E",

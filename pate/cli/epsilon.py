@@ -14,6 +14,7 @@ from analysis.bayesian import DEFAULT_MOMENTS, bayesian_epsilon
 from analysis.encoded_rdp import encoded_accountant
 from analysis.noise_families import DEFAULT_DOF, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
+from pate.cli.paths import path_arg
 from pate.errors import UserError
 
 # Parameters of student.dpsgd.tempered_cnn((1, 28, 28), 10, ...), the default model (a test
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ba = sub.add_parser("bayesian", help="the Bayesian accountant (Triastcyn & Faltings)",
                         description="Bayesian epsilon of DP-SGD from sampled pair distances of "
                                     "clipped per-example gradients, one row per step.")
-    ba.add_argument("--distances", type=Path, required=True, metavar="F.npy",
+    ba.add_argument("--distances", type=path_arg, required=True, metavar="F.npy",
                     help="float array [steps, pairs] of pair distances (gradient units)")
     ba.add_argument("--noise-std", type=float, required=True, metavar="S",
                     help="std of the noise added to the summed gradient (same units)")

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pate.cli.paths import path_arg
 from pate.errors import UserError
 
 
@@ -16,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "report/figures/*.png for a run directory; with --runs, a comparison of "
                     "several runs under --out.")
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--run", metavar="DIR", help="run directory")
+    group.add_argument("--run", type=path_arg, metavar="DIR", help="run directory")
     group.add_argument("--runs", metavar="DIR", nargs="+", help="run directories to compare")
     p.add_argument("--out", metavar="DIR",
                    help="where --runs writes its comparison (default: ./report-comparison); a "

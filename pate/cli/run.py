@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from pate.cli.paths import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from pate.config import preset_names
@@ -18,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "directory. A stage already finished is skipped on rerun. Presets: "
                     f"{', '.join(preset_names())}; or a config .toml (docs/cli.md).")
     p.add_argument("config", metavar="PRESET_OR_TOML", help="preset name or config .toml")
-    p.add_argument("--run", metavar="DIR",
+    p.add_argument("--run", type=path_arg, metavar="DIR",
                    help="run directory (default: runs/<config name>)")
     p.set_defaults(handler=run)
 

@@ -9,6 +9,7 @@ import sys
 from analysis.rdp import CONVERSIONS
 from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
+from pate.cli.paths import path_arg
 
 
 def _port(value: str) -> int:
@@ -26,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "the privacy ledger before the answer leaves, and the service refuses (403) "
                     "once the data-independent epsilon would exceed --budget-epsilon.")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run", metavar="DIR", help="run directory: DIR/votes.npz is the pool; "
-                        "its trained teachers answer 'inputs' requests")
+    source.add_argument("--run", type=path_arg, metavar="DIR",
+                        help="run directory: DIR/votes.npz is the pool; its trained teachers "
+                             "answer 'inputs' requests")
     source.add_argument("--votes", metavar="FILE", help="votes .npy, or .npz with 'votes' and "
                         "optional 'pool_index'")
     add_mechanism_flags(p)

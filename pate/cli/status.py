@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from pate.cli.paths import path_arg
 from pate.status import run_status
 
 
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="The stages of a run directory (done, running or interrupted, pending) and "
                     "its ledger's budget: the data-independent epsilon spent and left. Works "
                     "while the run goes on.")
-    p.add_argument("--run", required=True, metavar="DIR")
+    p.add_argument("--run", type=path_arg, required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.rdp import CONVERSIONS
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
+from pate.cli.paths import path_arg
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
 from pate.progress import progress_bar
@@ -50,14 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="ask for labels (one round) and train the student",
         description=__doc__.split("\n\n")[1])
-    p.add_argument("--run", type=Path, required=True, metavar="DIR")
+    p.add_argument("--run", type=path_arg, required=True, metavar="DIR")
     p.add_argument("--method", choices=METHODS, required=True)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--server", metavar="URL", help="a running `pate serve`")
-    source.add_argument("--votes", type=Path, metavar="FILE",
+    source.add_argument("--votes", type=path_arg, metavar="FILE",
                         help="aggregate in this process over a votes file (default: "
                              "DIR/votes.npz)")
-    p.add_argument("--token-file", type=Path, metavar="F",
+    p.add_argument("--token-file", type=path_arg, metavar="F",
                    help="with --server: a file whose first token is sent (Bearer)")
     add_mechanism_flags(p, required=False)
     local = p.add_argument_group("local aggregator (with --votes)")
@@ -88,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "logits; not with gan); default: cnn on images, mlp on a table, the "
                          "GAN's wn-mlp discriminator")
     tr.add_argument("--width", type=int, default=32, help="cnn channels")
-    tr.add_argument("--pool-encoder", type=Path, metavar="FILE",
+    tr.add_argument("--pool-encoder", type=path_arg, metavar="FILE",
                     help="cnn-hog-simclr: the frozen encoder learnt from the public pool "
                          "(`pate teachers train` writes RUN/teachers/pool-encoder.safetensors; "
                          "default: that of --run's teachers where they learnt one by SimCLR, "
@@ -126,13 +126,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "image size and colour mode) and write one CSV row per input: row, label, "
                     "confidence, p_<class> for every class. Asks the aggregator nothing.")
     where = pr.add_mutually_exclusive_group(required=True)
-    where.add_argument("--run", type=Path, metavar="DIR", help="the run whose student scores")
-    where.add_argument("--student", type=Path, metavar="FOLDER",
+    where.add_argument("--run", type=path_arg, metavar="DIR", help="the run whose student scores")
+    where.add_argument("--student", type=path_arg, metavar="FOLDER",
                        help="a student folder (a run's student/, or Student.save's)")
-    pr.add_argument("data", type=Path, metavar="DATA",
+    pr.add_argument("data", type=path_arg, metavar="DATA",
                     help="new rows in the training data's format: a .csv (a label column is "
                          "ignored), a .npz with x, or a folder of images")
-    pr.add_argument("--out", type=Path, metavar="FILE",
+    pr.add_argument("--out", type=path_arg, metavar="FILE",
                     help="write the CSV here (atomically; a link's target, in a folder that "
                          "exists; an existing file only if empty or of earlier predictions) "
                          "instead of to standard output (also: -)")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
+from pate.cli.paths import path_arg
 from pate.data.augment import AUGMENTATIONS
 from pate.data.partitions import PARTITIONS, partition_problem
 from pate.errors import UserError
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="partition the private data and train the teachers",
                            description="Partition the training split among the teachers and "
                            "train them on Ray; rerunning trains only missing shards.")
-    train.add_argument("--run", required=True, type=Path, help="run directory")
+    train.add_argument("--run", required=True, type=path_arg, help="run directory")
     train.add_argument("--teachers", type=int, default=250, help="number of teachers")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the partition and of training (offline experiments only)")
@@ -66,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            description="Batched ensemble inference over the public pool; "
                            "writes votes.npz (private) and the teachers' accuracy on the "
                            "evaluation half into teachers/manifest.json.")
-    votes.add_argument("--run", required=True, type=Path, help="run directory")
+    votes.add_argument("--run", required=True, type=path_arg, help="run directory")
     add_device_flag(votes, "the teachers' inference")
     votes.add_argument("--data-dir", default=None, help="where the dataset files are")
     votes.add_argument("--batch-size", type=int, default=None,

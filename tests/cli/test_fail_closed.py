@@ -360,6 +360,23 @@ def test_an_unknown_flag_is_said_with_its_sub_commands_usage(
     assert err[-1] == "pate status: error: unrecognized arguments: --bogus 1"
 
 
+@pytest.mark.parametrize("command", [
+    ["run", "digits-tiny"], ["status"], ["report"], ["teachers", "train", "--dataset", "digits"],
+    ["student", "train", "--votes", str(EXAMPLE)], ["dpsgd", "train", "--epsilon", "1"]])
+def test_an_empty_run_directory_is_a_usage_error_not_the_current_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        command: list[str]) -> None:
+    """``--run "$DIR"`` with DIR unset: refused as it is parsed. ``Path("")`` is ``.``, and
+    ``pate run`` took an empty value for no value (its default, runs/<name>)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--run", ""])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: argument --run: an empty path (an unset shell variable?)")
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_port_out_of_range_and_a_file_for_the_report_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
