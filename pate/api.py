@@ -13,7 +13,7 @@ Feature rows are used as given, unscaled (``pate run`` on a CSV file scales them
 standardise them first, with statistics of public rows (the pool), never of the private ones,
 whose mean and spread would be a statistic of the private data; ``TableEncoder``
 (:mod:`pate.api_tables`) does it for data frames as ``pate run`` does for a CSV file. Integer
-images are scaled to [0, 1].
+images are 8-bit pixels, divided by 255 (give another range as floats in [0, 1]).
 
 Privacy: the votes, the ledger and the private arrays stay private; publish the student and
 the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
@@ -21,7 +21,9 @@ the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.m
 Errors: every error raised on purpose is a :class:`pate.errors.PateError` with a one-line
 message: ``UserError`` for input you can fix, ``BudgetExhausted`` where the budget cannot cover
 a request (nothing was asked or spent), ``LedgerError`` where the ledger cannot be opened or
-trusted (nothing released). Catch ``PateError`` for all of them.
+trusted (nothing released). Catch ``PateError`` for all of them. The mechanisms you build
+from :mod:`analysis.mechanisms` (the math layer, below ``pate``) refuse bad parameters as they
+are built, with ``analysis.mechanisms.ParameterError``, a ``ValueError``.
 """
 
 from __future__ import annotations
