@@ -63,6 +63,10 @@ class TabularEncoder:
         for c in categorical:
             held, text = int(public[c].notna().sum()), int((numbers[c].isna()
                                                           & public[c].notna()).sum())
+            if not held:
+                warnings.warn(f"the public data's column {c} holds no value: it tells the "
+                              "models nothing, whatever the other files hold there (fill it, "
+                              "or drop it from every file)", stacklevel=2)
             if text and held - text >= MOSTLY_NUMBERS * held:
                 warnings.warn(f"the public data's column {c} is read as categories: {text} of "
                               f"its {held} values are not numbers (if they are typos, correct "

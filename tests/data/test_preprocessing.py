@@ -53,6 +53,15 @@ def test_a_number_column_with_a_few_words_is_warned_about(tmp_path: Path) -> Non
     assert "forty" not in str(caught[0].message)  # counts only, never a value
 
 
+def test_a_public_column_with_no_value_is_warned_about(tmp_path: Path) -> None:
+    """Empty in the public pool, a column is a category with no value: it tells the models
+    nothing, whatever the private file holds there. Said from the public file alone."""
+    with pytest.warns(UserWarning, match=r"column age holds no value: it tells the models "
+                                         r"nothing") as caught:
+        record = _record(tmp_path, "age,x,y\n,1,a\n?,2,b\n,3,a\n")
+    assert record["categorical"] == [{"column": "age", "values": []}] and len(caught) == 1
+
+
 def test_labels_are_integers_only_when_all_are(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("x,y\n1,3\n2,-1\n")
     (tmp_path / "b.csv").write_text("x,y\n1,3\n2,1.5\n")
