@@ -63,8 +63,9 @@ from student.training import (
     seed_everything,
 )
 from teachers import checkpoints
-from teachers.choices import SIMCLR
+from teachers.choices import SIMCLR, is_import_path
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
+from teachers.user_models import describe_error
 
 
 def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
@@ -246,8 +247,18 @@ def train_student(run: RunDir,
         features = _pool_features(options, given, previous, pool_x, say)
         continued = continued and same_tensors(previous[0].experts[1][0].encoder,
                                                features.encoder)
-    model, learner, result, acc = _fit_on_answers(
-        task, options, spec, features, lab_index, lab_y, on_epoch, out if continued else None)
+    try:
+        model, learner, result, acc = _fit_on_answers(
+            task, options, spec, features, lab_index, lab_y, on_epoch,
+            out if continued else None)
+    except Exception as exc:  # a user's network failing in its own code, after the round
+        if not is_import_path(spec.arch) or isinstance(exc, UserError):
+            raise
+        raise UserError(f"the student's network {spec.arch!r} failed as it trained or was "
+                        f"evaluated ({describe_error(exc)}); the {len(lab_y)} answers are kept "
+                        f"in {run.labels}: fix the network and train on them again at no new "
+                        "cost (rerun pate run, or pate student train with --queries 0)"
+                        ) from None
     save_model(model, spec, out)
     run.write_json(run.student_schema, student_schema(task))
     if options.method == "gan":

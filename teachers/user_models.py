@@ -48,7 +48,7 @@ PROJECT_PACKAGES = frozenset({"analysis", "pate", "teachers", "student"})
 PROBE_ROWS = 3
 
 
-def _describe(exc: BaseException, limit: int = 200) -> str:
+def describe_error(exc: BaseException, limit: int = 200) -> str:
     """``Class: message`` on one line, at most ``limit`` characters of message."""
     text = " ".join(str(exc).split())
     text = text if len(text) <= limit else text[:limit - 3] + "..."
@@ -72,8 +72,8 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
                 "pate run looks beside its config file)"
                 if isinstance(exc, ModuleNotFoundError)
                 and module_name.split(".")[0] == (exc.name or "").split(".")[0] else "")
-        raise UserError(f"{what} {name!r}: cannot import {module_name} ({_describe(exc)}){hint}"
-                        ) from None
+        raise UserError(f"{what} {name!r}: cannot import {module_name} "
+                        f"({describe_error(exc)}){hint}") from None
     for part in attr.split("."):
         if not hasattr(found, part):
             hint = (" (a factory of a running script: define it in this script too, or in a "
@@ -97,7 +97,7 @@ def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
         model = factory(shape, num_classes)
     except Exception as exc:  # the user's code: any failure is reported in one line
         raise UserError(f"{what} {name!r}: the factory failed for input shape {shape} and "
-                        f"{num_classes} classes ({_describe(exc)})") from None
+                        f"{num_classes} classes ({describe_error(exc)})") from None
     if not isinstance(model, nn.Module):
         raise UserError(f"{what} {name!r}: the factory returned {type(model).__name__}, not a "
                         "torch.nn.Module")
@@ -108,7 +108,7 @@ def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
             out = model(torch.zeros((2, *shape)))
     except Exception as exc:  # the user's code
         raise UserError(f"{what} {name!r}: its forward failed on a batch of shape "
-                        f"{[2, *shape]} ({_describe(exc)})") from None
+                        f"{[2, *shape]} ({describe_error(exc)})") from None
     finally:
         model.train(training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
@@ -129,7 +129,7 @@ def check_trains_on(model: nn.Module, rows: int, in_shape: tuple[int, ...], what
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             probe(torch.zeros((rows, *in_shape), device=device))
     except Exception as exc:  # the user's code, or a built-in's batch norm
-        raise UserError(f"{what} cannot train on batches of {rows} row(s) ({_describe(exc)}): "
+        raise UserError(f"{what} cannot train on batches of {rows} row(s) ({describe_error(exc)}): "
                         f"{remedy}") from None
 
 
@@ -217,11 +217,11 @@ def vmap_problem(name: str, model: nn.Module, state: dict[str, torch.Tensor],
         raise
     except Exception as exc:  # the user's network fails on its own
         raise UserError(f"model {name!r}: its forward fails on a batch of shape "
-                        f"{[PROBE_ROWS, *x.shape[2:]]} ({_describe(exc)})") from None
+                        f"{[PROBE_ROWS, *x.shape[2:]]} ({describe_error(exc)})") from None
     try:
         vec = run(lambda p: vmap(lambda q, xb: functional_call(model, q, (xb,)))(p, x))
     except Exception as exc:  # no vmap rule, random numbers, data-dependent control flow, ...
-        return _describe(exc)
+        return describe_error(exc)
     same = (torch.allclose(ref[0], vec[0], rtol=1e-4, atol=1e-5)
             and all(torch.allclose(ref[1][n].double(), vec[1][n].double(), rtol=1e-4, atol=1e-5)
                     for n in ref[1])

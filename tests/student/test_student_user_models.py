@@ -12,6 +12,8 @@ import pytest
 import torch
 from student_support import one_thread, votes_for
 
+from analysis.orders import default_orders
+from pate.aggregation.ledger import Ledger
 from pate.cli.main import main
 from pate.config import StudentConfig
 from pate.data.datasets import Dataset, public_split
@@ -53,6 +55,17 @@ NETS = textwrap.dedent('''
 
     def too_wide(input_shape, num_classes):
         return Small(input_shape, num_classes + 3)
+
+
+    class EvalFails(Small):
+        def forward(self, x):
+            if not self.training and len(x) > 50:
+                raise RuntimeError("no batch of more than 50 rows in evaluation")
+            return self.net(x)
+
+
+    def eval_fails(input_shape, num_classes):
+        return EvalFails(input_shape, num_classes)
 ''')
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -132,6 +145,41 @@ def test_a_network_that_cannot_be_built_fails_before_a_query(tmp_path, digits, c
         f"pate: error: arch '{NAME}:too_wide': its forward returns shape [2, 13] for a batch of "
         "2; expected [2, 10]"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["votes.npz"]  # no ledger, no labels
+
+
+def test_a_network_failing_after_the_round_is_one_line_and_its_answers_are_kept(
+        tmp_path, digits, capsys) -> None:
+    """A network that passes the checks before the round (they probe training batches) but
+    fails in its own code later, here on an evaluation batch: one error line naming the
+    exception, the answers kept, and training on them again asks and charges nothing."""
+    (_, pool_y), _ = public_split(digits)
+    np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
+             pool_index=np.arange(len(pool_y), dtype=np.int64))
+    run = tmp_path / "run"
+    argv = ["student", "train", "--run", str(run), "--votes", str(tmp_path / "votes.npz"),
+            "--dataset", "digits", "--method", "supervised", "--mechanism", "confident",
+            "--threshold", "150", "--sigma1", "40", "--sigma2", "20", "--budget-epsilon", "50",
+            "--delta", "1e-5", "--epochs", "1", "--arch", f"{NAME}:eval_fails"]
+    assert main([*argv, "--queries", "60"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # progress lines, then the error
+    assert not any("Traceback" in line for line in err)
+    assert err[-1].startswith(
+        f"pate: error: the student's network '{NAME}:eval_fails' failed as it trained or was "
+        "evaluated (RuntimeError: no batch of more than 50 rows in evaluation); the "), err
+    assert err[-1].endswith("fix the network and train on them again at no new cost (rerun "
+                            "pate run, or pate student train with --queries 0)")
+    def spent():  # the ledger beside the votes
+        ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", default_orders(), 1e-5, 50.0)
+        try:
+            return ledger.budget()
+        finally:
+            ledger.close()
+
+    kept, charged = np.load(run / "labels.npz")["pool_index"], spent()
+    assert len(kept) == charged.queries == 60 and charged.epsilon_spent > 0
+    assert main([*argv, "--queries", "0", "--arch", ARCH]) == 0
+    assert np.array_equal(np.load(run / "labels.npz")["pool_index"], kept)  # nothing asked
+    assert spent() == charged  # nor charged
 
 
 def test_pate_run_builds_the_network_before_the_run_directory(tmp_path, capsys) -> None:
