@@ -35,6 +35,7 @@ from teachers.scattering import Scattering, scattering_size
 # learner silences it (train_dpsgd), the tests that step by hand run outside it.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
+
 @pytest.fixture(scope="module")
 def digits():
     ds = load_dataset("digits")

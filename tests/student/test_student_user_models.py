@@ -168,6 +168,7 @@ def test_a_network_failing_after_the_round_is_one_line_and_its_answers_are_kept(
         "evaluated (RuntimeError: no batch of more than 50 rows in evaluation); the "), err
     assert err[-1].endswith("fix the network and train on them again at no new cost (rerun "
                             "pate run, or pate student train with --queries 0)")
+
     def spent():  # the ledger beside the votes
         ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", default_orders(), 1e-5, 50.0)
         try:
