@@ -9,13 +9,14 @@ votes: the teachers agree more, so Confident-GNMax answers more rows for less da
 but they share the released labels' mistakes.
 
 On a finished run of ``fashion-mnist-small``'s kind (``--run``: its ``labels.npz``, ``votes.npz``
-and teachers with their pool encoder), this retrains the run's teachers (the preset's settings,
-``--config``) each on its part plus ``--shared`` released rows (copies per teacher, so the
-parts stay disjoint) and compares, on the pool rows the run never asked:
+and teachers with their pool encoder; its first ``--first-round`` queries, all by default, are
+the first round), this retrains the run's teachers (the preset's settings, ``--config``) each on
+its part plus ``--shared`` of the first round's released rows (copies per teacher, so the parts
+stay disjoint) and compares, on the pool rows the first round did not ask:
 - the teachers' noiseless plurality (its accuracy, its top share, the rows over the threshold's
   share T / teachers), old teachers against the new;
-- the Table-2 analysis (``analysis.votes_analysis.analyze_segments``) of the run's asked rows
-  (old votes) followed by ``--rows`` never-asked rows (old or new votes): the
+- the Table-2 analysis (``analysis.votes_analysis.analyze_segments``) of the first round's rows
+  (old votes) followed by ``--rows`` rows it did not ask (old or new votes): the
   smooth-sensitivity-sanitised ε before its noise, the data-dependent and data-independent ε,
   and the expected answers of the second round and how many of them are right.
 
@@ -47,10 +48,18 @@ from teachers.partition import deal_rows
 from teachers.votes import Ensemble
 
 
+def _first_round(run: Path, first: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The pool rows of the run's first ``first`` queries (all by default), in asking order,
+    and their released labels (-1: not answered)."""
+    released = np.load(run / "labels.npz")
+    return released["pool_index"][:first], released["label"][:first]
+
+
 def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int | None,
-                          seed: int) -> tuple[np.ndarray, object, np.ndarray, float]:
-    """The new votes on the pool, the task, the never-asked pool rows and the training's
-    seconds."""
+                          seed: int, first: int | None
+                          ) -> tuple[np.ndarray, object, np.ndarray, float]:
+    """The new votes on the pool, the task, the pool rows not asked in the first round and the
+    training's seconds."""
     config = load_config(config_name)
     task = load_task(config.data.source())
     t = config.teachers
@@ -61,9 +70,8 @@ def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int 
                      task.private_keys)
     manifest = checkpoints.read_manifest(run)
     encoder = checkpoints.load_encoder(run, manifest["pool_encoder"]["sha256"])
-    released = np.load(run / "labels.npz")
-    answered = released["label"] >= 0
-    rows, labels = released["pool_index"][answered], released["label"][answered]
+    asked, released = _first_round(run, first)
+    rows, labels = asked[released >= 0], released[released >= 0]
     rng = np.random.default_rng(seed)
     chosen = [np.sort(rng.choice(len(rows), shared, replace=False)) for _ in range(t.count)]
     n = len(task.private_y)
@@ -77,7 +85,7 @@ def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int 
     seconds = time.perf_counter() - started
     ensemble = Ensemble(manifest["model"], tuple(manifest["in_shape"]), task.num_classes,
                         [group], "cpu", encoder)
-    never = np.setdiff1d(np.arange(len(task.pool_x)), released["pool_index"])
+    never = np.setdiff1d(np.arange(len(task.pool_x)), asked)
     return ensemble.vote(task.pool_x), task, never, seconds
 
 
@@ -96,18 +104,20 @@ def main() -> None:
     p.add_argument("--shared", type=int, default=100, help="released rows per teacher")
     p.add_argument("--epochs", type=int, default=None, help="default: the config's")
     p.add_argument("--seed", type=int, default=0, help="the choice of released rows")
+    p.add_argument("--first-round", type=int, default=None, metavar="K",
+                   help="the run's first K queries are the first round (default: all)")
     p.add_argument("--rows", type=int, nargs="+", default=[300, 700, 1500, 2700])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("results/bench_adaptive_teachers.jsonl"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     new, task, never, seconds = _teachers_with_shared(args.run, args.config, args.shared,
-                                                      args.epochs, args.seed)
+                                                      args.epochs, args.seed, args.first_round)
     old = np.load(args.run / "votes.npz")["votes"]
     a = load_config(args.config).aggregator
     mechanism = ConfidentGNMax(a.threshold, a.sigma1, a.sigma2)
     share = a.threshold / int(old[0].sum())
-    asked = np.load(args.run / "labels.npz")["pool_index"]
+    asked, _ = _first_round(args.run, args.first_round)
     truth = task.pool_y
     orders = default_orders()
     plurality = {name: _plurality(v[never], truth[never], share)
