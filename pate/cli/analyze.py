@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from analysis.rdp import CONVERSIONS
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
+from pate.cli.paths import path_text
 from pate.errors import UserError
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "answering every row of a votes matrix, as PATE 2018's Table 2 analysis does "
                     "(threshold step paid on every query, GNMax weighted by the probability of "
                     "answering).")
-    p.add_argument("--votes", required=True, metavar="FILE",
+    p.add_argument("--votes", type=path_text, required=True, metavar="FILE",
                    help=".npy or .npz (key 'votes') int matrix [queries, classes]")
     p.add_argument("--delta", required=True, type=float, help="target delta, in (0, 1)")
     add_mechanism_flags(p, costed_only=True)

@@ -9,6 +9,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from pate.cli.paths import path_text
 from pate.data.datasets import DEFAULT_DATASET, LOADERS
 from pate.data.task import Benchmark, DataFiles, DataSource, unused_setting_problem
 from pate.errors import UserError
@@ -20,17 +21,18 @@ def add_data_flags(parser: argparse.ArgumentParser, *, files: bool = True) -> No
     group.add_argument("--dataset", default=None,
                        help=f"{', '.join(sorted(LOADERS))} (default: the run's teachers', "
                             f"else {DEFAULT_DATASET})")
-    group.add_argument("--data-dir", default=None, help="where the dataset's files are")
+    group.add_argument("--data-dir", type=path_text, default=None,
+                       help="where the dataset's files are")
     group.add_argument("--pool-size", type=int, default=None,
                        help="rows of the test split in the public pool (default: half)")
     if not files:
         return
-    group.add_argument("--private", metavar="PATH",
+    group.add_argument("--private", type=path_text, metavar="PATH",
                        help="your private labelled data: .npz (x, y), .csv or a folder of class "
                             "subfolders of images")
-    group.add_argument("--public", metavar="PATH",
+    group.add_argument("--public", type=path_text, metavar="PATH",
                        help="your public unlabelled pool, in the same format")
-    group.add_argument("--test", metavar="PATH",
+    group.add_argument("--test", type=path_text, metavar="PATH",
                        help="labelled evaluation data, in the same format (optional)")
     group.add_argument("--label", help="a .csv's label column")
     group.add_argument("--classes", nargs="+", metavar="C",

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pate.cli.paths import path_arg
+from pate.cli.paths import path_arg, path_text
 from pate.errors import UserError
 
 
@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "several runs under --out.")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", type=path_arg, metavar="DIR", help="run directory")
-    group.add_argument("--runs", metavar="DIR", nargs="+", help="run directories to compare")
-    p.add_argument("--out", metavar="DIR",
+    group.add_argument("--runs", type=path_text, metavar="DIR", nargs="+",
+                       help="run directories to compare")
+    p.add_argument("--out", type=path_text, metavar="DIR",
                    help="where --runs writes its comparison (default: ./report-comparison); a "
                         "run's own report is always DIR/report")
     p.set_defaults(handler=run)

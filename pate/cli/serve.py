@@ -9,7 +9,7 @@ import sys
 from analysis.rdp import CONVERSIONS
 from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
-from pate.cli.paths import path_arg
+from pate.cli.paths import path_arg, path_text
 
 
 def _port(value: str) -> int:
@@ -30,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--run", type=path_arg, metavar="DIR",
                         help="run directory: DIR/votes.npz is the pool; its trained teachers "
                              "answer 'inputs' requests")
-    source.add_argument("--votes", metavar="FILE", help="votes .npy, or .npz with 'votes' and "
-                        "optional 'pool_index'")
+    source.add_argument("--votes", type=path_text, metavar="FILE",
+                        help="votes .npy, or .npz with 'votes' and optional 'pool_index'")
     add_mechanism_flags(p)
     p.add_argument("--budget-epsilon", type=float, required=True,
                    help="epsilon budget of the private data, all clients together")
@@ -41,10 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="RDP to (epsilon, delta) for the budget (default: improved)")
     p.add_argument("--allow-large-delta", action="store_true",
                    help="accept a delta of 1/n or more (n the run's private records)")
-    p.add_argument("--token-file", required=True, metavar="F",
+    p.add_argument("--token-file", type=path_text, required=True, metavar="F",
                    help="bearer tokens, one per line; edit the file to add or revoke tokens")
-    p.add_argument("--ledger", metavar="URL", help="an SQLite file or a SQLAlchemy URL (default: "
-                   "DIR/ledger.db next to the votes; postgresql://... for PostgreSQL)")
+    p.add_argument("--ledger", type=path_text, metavar="URL",
+                   help="an SQLite file or a SQLAlchemy URL (default: DIR/ledger.db next to the "
+                        "votes; postgresql://... for PostgreSQL)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=_port, default=8470, help="0 picks a free port (printed)")

@@ -26,7 +26,7 @@ from analysis.rdp import CONVERSIONS
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
 from pate.cli.mechanism_flags import add_mechanism_flags, given_parameters, mechanism_from_flags
-from pate.cli.paths import path_arg
+from pate.cli.paths import path_arg, path_text
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
 from pate.progress import progress_bar
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--conversion", choices=CONVERSIONS, default="improved")
     local.add_argument("--allow-large-delta", action="store_true",
                        help="accept a delta of 1/n or more (n the run's private records)")
-    local.add_argument("--ledger", metavar="URL",
+    local.add_argument("--ledger", type=path_text, metavar="URL",
                        help="an SQLite file or a SQLAlchemy URL (default: ledger.db next to "
                        "the votes)")
     local.add_argument("--no-sanitised-epsilon", action="store_true",

@@ -377,6 +377,27 @@ def test_an_empty_run_directory_is_a_usage_error_not_the_current_folder(
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("command", "flag"), [
+    (["teachers", "train", "--run", "r", "--data-dir"], "--data-dir"),
+    (["teachers", "train", "--run", "r", "--private", "p.csv", "--public", "q.csv", "--test"],
+     "--test"),
+    (["student", "train", "--run", "r", "--method", "supervised", "--ledger"], "--ledger"),
+    (["analyze", "--delta", "1e-5", "--votes"], "--votes"),
+    (["report", "--runs", "a", "b", "--out"], "--out")])
+def test_every_path_flag_refuses_an_empty_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        command: list[str], flag: str) -> None:
+    """The same rule for the data's, the ledger's and the outputs' paths: an empty
+    ``--data-dir`` would have read the dataset from the current folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main([*command, ""])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument {flag}: an empty path (an unset shell variable?)")
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_port_out_of_range_and_a_file_for_the_report_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
