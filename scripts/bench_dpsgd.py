@@ -27,8 +27,7 @@ from pate.data.datasets import load_dataset, public_split
 from student.choices import DPSGD_MODELS
 from student.dpsgd import (
     DPSGDConfig,
-    _as_fetched,
-    _WholeBatches,
+    WholeBatches,
     dpsgd_network,
     fixed_features,
     train_dpsgd,
@@ -58,8 +57,8 @@ def plain_opacus_steps_per_second(ds, norm: tuple[float, float], config: DPSGDCo
                                  *norm)
     features = fixed_features(fixed, ds.train_x)
     engine = PrivacyEngine(accountant="rdp")
-    loader = DataLoader(_WholeBatches(torch.from_numpy(features), torch.from_numpy(ds.train_y)),
-                        batch_size=config.expected_batch_size, collate_fn=_as_fetched)
+    loader = DataLoader(WholeBatches(torch.from_numpy(features), torch.from_numpy(ds.train_y)),
+                        batch_size=config.expected_batch_size, collate_fn=WholeBatches.collate)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=config.lr,
                                                 momentum=config.momentum),

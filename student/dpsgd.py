@@ -290,20 +290,20 @@ class DPSGDSetup:
     sample_generator: torch.Generator
 
 
-class _WholeBatches(TensorDataset):
+class WholeBatches(TensorDataset):
     """A ``TensorDataset`` that fetches a batch by one index of its tensors (``__getitems__``,
     which torch's fetcher prefers) rather than a Python call per row and a stack of them: the
     same rows in the same order, about 9 times faster to fetch (60 000 rows in batches of 2 048).
-    Its batches are whole: the loader's collate function is :func:`_as_fetched`."""
+    Its batches are whole: a loader over it takes ``collate_fn=WholeBatches.collate``."""
 
     def __getitems__(self, rows: list[int]) -> tuple[torch.Tensor, ...]:
         index = torch.as_tensor(rows, dtype=torch.int64)
         return tuple(t[index] for t in self.tensors)
 
-
-def _as_fetched(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """The collate function of :class:`_WholeBatches`' batches."""
-    return batch
+    @staticmethod
+    def collate(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The loader's collate function: the batch as fetched."""
+        return batch
 
 
 def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
@@ -321,8 +321,8 @@ def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
         fixed, model = dpsgd_network(config.model, tuple(train_x.shape[1:]), num_classes, *norm)
     features = fixed_features(fixed, train_x)
     sample_gen, _ = secure_generator()
-    loader = DPDataLoader(_WholeBatches(torch.from_numpy(features), torch.from_numpy(train_y)),
-                          sample_rate=q, generator=sample_gen, collate_fn=_as_fetched)
+    loader = DPDataLoader(WholeBatches(torch.from_numpy(features), torch.from_numpy(train_y)),
+                          sample_rate=q, generator=sample_gen, collate_fn=WholeBatches.collate)
     return DPSGDSetup(q, loader, config.epochs * len(loader), fixed, model, sample_gen)
 
 

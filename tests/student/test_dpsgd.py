@@ -341,20 +341,20 @@ def test_fashion_mnist_reaches_the_published_accuracy() -> None:
 
 
 def test_whole_batches_are_the_rows_poisson_sampling_draws() -> None:
-    """The loader fetches each Poisson batch by one index (``_WholeBatches``): the same rows,
+    """The loader fetches each Poisson batch by one index (``WholeBatches``): the same rows,
     in the same order, as torch's row-by-row fetch and default collate, empty batches
     included (a sample rate that draws many)."""
     from opacus.data_loader import DPDataLoader
     from torch.utils.data import TensorDataset
 
-    from student.dpsgd import _as_fetched, _WholeBatches
+    from student.dpsgd import WholeBatches
 
     x, y = torch.randn(40, 3), torch.arange(40)
     batches = []
     for fast in (False, True):
-        dataset = (_WholeBatches if fast else TensorDataset)(x, y)
+        dataset = (WholeBatches if fast else TensorDataset)(x, y)
         loader = DPDataLoader(dataset, sample_rate=0.02, generator=torch.Generator().manual_seed(1),
-                              **({"collate_fn": _as_fetched} if fast else {}))
+                              **({"collate_fn": WholeBatches.collate} if fast else {}))
         batches.append([(xb.tolist(), yb.tolist()) for _ in range(5) for xb, yb in loader])
     assert batches[0] == batches[1]
     assert any(not yb for _, yb in batches[1]) and any(yb for _, yb in batches[1])
