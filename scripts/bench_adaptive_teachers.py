@@ -41,7 +41,7 @@ from analysis.mechanisms import ConfidentGNMax
 from analysis.orders import default_orders
 from analysis.votes_analysis import QuerySegment, analyze_segments
 from pate.config import load_config
-from pate.data.task import load_task
+from pate.data.task import Task, load_task
 from teachers import checkpoints
 from teachers.ensemble import train_config_for, train_group
 from teachers.partition import deal_rows
@@ -57,7 +57,7 @@ def _first_round(run: Path, first: int | None) -> tuple[np.ndarray, np.ndarray]:
 
 def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int | None,
                           seed: int, first: int | None
-                          ) -> tuple[np.ndarray, object, np.ndarray, float]:
+                          ) -> tuple[np.ndarray, Task, np.ndarray, float]:
     """The new votes on the pool, the task, the pool rows not asked in the first round and the
     training's seconds."""
     config = load_config(config_name)
@@ -73,10 +73,11 @@ def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int 
     asked, released = _first_round(run, first)
     rows, labels = asked[released >= 0], released[released >= 0]
     rng = np.random.default_rng(seed)
-    chosen = [np.sort(rng.choice(len(rows), shared, replace=False)) for _ in range(t.count)]
+    chosen = np.concatenate([np.sort(rng.choice(len(rows), shared, replace=False))
+                             for _ in range(t.count)])  # teacher k's: [k * shared, (k+1) * shared)
     n = len(task.private_y)
-    x = np.concatenate([task.private_x, *(task.pool_x[rows[c]] for c in chosen)])
-    y = np.concatenate([task.private_y, *(labels[c] for c in chosen)]).astype(np.int64)
+    x = np.concatenate([task.private_x, task.pool_x[rows[chosen]]])
+    y = np.concatenate([task.private_y, labels[chosen]]).astype(np.int64)
     parts = [np.concatenate([p, n + k * shared + np.arange(shared)])
              for k, p in enumerate(part.parts())]
     started = time.perf_counter()
