@@ -9,7 +9,8 @@ task, with preprocessing fitted on the public data only.
 - a folder: PNG or JPEG images in one subfolder per class (the folder's name is the class), or,
   for the unlabelled public pool, images directly in the folder.
 
-Every mistake is one ``UserError`` line naming the file, never a value of a private file.
+Every mistake is one ``UserError`` line naming the file, never a value of a private file nor
+a place in it (``place``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ if TYPE_CHECKING:
 # other word (pandas' own longer list is not used), so a category's value is never lost to it.
 MISSING_VALUES = ("", "?", "NA", "N/A", "n/a", "#N/A", "NaN", "nan", "null", "NULL", "None")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+HIDDEN_PLACE = "places in private data are not shown"
+
+
+def place(kind: str, number: int, private: bool) -> str:
+    """How an error names a ``line`` or ``row`` of a file: ``line 7`` in a public or test file,
+    ``a line (HIDDEN_PLACE)`` in a private one. A place in private data is private: the last
+    row's number is the count of records, private where the teachers are dealt by record or
+    key, and an error line may reach logs that the data's holder does not keep to themself."""
+    return f"a {kind} ({HIDDEN_PLACE})" if private else f"{kind} {number}"
 
 
 def kind_named(path: str | Path) -> str:
@@ -88,18 +98,18 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
     return x, y
 
 
-def _check_field_counts(path: Path, raw: bytes) -> None:
+def _check_field_counts(path: Path, raw: bytes, private: bool) -> None:
     """Refuse a CSV line with fewer or more comma-separated fields than its header, by line
-    number (a position, never a value: the file may be private). pandas fills a short row
+    number in a public file (``place``). pandas fills a short row
     with missing values unsaid. Counted on the bytes at once; a file with quotes (where a comma
     or a line break may sit inside a value, and a quote inside an unquoted value is a plain
     character) is counted by ``_check_quoted_rows``."""
     data = np.frombuffer(raw, np.uint8)
     if not len(data):
         return
-    data = _line_feeds_only(path, data)
+    data = _line_feeds_only(path, data, private)
     if (data == ord('"')).any():
-        _check_quoted_rows(path, raw)
+        _check_quoted_rows(path, raw, private)
         return
     ends = np.flatnonzero(data == ord("\n"))
     if not len(ends) or ends[-1] != len(data) - 1:
@@ -117,10 +127,11 @@ def _check_field_counts(path: Path, raw: bytes) -> None:
     header, rows = fields[lines[0]], lines[1:]
     wrong = rows[(fields[rows] != header) & ~(trailing[rows] & (fields[rows] == header + 1))]
     if len(wrong):
+        line = place("line", int(wrong[0]) + 1, private)
         if fields[wrong[0]] > header:
-            raise UserError(f"{path}: line {wrong[0] + 1} has more fields than the header (a "
-                            "comma inside a value needs quotes)")
-        raise UserError(f"{path}: line {wrong[0] + 1} has fewer fields than the header")
+            raise UserError(f"{path}: {line} has more fields than the header (a comma inside a "
+                            "value needs quotes)")
+        raise UserError(f"{path}: {line} has fewer fields than the header")
 
 
 def _check_utf8(path: Path, raw: bytes) -> None:
@@ -134,7 +145,7 @@ def _check_utf8(path: Path, raw: bytes) -> None:
                         "as UTF-8") from None
 
 
-def _line_feeds_only(path: Path, data: np.ndarray) -> np.ndarray:
+def _line_feeds_only(path: Path, data: np.ndarray, private: bool) -> np.ndarray:
     """The bytes with classic Mac line ends (a carriage return alone, in a file without line
     feeds) made line feeds, as pandas reads them. In a file of line feeds, a carriage return
     outside quotes followed by a field's byte (not a line end, another carriage return or the
@@ -150,17 +161,18 @@ def _line_feeds_only(path: Path, data: np.ndarray) -> np.ndarray:
     quoted = np.cumsum(data == ord('"')) % 2 == 1  # inside a quoted value (parity of quotes)
     stray = carriage & ~quoted & (following != ord("\n")) & (following != ord("\r"))
     if stray.any():
-        line = int(feeds[:int(np.argmax(stray))].sum()) + 1
-        raise UserError(f"{path}: line {line} holds a carriage return that ends no line (a "
+        line = place("line", int(feeds[:int(np.argmax(stray))].sum()) + 1, private)
+        raise UserError(f"{path}: {line} holds a carriage return that ends no line (a "
                         "file of mixed line ends: it would be read as two rows); save it with "
                         "one kind of line end")
     return data
 
 
-def _check_quoted_rows(path: Path, raw: bytes) -> None:
+def _check_quoted_rows(path: Path, raw: bytes, private: bool) -> None:
     """``_check_field_counts`` for a file with quotes, by pandas' Python parser, the one that
     tells a field that is absent (a short row: missing) from one that is empty (``""``); the
-    row is named by its number after the header (a quoted value may span lines). A long row
+    row is named by its number after the header (a quoted value may span lines; ``place``).
+    A long row
     is refused by ``read_csv``'s own parse."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pd.errors.ParserWarning)  # a long row: said after
@@ -171,18 +183,19 @@ def _check_quoted_rows(path: Path, raw: bytes) -> None:
             return  # said by read_csv's own parse
     short = rows.isna().to_numpy().any(axis=1)
     if short.any():
-        raise UserError(f"{path}: row {int(np.argmax(short)) + 1} after the header has fewer "
+        row = place("row", int(np.argmax(short)) + 1, private)
+        raise UserError(f"{path}: {row}{'' if private else ' after the header'} has fewer "
                         "fields than the header")
 
 
-def read_csv(path: str | Path, label: str | None, need_labels: bool
+def read_csv(path: str | Path, label: str | None, need_labels: bool, private: bool = False
              ) -> tuple[pd.DataFrame, NDArray | None]:
     """The feature columns, as text with surrounding spaces removed (``NaN`` where missing), and
     (if ``need_labels``) the ``label`` column of a ``.csv``: integers when every label is one,
     else text. Every file is read the same way, so a column's values do not change with what
     else a file holds (``01`` stays ``01``); ``pate.data.preprocessing`` decides which columns
     are numbers. A label column in a file that needs none (the public pool's) is dropped
-    unread."""
+    unread. Errors about a ``private`` file name no place in it (``place``)."""
     p = Path(path)
     _exists(p)
     if label is None:
@@ -190,7 +203,7 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
     try:
         raw = p.read_bytes()  # read once: counted, then parsed
         _check_utf8(p, raw)
-        _check_field_counts(p, raw)
+        _check_field_counts(p, raw, private)
         with warnings.catch_warnings():  # a row with more fields than the header: refused
             warnings.simplefilter("error", pd.errors.ParserWarning)
             header = pd.read_csv(io.BytesIO(raw), header=None, nrows=1, dtype=str,
@@ -198,9 +211,10 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool
             frame = pd.read_csv(io.BytesIO(raw), dtype=str, na_values=list(MISSING_VALUES),
                                 keep_default_na=False, skipinitialspace=True, index_col=False)
     except (pd.errors.ParserWarning, pd.errors.ParserError) as exc:
-        line = re.search(r"line (\d+)", str(exc))
-        raise UserError(f"{p}: {'a row' if line is None else 'line ' + line[1]} has more fields "
-                        "than the header (a comma inside a value needs quotes)") from None
+        found = re.search(r"line (\d+)", str(exc))
+        line = "a row" if found is None else place("line", int(found[1]), private)
+        raise UserError(f"{p}: {line} has more fields than the header (a comma inside a value "
+                        "needs quotes)") from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not a readable .csv file ({exc.__class__.__name__})") from None
     if frame.empty:

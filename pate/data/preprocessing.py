@@ -91,8 +91,11 @@ class TabularEncoder:
     def width(self) -> int:
         return len(self.numeric) + sum(len(v) + 1 for v in self.vocabularies)
 
-    def transform(self, frame: pd.DataFrame, what: str) -> NDArray[np.float32]:
-        """``float32 [rows, width]``; the columns must be the pool's (any order)."""
+    def transform(self, frame: pd.DataFrame, what: str, private: bool = False
+                  ) -> NDArray[np.float32]:
+        """``float32 [rows, width]``; the columns must be the pool's (any order). A cell of
+        text in a numeric column is named by its row, except in ``private`` data
+        (``files.place``)."""
         expected = set(self.numeric) | set(self.categorical)
         if set(frame.columns) != expected:
             missing = sorted(expected - set(frame.columns))
@@ -105,11 +108,12 @@ class TabularEncoder:
             raw = frame[list(self.numeric)]
             numbers = raw.apply(pd.to_numeric, errors="coerce")
             text = (numbers.isna() & raw.notna()).to_numpy()
-            if text.any():  # the first such cell, by its place: a private file's text is not shown
+            if text.any():  # the first such cell, by its place; its text is not shown
                 row, col = np.argwhere(text)[0]
+                where = (f" ({files.HIDDEN_PLACE})" if private else
+                         f" (first in row {row + 1} of its data, blank lines not counted)")
                 raise UserError(f"{what}: column {self.numeric[col]} is numeric in the public "
-                                f"data but holds text here (first in row {row + 1} of its "
-                                "data, blank lines not counted): make the cell a number, or "
+                                f"data but holds text here{where}: make the cell a number, or "
                                 "empty or ? where it is missing")
             z = (_finite(numbers, what) - np.asarray(self.means)) / np.asarray(self.stds)
             parts.append(np.nan_to_num(z, nan=0.0))

@@ -406,7 +406,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     if not need_private:
         del wanted["private"]
     if kind == "csv":
-        frames = {role: files.read_csv(path, source.label, labelled)
+        frames = {role: files.read_csv(path, source.label, labelled, role == "private")
                   for role, (path, labelled) in wanted.items() if path}
         if "private" in frames:
             private_content = table_digest(*frames["private"], source.label)
@@ -422,7 +422,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                             "which agree" + (f"; missing {', '.join(missing)}" if missing else "")
                             + (f"; not in them: {', '.join(extra)}" if extra else ""))
         encoder = TabularEncoder.fit(frames["public"][0])
-        reads = {role: (encoder.transform(frame, str(wanted[role][0])), y)
+        reads = {role: (encoder.transform(frame, str(wanted[role][0]), role == "private"), y)
                  for role, (frame, y) in frames.items()}
         preprocessing.update({"label": source.label, **encoder.describe()})
     elif kind == "npz":

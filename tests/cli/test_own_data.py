@@ -330,6 +330,36 @@ def test_a_csv_that_is_not_utf8_says_so(tmp_path: Path) -> None:
                                 label="income", classes=("<=50K", ">50K")), need_private=True)
 
 
+def test_errors_about_a_private_csv_name_no_place_in_it(tmp_path: Path) -> None:
+    """A public or test file's bad line is named by number; the private file's is not: the
+    place of its last row is the count of records."""
+    text = census(20, np.random.default_rng(6))
+    lines = text.splitlines(keepends=True)
+    head, last = "".join(lines[:-1]), lines[-1]
+    after_age = last.split(",", 1)[1]  # the last row without its first field
+    quoted = lines[0] + '"' + lines[1].rstrip("\n").replace(",", '","') + '"\n'
+    bad = {"a short last line": head + after_age,
+           "a short last row, in a file with quotes": quoted + "".join(lines[2:-1]) + after_age,
+           "a long line": head + last.rstrip("\n") + ",7\n",
+           "a carriage return inside a line": head + last.replace(",", "\r,", 1),
+           "text in a numeric column": head + "old," + after_age}
+    (tmp_path / "public.csv").write_text(text)
+    for what, body in bad.items():
+        for role in ("private", "test"):
+            other = "test" if role == "private" else "private"
+            (tmp_path / f"{role}.csv").write_text(body)
+            (tmp_path / f"{other}.csv").write_text(text)
+            with pytest.raises(UserError) as info:
+                load_task(DataFiles(*(str(tmp_path / f"{r}.csv")
+                                      for r in ("private", "public", "test")),
+                                    label="income", classes=("<=50K", ">50K")),
+                          need_private=True)
+            said = str(info.value)
+            assert said.startswith(str(tmp_path / f"{role}.csv")), (what, said)
+            places = re.findall(r"\b(?:line|row) \d+", said)
+            assert (places == []) == (role == "private"), (what, role, said)
+
+
 def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     x, y = _images(30, rng)
