@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from pate.aggregation.vote_pool import VotePool
@@ -134,6 +135,26 @@ def _fit_on_answers(task: Task, options: StudentOptions, spec: ModelSpec,
     return model, learner, result, acc
 
 
+def _rehearse(task: Task, options: StudentOptions, spec: ModelSpec) -> None:
+    """One training step and one evaluation of a user's student network (``spec.arch`` an
+    import path) by ``_fit_on_answers`` itself, on the pool's first rows with made-up labels,
+    before the round asks anything: a network that fails only in training mode, in its
+    backward pass, on a full batch or on the evaluation batches fails here at no cost, not
+    after the answers are bought. Nothing is saved; torch's CPU generator is left as it was."""
+    rows = min(len(task.pool_x), options.unlabelled_batch_size)  # one step: one batch of it
+    labelled = np.arange(min(len(task.pool_x), options.batch_size))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            _fit_on_answers(replace(task, pool_x=task.pool_x[:rows]), replace(options, epochs=1),
+                            spec, None, labelled, labelled % task.num_classes, None)
+    except UserError:
+        raise
+    except Exception as exc:  # the user's code
+        raise UserError(f"the student's network {spec.arch!r} failed in a rehearsal of one "
+                        f"training step and an evaluation on public rows "
+                        f"({describe_error(exc)}); nothing was asked") from None
+
+
 def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
                       fractions: Sequence[float],
                       say: Callable[[str], None] = _stderr_line) -> list[dict[str, Any]]:
@@ -211,6 +232,8 @@ def train_student(run: RunDir,
                         f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
     given = _given_encoder(run, options, pool_x.shape[1]) if pool_features else None
     check_network(spec)
+    if is_import_path(spec.arch) and open_session is not None:
+        _rehearse(task, options, spec)
     run.create()
     out = run.student
     before = Received.load(run.labels) if run.labels.is_file() else Received.empty()

@@ -66,6 +66,22 @@ NETS = textwrap.dedent('''
 
     def eval_fails(input_shape, num_classes):
         return EvalFails(input_shape, num_classes)
+
+
+    class FailsLate(Small):
+        """Fails at its fourth training batch: past a rehearsal of one step."""
+        steps = 0
+
+        def forward(self, x):
+            if self.training:
+                self.steps += 1
+                if self.steps > 3:
+                    raise RuntimeError("no fourth training batch")
+            return self.net(x)
+
+
+    def fails_late(input_shape, num_classes):
+        return FailsLate(input_shape, num_classes)
 ''')
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -147,11 +163,31 @@ def test_a_network_that_cannot_be_built_fails_before_a_query(tmp_path, digits, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["votes.npz"]  # no ledger, no labels
 
 
+def test_a_network_failing_on_evaluation_batches_fails_before_a_query(
+        tmp_path, digits, capsys) -> None:
+    """The network passes the forward on two rows, but not the rehearsal of one training step
+    and an evaluation: nothing is asked, charged or written."""
+    (_, pool_y), _ = public_split(digits)
+    np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
+             pool_index=np.arange(len(pool_y), dtype=np.int64))
+    argv = ["student", "train", "--run", str(tmp_path / "run"), "--votes",
+            str(tmp_path / "votes.npz"), "--dataset", "digits", "--method", "supervised",
+            "--mechanism", "confident", "--threshold", "150", "--sigma1", "40", "--sigma2", "20",
+            "--budget-epsilon", "50", "--delta", "1e-5", "--queries", "50",
+            "--arch", f"{NAME}:eval_fails"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"pate: error: the student's network '{NAME}:eval_fails' failed in a rehearsal of one "
+        "training step and an evaluation on public rows (RuntimeError: no batch of more than "
+        "50 rows in evaluation); nothing was asked"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["votes.npz"]  # no ledger, no labels
+
+
 def test_a_network_failing_after_the_round_is_one_line_and_its_answers_are_kept(
         tmp_path, digits, capsys) -> None:
-    """A network that passes the checks before the round (they probe training batches) but
-    fails in its own code later, here on an evaluation batch: one error line naming the
-    exception, the answers kept, and training on them again asks and charges nothing."""
+    """A network that passes the checks before the round (a rehearsal of one training step)
+    but fails in its own code later, here at its fourth training batch: one error line naming
+    the exception, the answers kept, and training on them again asks and charges nothing."""
     (_, pool_y), _ = public_split(digits)
     np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
              pool_index=np.arange(len(pool_y), dtype=np.int64))
@@ -159,13 +195,13 @@ def test_a_network_failing_after_the_round_is_one_line_and_its_answers_are_kept(
     argv = ["student", "train", "--run", str(run), "--votes", str(tmp_path / "votes.npz"),
             "--dataset", "digits", "--method", "supervised", "--mechanism", "confident",
             "--threshold", "150", "--sigma1", "40", "--sigma2", "20", "--budget-epsilon", "50",
-            "--delta", "1e-5", "--epochs", "1", "--arch", f"{NAME}:eval_fails"]
+            "--delta", "1e-5", "--epochs", "2", "--arch", f"{NAME}:fails_late"]
     assert main([*argv, "--queries", "60"]) == 2
     err = capsys.readouterr().err.strip().splitlines()  # progress lines, then the error
     assert not any("Traceback" in line for line in err)
     assert err[-1].startswith(
-        f"pate: error: the student's network '{NAME}:eval_fails' failed as it trained or was "
-        "evaluated (RuntimeError: no batch of more than 50 rows in evaluation); the "), err
+        f"pate: error: the student's network '{NAME}:fails_late' failed as it trained or was "
+        "evaluated (RuntimeError: no fourth training batch); the "), err
     assert err[-1].endswith("fix the network and train on them again at no new cost (rerun "
                             "pate run, or pate student train with --queries 0)")
 
