@@ -100,10 +100,10 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
 
 def _check_field_counts(path: Path, raw: bytes, private: bool) -> None:
     """Refuse a CSV line with fewer or more comma-separated fields than its header, by line
-    number in a public file (``place``). pandas fills a short row
-    with missing values unsaid. Counted on the bytes at once; a file with quotes (where a comma
-    or a line break may sit inside a value, and a quote inside an unquoted value is a plain
-    character) is counted by ``_check_quoted_rows``."""
+    number in a public file (``place``). pandas fills a short row with missing values unsaid.
+    Counted on the bytes at once; a file with quotes (where a comma or a line break may sit
+    inside a value, and a quote inside an unquoted value is a plain character) is counted by
+    ``_check_quoted_rows``."""
     data = np.frombuffer(raw, np.uint8)
     if not len(data):
         return
@@ -172,8 +172,7 @@ def _check_quoted_rows(path: Path, raw: bytes, private: bool) -> None:
     """``_check_field_counts`` for a file with quotes, by pandas' Python parser, the one that
     tells a field that is absent (a short row: missing) from one that is empty (``""``); the
     row is named by its number after the header (a quoted value may span lines; ``place``).
-    A long row
-    is refused by ``read_csv``'s own parse."""
+    A long row is refused by ``read_csv``'s own parse."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pd.errors.ParserWarning)  # a long row: said after
         try:
