@@ -145,9 +145,19 @@ def test_cli_bad_arch_is_one_error_line(tmp_path, capsys) -> None:
         "config file)"]
 
 
-def test_a_network_that_cannot_be_built_fails_before_a_query(tmp_path, digits, capsys) -> None:
-    """The student's network is built before the aggregator is opened: nothing is asked,
-    charged or written."""
+@pytest.mark.parametrize(("factory", "said"), [
+    # built and run on two rows before the aggregator is opened
+    ("too_wide", f"arch '{NAME}:too_wide': its forward returns shape [2, 13] for a batch of 2; "
+                 "expected [2, 10]"),
+    # passes that, not the rehearsal of one training step and an evaluation
+    ("eval_fails", f"the student's network '{NAME}:eval_fails' failed in a rehearsal of one "
+                   "training step and an evaluation on public rows (RuntimeError: no batch of "
+                   "more than 50 rows in evaluation); nothing was asked"),
+])
+def test_a_network_that_fails_before_a_query_spends_nothing(tmp_path, digits, capsys,
+                                                            factory: str, said: str) -> None:
+    """A student's network that cannot be built, or fails its rehearsal: one line, and
+    nothing is asked, charged or written."""
     (_, pool_y), _ = public_split(digits)
     np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
              pool_index=np.arange(len(pool_y), dtype=np.int64))
@@ -155,31 +165,9 @@ def test_a_network_that_cannot_be_built_fails_before_a_query(tmp_path, digits, c
             str(tmp_path / "votes.npz"), "--dataset", "digits", "--method", "supervised",
             "--mechanism", "confident", "--threshold", "150", "--sigma1", "40", "--sigma2", "20",
             "--budget-epsilon", "50", "--delta", "1e-5", "--queries", "50",
-            "--arch", f"{NAME}:too_wide"]
+            "--arch", f"{NAME}:{factory}"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"pate: error: arch '{NAME}:too_wide': its forward returns shape [2, 13] for a batch of "
-        "2; expected [2, 10]"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["votes.npz"]  # no ledger, no labels
-
-
-def test_a_network_failing_on_evaluation_batches_fails_before_a_query(
-        tmp_path, digits, capsys) -> None:
-    """The network passes the forward on two rows, but not the rehearsal of one training step
-    and an evaluation: nothing is asked, charged or written."""
-    (_, pool_y), _ = public_split(digits)
-    np.savez(tmp_path / "votes.npz", votes=votes_for(pool_y),
-             pool_index=np.arange(len(pool_y), dtype=np.int64))
-    argv = ["student", "train", "--run", str(tmp_path / "run"), "--votes",
-            str(tmp_path / "votes.npz"), "--dataset", "digits", "--method", "supervised",
-            "--mechanism", "confident", "--threshold", "150", "--sigma1", "40", "--sigma2", "20",
-            "--budget-epsilon", "50", "--delta", "1e-5", "--queries", "50",
-            "--arch", f"{NAME}:eval_fails"]
-    assert main(argv) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"pate: error: the student's network '{NAME}:eval_fails' failed in a rehearsal of one "
-        "training step and an evaluation on public rows (RuntimeError: no batch of more than "
-        "50 rows in evaluation); nothing was asked"]
+    assert capsys.readouterr().err.strip().splitlines() == [f"pate: error: {said}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["votes.npz"]  # no ledger, no labels
 
 
