@@ -74,6 +74,7 @@ from pate.api_checks import (
 from pate.api_dpsgd import DPSGD
 from pate.api_tables import TableEncoder
 from pate.data.augment import AUGMENTATIONS
+from pate.data.files import rows_said
 from pate.data.partitions import PARTITIONS
 from pate.data.task import private_rows_key, rows_content_digest, rows_fingerprint
 from pate.data.votes_file import check_votes
@@ -183,14 +184,14 @@ class Teachers:
         if pool is not None and len(pool) < 2:
             raise UserError("x_public needs at least 2 rows to fit an encoder on")
         if len(ys) != len(xs):
-            raise UserError(f"y must hold one label per row of x: {len(ys)} labels, "
-                            f"{len(xs)} rows")
+            raise UserError("y must hold one label per row of x, got "
+                            + rows_said(len(ys), len(xs), "labels", private=True))
         if (keys is None) == (self.partition == "key"):
             raise UserError("keys= (whose each row is) go with partition='key', and only with it")
         whose = None if keys is None else np.asarray(keys).astype(str).reshape(-1)
         if whose is not None and len(whose) != len(xs):
-            raise UserError(f"keys must hold one key per row of x: {len(whose)} keys, "
-                            f"{len(xs)} rows")
+            raise UserError("keys must hold one key per row of x, got "
+                            + rows_said(len(whose), len(xs), "keys", private=True))
         kind = data_kind(xs, self.config.augment)
         if self.model is None:
             self.config = replace(self.config, model=DEFAULT_MODEL[kind])

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from pate.data.files import shape_said
 from pate.data.preprocessing import as_features, channels_last, channels_last_advice
 from pate.devices import device_problem
 from pate.errors import UserError
@@ -40,9 +41,10 @@ def checked_rows(x: ArrayLike, name: str = "x") -> NDArray[np.float32]:
         raw = np.asarray(x)
         if raw.ndim not in (2, 3, 4) or not len(raw):
             raise UserError(f"{name} must be images [n, C, H, W] or feature rows [n, d], n >= 1, "
-                            f"got shape {list(raw.shape)}")
+                            f"got {shape_said(raw.shape, private=True)}")  # x may be private
         if raw.ndim == 4 and channels_last(raw.shape[1:]):
-            warnings.warn(channels_last_advice(name, raw.shape), stacklevel=_user_stacklevel())
+            warnings.warn(channels_last_advice(name, raw.shape[1:]),
+                          stacklevel=_user_stacklevel())
         return np.ascontiguousarray(as_features(raw, name))
     except (TypeError, ValueError):
         raise UserError(f"{name} must be numbers: images [n, C, H, W] or feature rows [n, d] "
@@ -112,7 +114,7 @@ def checked_labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
     The message says which rule failed, not a label's value (``y`` may be private)."""
     a = np.asarray(y)
     if a.ndim != 1 or a.size == 0:
-        got = f"shape {list(a.shape)}"
+        got = shape_said(a.shape, private=True)
     elif not np.issubdtype(a.dtype, np.integer):
         got = f"{a.dtype} values" + (" (names?)" if a.dtype.kind in "USO" else "")
     elif a.min() < 0:

@@ -348,9 +348,12 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         load_student(tmp_path / "scripted")  # loaded where that script is not running
     for labels, got in ((np.where(y == 1, "yes", "no"), r"<U3 values \(names\?\)"),
                         (y + 1, "an index of 2 or more"), (y - 1, "a negative index"),
-                        (y[:, None], r"shape \[300, 1\]"), (y.astype(float), "float64 values")):
+                        (y[:, None], r"shape \[n, 1\]"), (y.astype(float), "float64 values")):
         with pytest.raises(UserError, match=f"integer class indices .*: got {got}"):
             Teachers(3, 2).fit(x, labels)
+    # nor how many rows (private where the teachers are dealt by record or key)
+    with pytest.raises(UserError, match=r"one label per row of x, got fewer labels than rows$"):
+        Teachers(3, 2).fit(x, y[:-1])
     with pytest.raises(UserError, match="x must be numbers"):
         Teachers(3, 2).fit([["a"] * 6] * 300, y)
 
@@ -459,7 +462,8 @@ def test_augmentation_mixup_and_vat_settings_are_used() -> None:
     for call in (lambda: Teachers(2, 3, epochs=1).fit(channels_last, labels),
                  lambda: student.predict(channels_last), lambda: student.score(channels_last,
                                                                               labels)):
-        with pytest.warns(UserWarning, match=r"looks channels-last \[n, H, W, C\]") as caught, \
+        with pytest.warns(UserWarning, match=r"images of shape \[8, 8, 3\] look channels-last "
+                                             r"\[H, W, C\]") as caught, \
                 contextlib.suppress(UserError):  # the student then refuses the shape
             call()
         assert caught[0].filename == __file__  # the caller's line, not the library's

@@ -72,8 +72,10 @@ def _exists(path: Path) -> None:
         raise UserError(f"{path}: no such file or folder")
 
 
-def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | None]:
-    """``x`` and (if ``need_labels``, required; else ``None``) ``y`` of an ``.npz``."""
+def read_npz(path: str | Path, need_labels: bool, private: bool = False
+             ) -> tuple[NDArray, NDArray | None]:
+    """``x`` and (if ``need_labels``, required; else ``None``) ``y`` of an ``.npz``. Errors
+    about a ``private`` file count no rows (``rows_said``)."""
     p = Path(path)
     _exists(p)
     try:
@@ -89,13 +91,33 @@ def read_npz(path: str | Path, need_labels: bool) -> tuple[NDArray, NDArray | No
         raise UserError(f"{p}: not a readable .npz file ({exc.__class__.__name__})") from None
     if x.ndim not in (2, 3, 4) or x.shape[0] == 0 or 0 in x.shape:
         raise UserError(f"{p}: x must be [n, d] features or [n, H, W] / [n, C, H, W] images "
-                        f"with n > 0, got shape {list(x.shape)}")
+                        f"with n > 0, got {shape_said(x.shape, private)}")
     if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
         raise UserError(f"{p}: x must be numeric, got dtype {x.dtype}")
     if y is not None and y.shape != (x.shape[0],):
-        raise UserError(f"{p}: y must be 1-d with one label per row of x, got shape "
-                        f"{list(y.shape)} for {x.shape[0]} rows")
+        got = (f"{y.ndim} dimensions" if y.ndim != 1 else
+               rows_said(len(y), x.shape[0], "labels", private))
+        raise UserError(f"{p}: y must be 1-d with one label per row of x, got {got}")
     return x, y
+
+
+def shape_said(shape: tuple[int, ...], private: bool) -> str:
+    """An array's shape as an error says it: whole, or for ``private`` rows without their
+    number (``[n, 28, 28]``; an empty one says so), which is private where the teachers are
+    dealt by record or key."""
+    if not private:
+        return f"shape {list(shape)}"
+    if shape and shape[0] == 0:
+        return "no rows"
+    return f"shape [{', '.join(['n', *(str(s) for s in shape[1:])])}]"
+
+
+def rows_said(count: int, rows: int, what: str, private: bool) -> str:
+    """``count`` of ``what`` (labels, keys) against ``rows`` rows, as an error says it: the
+    numbers, or for ``private`` rows only which is the larger (``shape_said``)."""
+    if not private:
+        return f"{count} {what} for {rows} rows"
+    return f"{'more' if count > rows else 'fewer'} {what} than rows"
 
 
 def _check_field_counts(path: Path, raw: bytes, private: bool) -> None:
@@ -323,11 +345,12 @@ def image_names(path: str | Path) -> list[str]:
         return [f.relative_to(path).as_posix() for f in _image_files(Path(path))[0]]
 
 
-def content_digest(path: str | Path) -> str:
+def content_digest(path: str | Path, private: bool = False) -> str:
     """sha256 (hex) of what a data file holds, however it was named or moved: a file's bytes,
     or a folder's images, each by its name relative to the folder and its bytes, in the order
     ``read_image_folder`` reads them. Every part after its length in bytes, and a file's
-    digest apart from a folder's, so that no two contents give one digest."""
+    digest apart from a folder's, so that no two contents give one digest. An image that
+    cannot be read is one error line, naming only its class folder in a ``private`` folder."""
     p = Path(path)
     _exists(p)
     digest = hashlib.sha256()
@@ -335,11 +358,19 @@ def content_digest(path: str | Path) -> str:
         digest.update(b"folder\0")
         for name in image_names(p):
             raw = os.fsencode(name)
-            digest.update(b"%d:%s%d:" % (len(raw), raw, (p / name).stat().st_size))
-            _hash_file(p / name, digest)
+            try:
+                digest.update(b"%d:%s%d:" % (len(raw), raw, (p / name).stat().st_size))
+                _hash_file(p / name, digest)
+            except OSError as exc:
+                where = _private_place(p, p / name) if private else str(p / name)
+                raise UserError(f"{where}: unreadable image ({exc.__class__.__name__})"
+                                ) from None
     else:
         digest.update(b"file\0")
-        _hash_file(p, digest)
+        try:
+            _hash_file(p, digest)
+        except OSError as exc:
+            raise UserError(f"{p}: unreadable ({exc.__class__.__name__})") from None
     return digest.hexdigest()
 
 
@@ -405,7 +436,7 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
     converted and resized to them (bilinear). Errors about a ``private`` folder's image name
     its class folder only, not the image nor its place (private data, design.md's privacy
     rule 2)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     p = Path(path)
     _exists(p)
@@ -419,12 +450,15 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
     images = []
     for f in files:
         try:
-            with Image.open(f) as im:
+            with warnings.catch_warnings(record=private) as said, Image.open(f) as im:
                 im.load()
                 images.append(_eight_bit(im))
-        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
+        except Exception as exc:  # Pillow on a user's file: OSError, SyntaxError, ...
             where = _private_place(p, f) if private else str(f)
             raise UserError(f"{where}: unreadable image ({exc.__class__.__name__})") from None
+        if said:  # Pillow's warnings quote an image's size: one line naming its folder only
+            warnings.warn(f"{_private_place(p, f)}: Pillow warned of it "
+                          f"({said[0].category.__name__})", stacklevel=2)
     if mode is None:
         mode = "L" if all(im.mode in ("1", "L", "I;16", "I") for im in images) else "RGB"
     if size is None:

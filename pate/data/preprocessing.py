@@ -194,8 +194,9 @@ def as_features(x: NDArray, what: str, pixel_max: float = 255.0) -> NDArray[np.f
         x = x / pixel_max
     elif np.issubdtype(x.dtype, np.floating) and x.ndim > 2 and _whole_above_one(x):
         raise UserError(f"{what}: its pixels are whole numbers above 1 stored as floats, as "
-                        "integer pixels are: give them as integers (uint8, scaled to [0, 1] "
-                        "here) or as floats in [0, 1]")
+                        "integer pixels are: scale them to [0, 1] (divide by the largest value "
+                        "their format holds: 255 for 8-bit images, 16 for 4-bit ones), or give "
+                        "8-bit images as uint8 (divided by 255 here)")
     with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
         x = np.asarray(x, np.float32)
     if not np.isfinite(x).all():
@@ -228,10 +229,11 @@ def channels_last(image_shape: tuple[int, ...]) -> bool:
             and image_shape[0] not in (1, 3, 4))
 
 
-def channels_last_advice(what: str, shape: tuple[int, ...]) -> str:
-    """What to say of ``what``, arrays of ``shape`` whose images look channels-last."""
-    return (f"{what} of shape {list(shape)} looks channels-last [n, H, W, C]; images are "
-            "[n, C, H, W]: transpose them with .transpose(0, 3, 1, 2) if so")
+def channels_last_advice(what: str, image_shape: tuple[int, ...]) -> str:
+    """What to say of ``what``, images of ``image_shape`` that look channels-last (not the
+    number of rows: it may be private)."""
+    return (f"{what}: images of shape {list(image_shape)} look channels-last [H, W, C]; images "
+            "are [C, H, W]: transpose the array with .transpose(0, 3, 1, 2) if so")
 
 
 def benchmark_record(name: str, image_shape: tuple[int, ...], pixel_max: float

@@ -398,7 +398,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
     reads: dict[str, tuple[NDArray, NDArray | None]] = {}
     preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
-    private_content = (files.content_digest(source.private)
+    private_content = (files.content_digest(source.private, private=True)
                        if need_private and kind != "csv" else None)
     private_keys = private_rows = None
     wanted = {"public": (source.public, False), "test": (source.test, True),
@@ -426,11 +426,11 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                  for role, (frame, y) in frames.items()}
         preprocessing.update({"label": source.label, **encoder.describe()})
     elif kind == "npz":
-        raw = {role: files.read_npz(path, labelled)
+        raw = {role: files.read_npz(path, labelled, role == "private")
                for role, (path, labelled) in wanted.items() if path}
         for role, (x, _) in raw.items():
             if x.ndim == 4 and channels_last(x.shape[1:]):
-                warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape),
+                warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape[1:]),
                               stacklevel=3)
         reads = {role: (as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
         if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics

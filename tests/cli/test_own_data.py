@@ -360,6 +360,36 @@ def test_errors_about_a_private_csv_name_no_place_in_it(tmp_path: Path) -> None:
             assert (places == []) == (role == "private"), (what, role, said)
 
 
+def test_errors_and_warnings_about_a_private_npz_count_no_rows(tmp_path: Path) -> None:
+    """The number of private rows is private where the teachers are dealt by record or key:
+    an error or a warning about the private file says shapes without it; the public file's
+    say it."""
+    x, y = _images(30, np.random.default_rng(7))
+    np.savez(tmp_path / "public.npz", x=x)
+    np.savez(tmp_path / "private.npz", x=x, y=y[:-1])  # one label short
+    with pytest.raises(UserError) as info:
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")),
+                  need_private=True)
+    assert str(info.value) == (f"{tmp_path / 'private.npz'}: y must be 1-d with one label per "
+                               "row of x, got fewer labels than rows")
+    np.savez(tmp_path / "private.npz", x=x[..., None], y=y)
+    with pytest.warns(UserWarning) as warned, pytest.raises(UserError):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")),
+                  need_private=True)
+    assert str(warned[0].message).startswith(f"{tmp_path / 'private.npz'}: x: images of shape "
+                                             "[8, 8, 1] look channels-last")
+    for role in ("public", "private", "test"):  # feature rows
+        np.savez(tmp_path / f"{role}.npz", x=x[:, 0], y=y)
+    for role in ("private", "test"):
+        np.savez(tmp_path / f"{role}.npz", x=np.zeros((30, 0)), y=y)
+        with pytest.raises(UserError) as info:
+            load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
+                                str(tmp_path / "test.npz")), need_private=True)
+        assert str(info.value).endswith("got shape [n, 0]" if role == "private"
+                                        else "got shape [30, 0]"), str(info.value)
+        np.savez(tmp_path / f"{role}.npz", x=x[:, 0], y=y)
+
+
 def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     x, y = _images(30, rng)
@@ -370,12 +400,12 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")),
                   need_private=True)
     np.savez(tmp_path / "public.npz", x=x[..., None])  # channels last
-    with (pytest.warns(UserWarning, match=r"public\.npz: x of shape \[30, 8, 8, 1\] looks "
-                                          r"channels-last \[n, H, W, C\]"),
+    with (pytest.warns(UserWarning, match=r"public\.npz: x: images of shape \[8, 8, 1\] look "
+                                          r"channels-last \[H, W, C\]"),
           pytest.raises(UserError, match="differ from the public data's")):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")))
     np.savez(tmp_path / "test.npz", x=x, y=y)
-    with (pytest.warns(UserWarning, match="looks channels-last"),
+    with (pytest.warns(UserWarning, match="look channels-last"),
           pytest.raises(UserError, match=r"public\.npz: rows of shape \[8, 8, 1\] differ from "
                                          r"those of .*test\.npz and .*private\.npz, which "
                                          "agree")):
@@ -440,7 +470,8 @@ def test_student_by_hand_on_a_csv_without_test_data_prints_its_line(
     assert out.startswith("accuracy –  labels ") and "label accuracy" not in out, out
 
 
-def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> None:
+def test_image_folders_skip_hidden_entries_and_refuse_a_mix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hidden folder (.ipynb_checkpoints) is no class and no pool; loose images beside class
     subfolders are refused; a path that is not there says so; classes and sizes are checked."""
     rng = np.random.default_rng(8)
@@ -476,6 +507,30 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(tmp_path: Path) -> N
         f"{tmp_path / 'private'}: entries skipped, not .png/.jpg/.jpeg images one level down "
         "(their number and names are private data, not shown)"]
     assert "jones" not in str(info.value) + str(warned[0].message)
+    (tmp_path / "private" / "dark" / "patient-jones.png").unlink()
+    # nor when the file cannot even be read to be hashed (here a read that fails with EIO)
+    (tmp_path / "private" / "dark" / "patient-jones.png").symlink_to("/proc/self/mem")
+    with pytest.raises(UserError) as info:
+        load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
+                            classes=("bright", "dark")), need_private=True)
+    assert str(info.value) == (
+        f"{tmp_path / 'private'}/dark/: an image (names and places of private files are not "
+        "shown): unreadable image (OSError)")
+    # nor Pillow's own warnings, which quote an image's size: here one of 144 pixels over a
+    # limit of 100 (over twice the limit Pillow refuses it: unreadable, as above)
+    (tmp_path / "private" / "dark" / "patient-jones.png").unlink()
+    Image.fromarray(np.zeros((12, 12), np.uint8), "L").save(tmp_path / "private" / "dark"
+                                                             / "patient-jones.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.warns(UserWarning) as warned:
+        load_task(DataFiles(str(tmp_path / "private"), str(tmp_path / "public"),
+                            classes=("bright", "dark")), need_private=True)
+    said = [str(w.message) for w in warned]  # and the skipped entries', as above
+    assert said[-1] == (
+        f"{tmp_path / 'private'}/dark/: an image (names and places of private files are not "
+        "shown): Pillow warned of it (DecompressionBombWarning)")
+    assert not any("144" in line or "jones" in line for line in said)
+    monkeypatch.undo()
     (tmp_path / "private" / "dark" / "patient-jones.png").unlink()
     (tmp_path / "private" / "dark" / "notes-on-jones.txt").unlink()
     with pytest.raises(UserError, match="repeat a name"):
