@@ -520,16 +520,16 @@ class Student:
         self.schema_: dict[str, Any] | None = None  # set by load_student from a run's student
 
     def fit(self, x_public: ArrayLike, labels: Received, n_classes: int, *,
-            table: TableEncoder | None = None, classes: Sequence[str] | None = None,
-            label: str = "label") -> Student:
+            table: TableEncoder | None = None, classes: Sequence[str] | None = None
+            ) -> Student:
         """Train on the public pool ``x_public`` and the answers ``labels`` received for some of
         its rows (``PrivateLabels.ask``). ``x_public`` must be the rows the votes were cast on,
         in their order: only its length is checked, against the votes of the
         ``PrivateLabels`` that asked (``pate run`` checks the pool's fingerprint). Given the
         ``table`` encoder that made the rows, the student also scores raw ``.csv`` files
         (``predict_file``, and ``pate student predict --student`` on its ``save``), naming its
-        outputs ``classes`` (default ``0``, ``1``, ...) and leaving a file's ``label`` column
-        out."""
+        outputs ``classes`` (default ``0``, ``1``, ...) and leaving a file's label column (the
+        table's ``label``) out."""
         x = checked_rows(x_public)
         kind = data_kind(x, self.fit_config.augment)
         n_classes = checked_integer("n_classes", n_classes, 2)
@@ -554,8 +554,7 @@ class Student:
             method = method_for_data("tabular", method.method, self.arch, lr=self.lr,
                                      vat_eps=self.vat_eps, entmin=self.entmin)
         self.spec_ = method.spec(x.shape[1:], n_classes)
-        self.schema_ = None if table is None else _table_schema(table, x, n_classes, classes,
-                                                                label)
+        self.schema_ = None if table is None else _table_schema(table, x, n_classes, classes)
         # seeded here (torch.manual_seed seeds every CUDA device too), the caller's as it was
         with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
             check_network(self.spec_)  # rows too small for it, or a user's network that fails
@@ -615,7 +614,7 @@ class Student:
 
 
 def _table_schema(table: TableEncoder, x: NDArray[np.float32], n_classes: int,
-                  classes: Sequence[str] | None, label: str) -> dict[str, Any]:
+                  classes: Sequence[str] | None) -> dict[str, Any]:
     """The schema (``student/schema.json``) of a student of ``table``'s rows ``x``: the class
     names and how raw rows become its inputs; one error line where they do not fit."""
     if not isinstance(table, TableEncoder):
@@ -627,9 +626,7 @@ def _table_schema(table: TableEncoder, x: NDArray[np.float32], n_classes: int,
     names = [str(c) for c in range(n_classes)] if classes is None else [str(c) for c in classes]
     if len(names) != n_classes or len(set(names)) != n_classes or not all(names):
         raise UserError(f"classes must be {n_classes} distinct names, got {classes!r}")
-    if not isinstance(label, str) or not label:
-        raise UserError(f"label must be a column name, got {label!r}")
-    return {"classes": names, "preprocessing": table.record(label)}
+    return {"classes": names, "preprocessing": table.record()}
 
 
 def load_student(path: str | Path) -> Student:

@@ -39,30 +39,42 @@ def _as_text(frame: Any, name: str) -> pd.DataFrame:
 
 class TableEncoder:
     """Feature rows ``float32 [n, d]`` of data frames, fitted on the public pool: ``fit(public)``
-    then ``transform(frame)`` for the private rows, the pool and new rows alike (the label
-    column left out of each). ``columns_`` and ``width_`` (d) say what it learnt."""
+    then ``transform(frame)`` for the private rows, the pool and new rows alike. The ``label``
+    column is left out of each frame that holds it, unread, as ``pate run`` leaves out
+    ``data.label``: a label encoded as a feature would be learnt from itself. ``columns_`` and
+    ``width_`` (d) say what it learnt."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "label") -> None:
+        if not isinstance(label, str) or not label:
+            raise UserError(f"label must be a column name, got {label!r}")
+        self.label = label
         self.encoder_: TabularEncoder | None = None
+
+    def _features(self, frame: pd.DataFrame, name: str) -> pd.DataFrame:
+        """``frame``'s cells as text (``_as_text``) without the label column."""
+        return _as_text(frame, name).drop(columns=[self.label], errors="ignore")
 
     def fit(self, public: pd.DataFrame) -> TableEncoder:
         """Learn the columns, the number columns' means and deviations and the text columns'
-        values from the public pool."""
-        self.encoder_ = TabularEncoder.fit(_as_text(public, "public"))
+        values from the public pool (its labels, if it has them, are not read)."""
+        features = self._features(public, "public")
+        if features.shape[1] == 0:
+            raise UserError(f"public has no columns besides the label {self.label!r}")
+        self.encoder_ = TabularEncoder.fit(features)
         return self
 
-    def record(self, label: str = "label") -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         """How a raw ``.csv`` row becomes features, as ``pate run`` records it of its data
-        (public: the pool's columns, statistics and vocabularies); ``label`` names the column a
-        file to score may hold, left out."""
-        return {"format": "csv", "label": label, **self.columns_}
+        (public: the pool's columns, statistics and vocabularies, and the label column a
+        file to score may hold, left out)."""
+        return {"format": "csv", "label": self.label, **self.columns_}
 
     def transform(self, frame: pd.DataFrame) -> NDArray[np.float32]:
         """The rows of ``frame`` (the pool's columns, in any order) as features; a missing
         number is the pool's mean, a missing or unseen text value the "other" slot."""
         if self.encoder_ is None:
             raise UserError("this TableEncoder is not fitted: call fit(public) first")
-        return self.encoder_.transform(_as_text(frame, "frame"), "frame")
+        return self.encoder_.transform(self._features(frame, "frame"), "frame")
 
     def fit_transform(self, public: pd.DataFrame) -> NDArray[np.float32]:
         return self.fit(public).transform(public)

@@ -54,8 +54,12 @@ def test_bad_frames_are_refused_in_one_line() -> None:
     with pytest.raises(UserError, match="public must be a pandas DataFrame"):
         TableEncoder().fit(public.to_numpy())
     encoder = TableEncoder().fit(public)
-    with pytest.raises(UserError, match="missing ward; not in the public data: label"):
-        encoder.transform(_frame(5, 4, 0.0).drop(columns="ward"))
+    with pytest.raises(UserError, match="missing ward; not in the public data: bed$"):
+        encoder.transform(_frame(5, 4, 0.0).drop(columns="ward").assign(bed=1))
+    with pytest.raises(UserError, match="public has no columns besides the label 'label'"):
+        TableEncoder().fit(public[[]].assign(label=1))
+    with pytest.raises(UserError, match="label must be a column name, got ''"):
+        TableEncoder(label="")
     with pytest.raises(UserError, match="column age is numeric in the public data"):
         encoder.transform(public.assign(age="old"))
     with pytest.raises(UserError, match=r"holds text here \(first in row 4 of its data, blank "
@@ -81,12 +85,15 @@ def test_a_student_of_a_table_scores_raw_csv_files(tmp_path: Path) -> None:
     from student.rounds import Received
 
     public = _frame(120, 2, 0.0)
-    encoder = TableEncoder().fit(public.drop(columns="label"))
+    encoder = TableEncoder().fit(public)  # its label column is left out, unread
     x = encoder.transform(public.drop(columns="label"))
+    np.testing.assert_array_equal(encoder.transform(public), x)
+    # named another, that column is out (ward: 3 values and "other") and label in (2 and "other")
+    assert TableEncoder(label="ward").fit(public).width_ == encoder.width_ - 4 + 3
     answers = Received(np.arange(60), (public["label"][:60] == "well").to_numpy().astype(int),
                        np.ones(60, np.int8))
     student = Student("supervised", epochs=2).fit(x, answers, 2, table=encoder,
-                                                  classes=["ill", "well"], label="label")
+                                                  classes=["ill", "well"])
     new = _frame(15, 3, 0.0)
     new.to_csv(tmp_path / "new.csv", index=False)  # with a label column: left out
     scored = student.predict_file(tmp_path / "new.csv")
