@@ -356,6 +356,11 @@ class PrivateLabels:
                             f"{type(teachers).__name__}")
         if teachers is not None and teachers.ensemble_ is None:
             raise UserError("fit the teachers first")
+        if teachers is not None and (self.pool.votes.shape[1] != teachers.n_classes or np.any(
+                self.pool.votes.sum(axis=1) != teachers.n_teachers)):  # said without a count
+            raise UserError(f"votes are not those of these teachers: each row must hold "
+                            f"{teachers.n_classes} classes' counts of their "
+                            f"{teachers.n_teachers} votes")
         if teachers is not None and private_records is None:
             private_records = teachers.private_records_
         if private_records is not None:

@@ -54,7 +54,7 @@ def test_bad_frames_are_refused_in_one_line() -> None:
     with pytest.raises(UserError, match="public must be a pandas DataFrame"):
         TableEncoder().fit(public.to_numpy())
     encoder = TableEncoder().fit(public)
-    with pytest.raises(UserError, match="missing ward; not in the public data: bed$"):
+    with pytest.raises(UserError, match=r"missing ward; not in the public data: bed$"):
         encoder.transform(_frame(5, 4, 0.0).drop(columns="ward").assign(bed=1))
     with pytest.raises(UserError, match="public has no columns besides the label 'label'"):
         TableEncoder().fit(public[[]].assign(label=1))

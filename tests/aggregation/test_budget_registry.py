@@ -15,6 +15,7 @@ import pytest
 from analysis.mechanisms import GNMax
 from pate.aggregation.budget_registry import REGISTRY_FILE, enter_ledger, state_dir
 from pate.aggregation.label_service import open_label_service
+from pate.errors import UserError
 
 SAME, OTHER = "a" * 64, "b" * 64
 
@@ -134,6 +135,15 @@ def test_the_python_api_enters_its_ledgers_under_the_teachers_data(tmp_path: Pat
     assert labels(again, "one.db") == []  # one budget: nothing to warn of
     said = labels(again, "two.db")
     assert len(said) == 1 and str(tmp_path / "one.db") in said[0]
+    # votes of other teachers would file the ledger under the wrong data, and check delta
+    # against the wrong number of records
+    other = Teachers(2, 3, epochs=1).fit(x[:30], y[:30])
+    for votes in (other.vote(x), np.pad(teachers.vote(x), ((0, 0), (0, 1)))):
+        with pytest.raises(UserError, match="votes are not those of these teachers: each row "
+                                            "must hold 3 classes' counts of their 3 votes"):
+            PrivateLabels(votes, GNMax(sigma=5.0), epsilon_budget=50.0, delta=1e-5,
+                          ledger=tmp_path / "three.db", teachers=teachers)
+    assert not (tmp_path / "three.db").exists()
 
 
 def test_the_registry_keeps_the_order_and_survives_a_damaged_or_unwritable_file(
