@@ -358,7 +358,8 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         Teachers(3, 2).fit([["a"] * 6] * 300, y)
 
 
-def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
+def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget that buys nothing, or none at all, is refused before a ledger would keep it for
     good; a folder is no ledger; nonsense settings are refused when given."""
     from pate.api import Teachers
@@ -384,6 +385,10 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path) -> None:
         PrivateLabels(votes, "gnmax", epsilon_budget=5.0, delta=1e-5, ledger=ledger)
     with pytest.raises(UserError, match="a folder; the ledger is a file"):
         PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=tmp_path)
+    monkeypatch.chdir(tmp_path)  # SQLite's name of a database in memory: no file ":memory:"
+    with pytest.raises(UserError, match="ledger :memory:: a ledger in memory would not outlast"):
+        PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1e-5, ledger=":memory:")
+    assert not list(tmp_path.iterdir())
     (tmp_path / "a-file").write_text("")
     for ledger_url, message in (
             (tmp_path / "a-file" / "ledger.db", "cannot create the ledger file .*Not a directory"),

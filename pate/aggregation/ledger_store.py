@@ -166,10 +166,14 @@ def engines(url_text: str) -> tuple[sa.Engine, sa.Engine]:
 
 def ledger_url(ledger: str | Path) -> str:
     """The SQLAlchemy URL of ``ledger``: a URL (``scheme://...``) as it is, a file path as
-    ``sqlite:///`` its absolute path. Refused (``UserError``): a folder."""
+    ``sqlite:///`` its absolute path. Refused (``UserError``): a folder, and SQLite's name of a
+    database in memory (it would be a file of that name: one that looks like none)."""
     text = str(ledger)
     if "://" in text:
         return text
+    if text == ":memory:":
+        raise UserError("ledger :memory:: a ledger in memory would not outlast the process "
+                        "that charges it; give a file path or a database URL")
     path = Path(text).expanduser()
     if path.is_dir():
         raise UserError(f"ledger {text}: a folder; the ledger is a file (or a URL)")
