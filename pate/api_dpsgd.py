@@ -7,8 +7,11 @@ the project's sampled-Gaussian RDP accountant (docs/privacy-math.md), the same l
 Fashion-MNIST settings (ICLR 2021: expected batch 2 048, lr 4, momentum 0.9, clipping C = 0.1,
 40 epochs). ``model`` is ``scatter-linear`` (their recipe, a linear softmax on wavelet scattering
 features; the strongest measured on images), ``hog-linear``, ``tempered-cnn`` (images) or
-``linear`` (any rows, feature rows' default). Fix them in advance or choose them on public data:
-tuning them on the private data costs privacy of its own.
+``linear`` (any rows, feature rows' default); the default is ``tempered-cnn`` on images,
+``linear`` on feature rows (not a network of your own, unlike ``Teachers`` and ``Student``).
+Fix the settings in advance or choose them on public data: tuning them on the private data
+costs privacy of its own. The expected batch is of the private rows: on fewer rows than it,
+every step takes them all (a warning says so).
 
 Privacy: the fitted model is differentially private at (``epsilon_``, ``delta``) for the rows it
 was trained on, a budget of its own. Publishing it beside a PATE student of the same data adds
@@ -34,6 +37,7 @@ from pate.api_checks import (
     checked_rows,
     checked_rows_of,
 )
+from pate.data.files import rows_said
 from pate.errors import UserError
 from student.baseline import fit_dpsgd, public_norm, split_bayesian
 from student.dpsgd import DPSGDConfig
@@ -89,7 +93,8 @@ class DPSGD:
         x = checked_rows(x_private, "x_private")
         y = checked_labels(y_private, n_classes)
         if len(x) != len(y):
-            raise UserError(f"x_private has {len(x)} rows and y_private {len(y)} labels")
+            raise UserError("y_private must hold one label per row of x_private, got "
+                            + rows_said(len(y), len(x), "labels", private=True))
         norm = (0.0, 1.0)
         if x_public is not None:
             public = checked_rows(x_public, "x_public")

@@ -313,6 +313,11 @@ def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
     from opacus.data_loader import DPDataLoader
 
     q = min(1.0, config.expected_batch_size / len(train_y))
+    if q == 1.0:  # said without the number of rows (private where dealt by record or key)
+        warnings.warn(f"the expected batch ({config.expected_batch_size}) is not smaller than "
+                      "the private data: every step takes all of it (sampling rate 1), one "
+                      f"step per epoch, {config.epochs} in all; a smaller batch trains more "
+                      "steps", stacklevel=2)
     assert config.model is not None, "name the network first (with_model)"
     seeded = config.init_seed is not None
     with torch.random.fork_rng(devices=[], enabled=seeded):  # the caller's generator untouched

@@ -42,6 +42,10 @@ def test_feature_rows_take_the_linear_model_and_refuse_an_image_one() -> None:
     assert dp.model_name_ == "linear" and dp.score(x[:500], y[:500]) > 0.7
     with pytest.raises(UserError, match="'hog-linear' is for images"):
         DPSGD(4.0, model="hog-linear").fit(x, y, 2)
+    # an expected batch of all the rows or more: every step takes them all, which is said
+    with pytest.warns(UserWarning, match=r"the expected batch \(4096\) is not smaller than the "
+                                         r"private data: .* one step per epoch, 2 in all"):
+        DPSGD(4.0, epochs=2, batch_size=4096, lr=1.0).fit(x, y, 2)
 
 
 def test_a_second_fit_takes_the_default_of_its_own_data(digits) -> None:
@@ -74,7 +78,8 @@ def test_bad_data_is_refused_before_any_training(digits) -> None:
     x, y, test_x, _ = digits
     with pytest.raises(UserError, match="y must be integer class indices"):
         DPSGD(1.0).fit(x, y + 10, 10)
-    with pytest.raises(UserError, match="rows and y_private"):
+    with pytest.raises(UserError, match=r"one label per row of x_private, got fewer labels "
+                                        r"than rows$"):  # not how many: they may be private
         DPSGD(1.0).fit(x, y[:-1], 10)
     with pytest.raises(UserError, match="at least 1/n"):
         DPSGD(1.0, delta=1e-2).fit(x, y, 10)
@@ -87,7 +92,7 @@ def test_bad_data_is_refused_before_any_training(digits) -> None:
     with pytest.raises(UserError, match="'hog-linear' needs images of at least 8x8"):
         DPSGD(1.0, model="hog-linear").fit(np.zeros((50, 1, 6, 6)), np.arange(50) % 2, 2)
     with pytest.raises(UserError, match="no noise multiplier"):
-        DPSGD(1e-6, epochs=1).fit(x, y, 10)
+        DPSGD(1e-6, epochs=1, batch_size=64).fit(x, y, 10)
     with pytest.raises(UserError, match="fit the model first"):
         DPSGD(1.0).predict(test_x)
     with pytest.raises(UserError, match="fit the model first"):
