@@ -287,12 +287,22 @@ class PublishableEpsilon:
     was drawn), and what the ledger charged (data-independent, realised, every client of the
     budget). On few answers the sanitised figure may exceed the data-independent one. The
     first two cover this object's answers only: a student that also learns from answers other
-    objects or runs received on the ledger is covered by ``ledger_spent``."""
+    objects or runs received on the ledger is covered by ``ledger_spent``. ``not_sanitised``
+    says why ``smooth_sensitivity`` is None (None where it is not)."""
 
     data_independent: float
     smooth_sensitivity: float | None
     ledger_spent: float
     delta: float
+    not_sanitised: str | None = None
+
+
+# why PublishableEpsilon.smooth_sensitivity is None
+NOT_ASKED = "not asked for (sanitise=False)"
+NO_ANALYSIS = "this mechanism has no smooth-sensitivity analysis (LNMax): publish data_independent"
+NOT_RELEASED = ("no figure could be released for these answers (the data-dependent analysis "
+                "does not hold for them, or a figure without noise would follow an earlier "
+                "release): publish data_independent")
 
 
 def _pool_indices(indices: ArrayLike) -> NDArray[np.int64]:
@@ -447,15 +457,16 @@ class PrivateLabels:
         (their guarantee is then the smaller of the sanitised one and the data-independent one
         with the release's cost added, §5); decide which before drawing the sanitised one."""
         budget = self.ledger.budget()
+        why = (NOT_ASKED if not sanitise else None if
+               steps(self.mechanism).answer.smooth_sensitivity else NO_ANALYSIS)
         if not len(self.received):
-            sanitised = (0.0 if sanitise and steps(self.mechanism).answer.smooth_sensitivity
-                         else None)
-            return PublishableEpsilon(0.0, sanitised, budget.epsilon_spent, budget.delta)
+            return PublishableEpsilon(0.0, None if why else 0.0, budget.epsilon_spent,
+                                      budget.delta, why)
         independent = self.ledger.epsilon(realised_rdp_independent(
             self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
             self.ledger.orders))
-        if not sanitise:
-            return PublishableEpsilon(independent, None, budget.epsilon_spent, budget.delta)
+        if why:
+            return PublishableEpsilon(independent, None, budget.epsilon_spent, budget.delta, why)
 
         def analyse(earlier: list[EarlierRelease]) -> PrivacyAnalysis:  # only for a new release
             votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
@@ -472,7 +483,8 @@ class PrivateLabels:
         with ledger_releases(self.ledger) as releases:
             sanitised = releases.release(len(self.received), analyse, self.ledger.conversion,
                                          self._answers_digest(), formerly=[former])
-        return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta)
+        return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta,
+                                  None if sanitised is not None else NOT_RELEASED)
 
     def _answers_digest(self) -> str:
         """Which answers a release covers (``student.sanitised.answers_digest``): the

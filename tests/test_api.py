@@ -16,7 +16,7 @@ import pytest
 import torch
 from student_support import released
 
-from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, mechanism_to_dict
+from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, LNMax, mechanism_to_dict
 from pate.api import PrivateLabels, Student, load_student
 from pate.errors import BudgetExhausted, LedgerError, UserError
 from student.rounds import Received
@@ -45,7 +45,7 @@ def test_the_readme_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture,
     accuracy = float(capsys.readouterr().out.split()[0])
     assert accuracy > 0.6  # 0.70-0.84 over repeated runs (noisy labels); chance is 0.1
     eps = scope["labels"].epsilon()
-    assert eps.smooth_sensitivity > 0 and eps.data_independent > 0
+    assert eps.smooth_sensitivity > 0 and eps.data_independent > 0 and eps.not_sanitised is None
     assert eps.ledger_spent == pytest.approx(scope["labels"].ledger.budget().epsilon_spent)
     # one client, one ledger: the publishable data-independent epsilon is what it charged
     assert eps.data_independent == pytest.approx(eps.ledger_spent, rel=1e-9)
@@ -130,6 +130,19 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
         labels.ask(np.arange(80, 90))
         free = labels.epsilon(sanitise=False)
         assert free.smooth_sensitivity is None and free.data_independent > 0
+        assert free.not_sanitised == "not asked for (sanitise=False)"
+    with PrivateLabels(votes, LNMax(scale=20.0), epsilon_budget=1e4, delta=1e-5,
+                       ledger=tmp_path / "lnmax.db") as labels:
+        labels.ask(np.arange(5))
+        assert labels.epsilon().not_sanitised.startswith("this mechanism has no smooth-")
+    unanimous = np.zeros((20, 3), np.int64)
+    unanimous[:, 0] = 50  # sigma 5: the data-dependent analysis does not hold at its order
+    with PrivateLabels(unanimous, GNMax(sigma=5.0), epsilon_budget=1e4, delta=1e-5,
+                       ledger=tmp_path / "small-sigma.db", private_records=1000) as labels:
+        labels.ask(np.arange(20))
+        said = labels.epsilon()
+        assert said.smooth_sensitivity is None and said.data_independent > 0
+        assert said.not_sanitised.startswith("no figure could be released for these answers")
     with sqlite3.connect(ledger) as db:
         assert db.execute("SELECT COUNT(*) FROM ledger_releases").fetchone() == (2,)
     assert not list(tmp_path.glob("*.json"))  # in the ledger, not beside it
