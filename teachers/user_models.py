@@ -115,6 +115,11 @@ def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"{what} {name!r}: its forward returns shape {got} for a batch of 2; "
                         f"expected [2, {num_classes}]")
+    if out.is_floating_point() and bool((out >= 0).all()) and torch.allclose(
+            out.sum(dim=1), torch.ones(2, dtype=out.dtype), atol=1e-4):
+        warnings.warn(f"{what} {name!r}: its forward looks to return probabilities (rows of "
+                      "non-negative values summing to 1); it must return logits, the losses "
+                      "apply the softmax themselves: drop its final softmax", stacklevel=2)
     return model
 
 

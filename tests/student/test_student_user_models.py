@@ -82,6 +82,10 @@ NETS = textwrap.dedent('''
 
     def fails_late(input_shape, num_classes):
         return FailsLate(input_shape, num_classes)
+
+
+    def probabilities(input_shape, num_classes):
+        return nn.Sequential(Small(input_shape, num_classes), nn.Softmax(dim=1))
 ''')
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -101,6 +105,9 @@ def test_user_arch_is_built_by_the_resolver() -> None:
     model = build_classifier(spec)
     assert type(model).__name__ == "Small" and type(model).__module__ == NAME
     assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    with pytest.warns(UserWarning, match=f"arch '{NAME}:probabilities': its forward looks to "
+                                         "return probabilities .*drop its final softmax"):
+        build_classifier(ModelSpec(f"{NAME}:probabilities", (1, 8, 8), 10))
 
 
 def test_gan_and_bad_paths_are_refused_in_one_line() -> None:
