@@ -217,9 +217,9 @@ def _warn_of_identifiers(public: pd.DataFrame, numbers: pd.DataFrame,
         if len(held) == len(public) and held.nunique() == len(public) and whole:
             warnings.warn(f"the public data's column {c} holds a different value in every row: "
                           "an identifier? it is used as a feature, which it should not be "
-                          "(drop it from the files; a run on the edited files is charged "
-                          "to a ledger of its own: to keep this one's budget, name its ledger "
-                          "in [aggregator] ledger or --ledger)", stacklevel=3)
+                          "(drop it from every file or frame; data without it is charged to "
+                          "a ledger of its own: to keep one budget, name the same ledger, as "
+                          "aggregator.ledger, --ledger or ledger=)", stacklevel=3)
 
 
 def channels_last(image_shape: tuple[int, ...]) -> bool:
