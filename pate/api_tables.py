@@ -50,6 +50,21 @@ class TableEncoder:
         self.label = label
         self.encoder_: TabularEncoder | None = None
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TableEncoder:
+        """The encoder of a ``record`` of CSV data as ``pate run`` and ``load_task`` make it
+        (``Task.preprocessing``; a run's ``student/schema.json`` holds it as
+        ``preprocessing``), fitted: what ``record()`` returns."""
+        if not isinstance(record, dict) or record.get("format") != "csv":
+            raise UserError("the record must be one of CSV data (format 'csv'): a Task's "
+                            "preprocessing, or TableEncoder.record()")
+        try:
+            encoder = cls(record["label"])
+            encoder.encoder_ = TabularEncoder.from_record(record)
+        except (KeyError, TypeError) as exc:
+            raise UserError(f"the record of CSV data lacks {exc}: not one pate wrote") from None
+        return encoder
+
     def _features(self, frame: pd.DataFrame, name: str) -> pd.DataFrame:
         """``frame``'s cells as text (``_as_text``) without the label column."""
         return _as_text(frame, name).drop(columns=[self.label], errors="ignore")

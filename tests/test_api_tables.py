@@ -45,6 +45,13 @@ def test_frames_are_encoded_as_pate_run_encodes_their_csv_files(tmp_path: Path) 
     assert encoder.columns_["categorical"] == [{"column": "ward",
                                                 "values": ["east", "north", "south"]}]
     assert encoder.columns_["means"][0] == pytest.approx(read["public"]["age"].mean())
+    # the same encoder from what the task recorded, as a run's student schema holds it
+    recorded = TableEncoder.from_record(task.preprocessing)
+    assert recorded.record() == encoder.record()
+    np.testing.assert_array_equal(recorded.transform(read["private"]),
+                                  encoder.transform(read["private"]))
+    with pytest.raises(UserError, match="must be one of CSV data"):
+        TableEncoder.from_record({"format": "npz"})
 
 
 def test_bad_frames_are_refused_in_one_line() -> None:
