@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 _QUIET_ENV = "PATE_QUIET"
@@ -76,6 +76,21 @@ class _Bar:
 class _Silent:
     def update(self, n: int = 1, total: int | None = None) -> None:
         pass
+
+
+def in_percent(bar: Progress) -> Callable[[int, int], None]:
+    """``progress(done, total)`` moving ``bar`` (of 100) in whole percents: for work whose
+    count of steps is private where the private rows' number is (DP-SGD's steps are the rows
+    over the expected batch, epoch after epoch)."""
+    shown = [0]
+
+    def update(done: int, total: int) -> None:
+        percent = 100 * done // total
+        if percent > shown[0]:
+            bar.update(percent - shown[0], 100)
+            shown[0] = percent
+
+    return update
 
 
 @contextlib.contextmanager
