@@ -36,6 +36,7 @@ from analysis.encoding_profiles import sorted_profiles
 from analysis.noise_families import noise_family
 from pate.data.datasets import load_dataset, public_split
 from pate.errors import UserError
+from student.choices import DEFAULT_CNN_PARAMETERS
 from student.dpsgd import DPSGDConfig, train_dpsgd
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 
@@ -209,7 +210,7 @@ def main() -> None:
     parser.add_argument("--grid-sizes", type=int, nargs="*", default=[250, 500, 1000, 2000, 4000,
                                                                        8000])
     parser.add_argument("--sigma", type=float, default=1.0)
-    parser.add_argument("--dimension", type=int, default=26010)
+    parser.add_argument("--dimension", type=int, default=DEFAULT_CNN_PARAMETERS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.summary:

@@ -83,6 +83,10 @@ DPSGD_IMAGES_ONLY: dict[str, bool] = {"tempered-cnn": True, "scatter-linear": Tr
                                       "hog-linear": True, "linear": False}
 DPSGD_MODELS: tuple[str, ...] = tuple(DPSGD_IMAGES_ONLY)
 DEFAULT_DPSGD_MODEL: dict[str, str] = {"image": "tempered-cnn", "tabular": "linear"}
+# Parameters of the default network on Fashion-MNIST, tempered_cnn((1, 28, 28), 10): the
+# gradient's dimension that ``pate epsilon dpsgd``'s encoded accounting defaults to (a test
+# checks it against the network).
+DEFAULT_CNN_PARAMETERS = 26010
 
 
 def dpsgd_model_for(name: str | None, kind: str) -> str:

@@ -16,10 +16,7 @@ from analysis.noise_families import DEFAULT_DOF, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
 from pate.cli.paths import path_arg
 from pate.errors import UserError
-
-# Parameters of student.dpsgd.tempered_cnn((1, 28, 28), 10, ...), the default model (a test
-# checks it).
-DEFAULT_CNN_PARAMETERS = 26010
+from student.choices import DEFAULT_CNN_PARAMETERS
 
 
 def _moments(text: str) -> tuple[int, ...]:

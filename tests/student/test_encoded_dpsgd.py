@@ -15,8 +15,8 @@ from scipy import stats
 from analysis.encoding_profiles import sorted_profiles
 from analysis.noise_families import noise_family
 from analysis.sampled_gaussian import dpsgd_epsilon
-from pate.cli.epsilon import DEFAULT_CNN_PARAMETERS
 from pate.cli.main import main
+from student.choices import DEFAULT_CNN_PARAMETERS
 from student.dpsgd import secure_generator, tempered_cnn
 from student.encoded_dpsgd import EncodingConfig
 from student.gradient_encoding import (
