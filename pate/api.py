@@ -63,12 +63,12 @@ from pate.api_checks import (
     accuracy_of,
     checked_device,
     checked_integer,
+    checked_kind,
     checked_labels,
     checked_network,
     checked_rate,
     checked_rows,
     checked_rows_of,
-    data_kind,
     warn_if_of_script,
 )
 from pate.api_dpsgd import DPSGD
@@ -192,7 +192,7 @@ class Teachers:
         if whose is not None and len(whose) != len(xs):
             raise UserError("keys must hold one key per row of x, got "
                             + rows_said(len(whose), len(xs), "keys", private=True))
-        kind = data_kind(xs, self.config.augment)
+        kind = checked_kind(xs, self.config.augment)
         if self.model is None:
             self.config = replace(self.config, model=DEFAULT_MODEL[kind])
         problem = model_data_problem(self.config.model, kind, xs.shape[1:])
@@ -548,7 +548,7 @@ class Student:
         outputs ``classes`` (default ``0``, ``1``, ...) and leaving a file's label column (the
         table's ``label``) out."""
         x = checked_rows(x_public)
-        kind = data_kind(x, self.fit_config.augment)
+        kind = checked_kind(x, self.fit_config.augment)
         n_classes = checked_integer("n_classes", n_classes, 2)
         if not isinstance(labels, Received):
             raise UserError("labels must be what PrivateLabels.ask returned (or .received)")

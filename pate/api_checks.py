@@ -100,7 +100,7 @@ def checked_device(device: object) -> str:
     return device
 
 
-def data_kind(x: NDArray[np.float32], augment: str = "none") -> str:
+def checked_kind(x: NDArray[np.float32], augment: str = "none") -> str:
     """``tabular`` for feature rows, else ``image``; ``UserError`` for an augmentation of
     feature rows (it shifts and mirrors images)."""
     kind = "tabular" if x.ndim == 2 else "image"
