@@ -23,7 +23,7 @@ from typing import Any
 
 from pate.config import RunConfig
 from pate.errors import UserError
-from pate.progress import in_percent, progress_bar
+from pate.progress import by_epoch, progress_bar
 from pate.rundir import RunDir
 from student.baseline import train_dpsgd_baseline
 from student.dpsgd import DPSGDConfig
@@ -77,10 +77,11 @@ def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
             dpsgd.append({"at": name, "skipped": f"the run has no {name} epsilon"})
             continue
         say(f"DP-SGD to the student's {name} epsilon {target:.3f}")
-        with progress_bar(f"DP-SGD at epsilon {target:.3f}", 100, "percent",
+        settings, encoding = dpsgd_settings(config, target)
+        with progress_bar(f"DP-SGD at epsilon {target:.3f}", settings.epochs, "epoch",
                           every=10.0) as bar:
-            settings, encoding = dpsgd_settings(config, target)
-            metrics = train_dpsgd_baseline(run, settings, source, in_percent(bar),
+            metrics = train_dpsgd_baseline(run, settings, source,
+                                           by_epoch(bar, settings.epochs),
                                            out=run.comparison_dpsgd(name), encoding=encoding)
         p = config.dpsgd
         dpsgd.append({"at": name, "target_epsilon": target,

@@ -78,17 +78,18 @@ class _Silent:
         pass
 
 
-def in_percent(bar: Progress) -> Callable[[int, int], None]:
-    """``progress(done, total)`` moving ``bar`` (of 100) in whole percents: for work whose
-    count of steps is private where the private rows' number is (DP-SGD's steps are the rows
-    over the expected batch, epoch after epoch)."""
+def by_epoch(bar: Progress, epochs: int) -> Callable[[int, int], None]:
+    """``progress(done, total)`` of ``total`` steps in ``epochs`` equal epochs, moving ``bar``
+    (of ``epochs``) once per epoch done: for work whose steps per epoch are private where the
+    number of private rows is (DP-SGD's are the rows over the expected batch). Any finer
+    fraction would tell them (the first of 100 percents is 1/steps)."""
     shown = [0]
 
     def update(done: int, total: int) -> None:
-        percent = 100 * done // total
-        if percent > shown[0]:
-            bar.update(percent - shown[0], 100)
-            shown[0] = percent
+        epoch = done * epochs // total
+        if epoch > shown[0]:
+            bar.update(epoch - shown[0], epochs)
+            shown[0] = epoch
 
     return update
 

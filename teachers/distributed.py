@@ -48,7 +48,7 @@ from teachers.partition import (
     write_partition,
 )
 from teachers.pool_encoder import EPOCHS
-from teachers.user_models import ray_runtime_env
+from teachers.user_models import named_by_class, ray_runtime_env
 
 RAY_CONNECT_TIMEOUT_S = 10.0  # a cluster's address that does not answer in this long is refused
 
@@ -452,17 +452,12 @@ def _run_here(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int
     with progress_bar("training teachers", total, "teacher-epoch", every=10.0) as bar:
         for i, teachers in todo:
             t0 = time.time()
-            try:
+            with named_by_class(f"shard {i}", "; the shards before it are saved - rerun the "
+                                "same command to train only the missing ones"):
                 params = train_group(job.train, x, y, data.num_classes,
                                      np.arange(teachers.start, teachers.stop),
                                      part.parts(teachers), part.step_rows(teachers), enc,
                                      bar.update)
-            except UserError:
-                raise
-            except Exception as exc:  # whatever a user's network or the device raises
-                raise UserError(f"shard {i} failed ({type(exc).__name__}); the shards before "
-                                "it are saved - rerun the same command to train only the "
-                                "missing ones") from None
             _record_shard(run_dir, manifest, i, teachers,
                           {k: v.numpy() for k, v in params.items()}, t0)
 

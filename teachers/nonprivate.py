@@ -22,6 +22,7 @@ from pate.data.task import load_task
 from pate.errors import UserError
 from teachers import checkpoints
 from teachers.ensemble import TrainConfig, train_group
+from teachers.user_models import named_by_class
 from teachers.votes import Ensemble
 
 
@@ -46,11 +47,13 @@ def train_nonprivate(run_dir: str | Path, epochs: int, batch_size: int, device: 
     y = torch.as_tensor(task.private_y, device=device)
     rows = np.arange(len(x))
     start = time.perf_counter()
-    state = train_group(cfg, x, y, task.num_classes, np.zeros(1, np.int64), [rows], len(rows),
-                        encoder)
-    seconds = time.perf_counter() - start
-    ensemble = Ensemble(cfg.model, task.input_shape, task.num_classes, [state], device, encoder)
-    accuracy = float(ensemble.accuracy(task.eval_x, task.eval_y)[0])
+    with named_by_class("the non-private model"):
+        state = train_group(cfg, x, y, task.num_classes, np.zeros(1, np.int64), [rows],
+                            len(rows), encoder)
+        seconds = time.perf_counter() - start
+        ensemble = Ensemble(cfg.model, task.input_shape, task.num_classes, [state], device,
+                            encoder)
+        accuracy = float(ensemble.accuracy(task.eval_x, task.eval_y)[0])
     return {"model": cfg.model, "accuracy": accuracy, "eval_examples": len(task.eval_y),
             "train_examples": len(rows), "epochs": epochs, "batch_size": batch_size,
             "lr": cfg.lr, "seconds": seconds}

@@ -85,6 +85,20 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
     return found
 
 
+@contextmanager
+def named_by_class(what: str, then: str = "") -> Iterator[None]:
+    """Work on private rows or weights (training, voting) whose failure is one ``UserError``,
+    ``"{what} failed (ValueError){then}"``, naming the exception's class only: its message
+    may quote private rows (a user's network raising on its inputs). ``UserError`` and an
+    interruption (Ctrl-C) go through as they are."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # whatever a user's network or the device raises
+        raise UserError(f"{what} failed ({type(exc).__name__}){then}") from None
+
+
 def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
                      what: str = "model") -> nn.Module:
     """``factory(in_shape, num_classes)`` of the import path ``name``, checked to be a module

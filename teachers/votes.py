@@ -34,7 +34,7 @@ from teachers import checkpoints
 from teachers.choices import is_import_path
 from teachers.fixed_maps import Columns, feature_table, table_rows, table_width
 from teachers.models import build_model, on_features
-from teachers.user_models import vmap_problem, warn_one_at_a_time
+from teachers.user_models import named_by_class, vmap_problem, warn_one_at_a_time
 
 # Activations one vmap call may write (32 MB of float32): the shards are regrouped so that
 # teachers with small activations (a linear softmax on fixed features) are not voted a shard at
@@ -246,7 +246,8 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
         raise UserError("the public pool is not the one the teachers were trained beside (its "
                         "content, rows or label set changed since): its votes would not be "
                         "theirs; restore it, or train the teachers again in a new --run")
-    votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
+    with named_by_class("the teachers' votes"):  # the weights are private
+        votes = ens.vote(task.pool_x, batch_size, desc="votes on the pool")
     # travel with the votes: the delta's bound, and which data their ledgers charge
     records = RunDir(run_dir).private_records()
     # the registry's key: the data as given (an older version's run: its rows as read), and
@@ -266,8 +267,9 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
         private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:
-        acc, plurality = ens.scores(task.eval_x, task.eval_y, batch_size,
-                                    desc="teacher accuracy")
+        with named_by_class("the teachers' accuracy"):
+            acc, plurality = ens.scores(task.eval_x, task.eval_y, batch_size,
+                                        desc="teacher accuracy")
         accuracy.update({"rows": len(task.eval_y), "plurality": plurality,
                          "mean": float(acc.mean()),
                          "min": float(acc.min()), "max": float(acc.max()),

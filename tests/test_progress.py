@@ -3,7 +3,7 @@ seconds and always the last, nothing when quiet."""
 
 import pytest
 
-from pate.progress import in_percent, progress_bar, quiet, set_quiet
+from pate.progress import by_epoch, progress_bar, quiet, set_quiet
 
 
 def test_plain_lines_off_a_terminal(capsys: pytest.CaptureFixture) -> None:
@@ -24,16 +24,17 @@ def test_throttled_lines_keep_the_last(capsys: pytest.CaptureFixture) -> None:
     assert [line.split(",")[0] for line in lines] == ["DP-SGD: step 1/50", "DP-SGD: step 50/50"]
 
 
-def test_steps_in_percent_say_no_count(capsys: pytest.CaptureFixture) -> None:
-    """DP-SGD's steps are the private rows over the batch: its progress moves in percents."""
-    with progress_bar("DP-SGD", 100, "percent") as bar:
-        update = in_percent(bar)
-        for step in range(1, 1161):
-            update(step, 1160)
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 100 and "1160" not in "".join(lines)
-    assert [line.split(",")[0] for line in lines[:2] + lines[-1:]] == [
-        "DP-SGD: percent 1/100", "DP-SGD: percent 2/100", "DP-SGD: percent 100/100"]
+def test_steps_by_epoch_say_no_count(capsys: pytest.CaptureFixture) -> None:
+    """DP-SGD's steps are the private rows over the batch: its progress moves by epochs, the
+    same lines whatever the number of steps."""
+    said = []
+    for steps in (3, 29):  # per epoch
+        with progress_bar("DP-SGD", 4, "epoch") as bar:
+            update = by_epoch(bar, 4)
+            for step in range(1, 4 * steps + 1):
+                update(step, 4 * steps)
+        said.append([line.split(",")[0] for line in capsys.readouterr().err.splitlines()])
+    assert said[0] == said[1] == [f"DP-SGD: epoch {k}/4" for k in range(1, 5)]
 
 
 def test_quiet_silences(capsys: pytest.CaptureFixture) -> None:

@@ -24,6 +24,7 @@ from student.training import (
     seed_everything,
 )
 from teachers.ensemble import TrainConfig, train_group
+from teachers.user_models import named_by_class
 from teachers.votes import Ensemble
 
 
@@ -51,9 +52,10 @@ def train_models(recipe: Recipe, data: Sequence[tuple[NDArray[np.float32], NDArr
     ends = np.cumsum([len(d[1]) for d in data])
     parts = [np.arange(end - len(d[1]), end) for d, end in zip(data, ends, strict=True)]
     device = torch.device(recipe.device)
-    return train_group(recipe.train, torch.as_tensor(x, device=device),
-                       torch.as_tensor(y, device=device), recipe.num_classes,
-                       np.asarray(ids, np.int64), parts, step_rows, recipe.encoder)
+    with named_by_class("retraining the teachers' kind of model"):  # on private rows
+        return train_group(recipe.train, torch.as_tensor(x, device=device),
+                           torch.as_tensor(y, device=device), recipe.num_classes,
+                           np.asarray(ids, np.int64), parts, step_rows, recipe.encoder)
 
 
 def stacked_log_probs(recipe: Recipe, params: dict[str, torch.Tensor], x: NDArray[np.float32],

@@ -18,7 +18,7 @@ from analysis.rdp import CONVERSIONS
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.paths import path_arg
 from pate.errors import UserError
-from pate.progress import in_percent, progress_bar
+from pate.progress import by_epoch, progress_bar
 from pate.rundir import RunDir
 from student.choices import DPSGD_MODELS
 
@@ -94,8 +94,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     run = RunDir(args.run)
     data = source_from_flags(args, teachers_source(run.root))  # default: the run's teachers'
-    with progress_bar("DP-SGD", 100, "percent", every=10.0) as bar:
-        metrics = train_dpsgd_baseline(run, config, data, in_percent(bar), encoding=encoding,
+    with progress_bar("DP-SGD", config.epochs, "epoch", every=10.0) as bar:
+        metrics = train_dpsgd_baseline(run, config, data, by_epoch(bar, config.epochs),
+                                       encoding=encoding,
                                        allow_large_delta=args.allow_large_delta)
     bayesian = (f", {metrics['epsilon_bayesian']:.3f} (Bayesian: data-dependent, private, "
                 f"{run.dpsgd_bayesian.name})" if "epsilon_bayesian" in metrics else "")

@@ -22,6 +22,7 @@ from teachers import checkpoints
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, train_group, train_one
 from teachers.models import build_model, initial_state
+from teachers.nonprivate import train_nonprivate
 from teachers.partition import make_partition
 from teachers.user_models import (
     build_user_model,
@@ -93,6 +94,19 @@ NETS = textwrap.dedent('''
                 type(self).steps += 1
                 if type(self).steps > 20:  # past the checks' few calls, into training
                     raise RuntimeError("patient 17's row")  # a message not to be shown
+            return self.out(x)
+
+
+    class FailsOnBigBatches(nn.Module):
+        """Trains on the teachers' batches, fails on larger ones, quoting a row."""
+
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.out = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+        def forward(self, x):
+            if self.training and len(x) > 16:
+                raise ValueError(f"bad row {x[0].flatten()[:3].tolist()}")  # not to be shown
             return self.out(x)
 
 
@@ -312,6 +326,14 @@ def test_one_worker_trains_a_user_network_in_this_process(tmp_path, digits, ray_
     assert _one_line(failed) == ("shard 0 failed (RuntimeError); the shards before it are "
                                  "saved - rerun the same command to train only the missing ones")
     assert not checkpoints.read_manifest(tmp_path / "b")["shards"]
+    # the non-private model of the compare stage trains the same network on all the private
+    # rows: its failure is named by its class alone too
+    job = TrainJob("digits", num_teachers=2, shard_size=2,
+                   train=TrainConfig(model=f"{NAME}:FailsOnBigBatches", **SETTINGS))
+    train_teachers(tmp_path / "c", job, Cluster(workers=1))
+    with pytest.raises(UserError) as failed:
+        train_nonprivate(tmp_path / "c", 1, 64, "cpu")
+    assert _one_line(failed) == "the non-private model failed (ValueError)"
 
 
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
