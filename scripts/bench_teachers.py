@@ -25,7 +25,6 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,9 +37,6 @@ from teachers.models import fit_pool_encoder
 from teachers.partition import make_partition
 from teachers.pool_encoder import EPOCHS
 from teachers.votes import Ensemble, load_ensemble
-
-if TYPE_CHECKING:
-    from teachers.distributed import TrainJob
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "bench_teachers"
 
@@ -137,7 +133,7 @@ def main() -> None:
             t0 = time.perf_counter()
             train_teachers(tmp, job, Cluster(workers=workers, device=args.device), only=shards)
             dt = time.perf_counter() - t0
-            ens = load_ensemble_partial(Path(tmp), job, ds.train_x.shape[1:], args.device)
+            ens = load_ensemble(Path(tmp), args.device, partial=True)
             found = scores(ens)
         emit(f"driver_{workers}", teachers=ens.num_teachers, workers=workers,
              seconds=round(dt, 2), teachers_per_second=ens.num_teachers / dt, **found,
@@ -162,19 +158,6 @@ def main() -> None:
              votes_per_second=len(votes) / dt,
              teacher_predictions_per_second=len(votes) * ens.num_teachers / dt,
              device=args.device)
-
-
-def load_ensemble_partial(run: Path, job: TrainJob, in_shape: tuple, device: str) -> Ensemble:
-    """The shards trained so far in ``run`` (the benchmark trains only some of them)."""
-    from teachers import checkpoints
-
-    manifest = checkpoints.read_manifest(run)
-    shards = [checkpoints.load_shard(run, int(i), s["sha256"], device)
-              for i, s in sorted(manifest["shards"].items(), key=lambda kv: int(kv[0]))]
-    recorded = manifest.get("pool_encoder")
-    encoder = None if recorded is None else {
-        k: v.to(device) for k, v in checkpoints.load_encoder(run, recorded["sha256"]).items()}
-    return Ensemble(job.train.model, tuple(in_shape), 10, shards, device, encoder)
 
 
 if __name__ == "__main__":

@@ -214,10 +214,11 @@ class Ensemble:
         return (hits.double() / len(y)).cpu().numpy(), plurality_hits / max(1, len(y))
 
 
-def load_ensemble(run_dir: str | Path, device: str = "cpu") -> Ensemble:
-    """The teachers of ``run_dir`` (all shards must be trained), ready to vote on ``device``."""
+def load_ensemble(run_dir: str | Path, device: str = "cpu", partial: bool = False) -> Ensemble:
+    """The teachers of ``run_dir`` (all shards must be trained, or with ``partial`` those
+    trained so far: a benchmark's), ready to vote on ``device``."""
     manifest = checkpoints.read_manifest(Path(run_dir))
-    if manifest is None or not manifest.get("done"):
+    if manifest is None or not (manifest.get("done") or (partial and manifest.get("shards"))):
         raise UserError(f"{run_dir} has no fully trained teachers; run `pate teachers train "
                         f"--run {run_dir}` first")
     shards = [checkpoints.load_shard(Path(run_dir), int(i), s["sha256"], device)

@@ -328,8 +328,12 @@ def test_one_worker_trains_a_user_network_in_this_process(tmp_path, digits, ray_
     assert not checkpoints.read_manifest(tmp_path / "b")["shards"]
     # the non-private model of the compare stage trains the same network on all the private
     # rows: its failure is named by its class alone too
-    job = TrainJob("digits", num_teachers=2, shard_size=2,
+    job = TrainJob("digits", num_teachers=4, shard_size=2,
                    train=TrainConfig(model=f"{NAME}:FailsOnBigBatches", **SETTINGS))
+    train_teachers(tmp_path / "c", job, Cluster(workers=1), only=[0])
+    with pytest.raises(UserError, match="has no fully trained teachers"):
+        load_ensemble(tmp_path / "c")
+    assert load_ensemble(tmp_path / "c", partial=True).num_teachers == 2  # a benchmark's
     train_teachers(tmp_path / "c", job, Cluster(workers=1))
     with pytest.raises(UserError) as failed:
         train_nonprivate(tmp_path / "c", 1, 64, "cpu")
