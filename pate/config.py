@@ -392,6 +392,13 @@ def parse_config(text: str, origin: str) -> RunConfig:
         raise UserError(f"{origin}: {_first_error(exc)}") from None
 
 
+def recorded_config(config_file: Path) -> RunConfig | None:
+    """The config a run recorded (its ``config.toml``, ``RunDir.config``), None where it has
+    none."""
+    return (parse_config(config_file.read_text(), str(config_file)) if config_file.is_file()
+            else None)
+
+
 def load_config(preset_or_path: str) -> RunConfig:
     """A shipped preset by name (``fashion-mnist-small``) or a TOML file."""
     path = Path(preset_or_path)

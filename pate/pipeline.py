@@ -33,7 +33,7 @@ from pate.config import (
     config_differences,
     dump_config,
     fixed_differences,
-    parse_config,
+    recorded_config,
 )
 from pate.data.task import DataFiles, Task, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
@@ -68,8 +68,7 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     changed. A directory refused is left as it was."""
     made = (set() if not run.root.is_dir()
             else {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name})
-    recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
-                else None)
+    recorded = recorded_config(run.config)
     fixed = ([] if recorded is None or not made
              else fixed_differences(recorded, config, run.finished_stages()))
     if fixed:
@@ -318,8 +317,7 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         if problem:  # before the run directory exists
             raise UserError(problem)
     run = RunDir(run_dir)
-    recorded = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
-                else None)
+    recorded = recorded_config(run.config)
     covered = other_budgets = None
     if run.private_records() is None or (recorded is not None
                                          and config_differences(recorded, config)):

@@ -17,7 +17,7 @@ from pate.aggregation.budget_registry import other_ledgers
 from pate.aggregation.label_service import recorded_ledger
 from pate.aggregation.ledger import stored_budget
 from pate.aggregation.ledger_store import canonical_url
-from pate.config import RunConfig, parse_config
+from pate.config import RunConfig, recorded_config
 from pate.data.votes_file import load_private_keys
 from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report
@@ -102,8 +102,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
                                     run.comparison, run.report, run.audit)):
         raise UserError(f"{run}: holds nothing of a run (no config.toml, teachers, votes, "
                         "labels or student): not a run directory, or one not started")
-    config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
-              else None)
+    config = recorded_config(run.config)
     last = run.log.read_text().splitlines()[-1] if run.log.is_file() else None
     return {"run": str(run), "name": None if config is None else config.name,
             "stages": _stages_by_hand(run) if config is None else _stages(run, config),
