@@ -36,18 +36,12 @@ import httpx
 import numpy as np
 from service_common import votes_for_ledger
 
+from pate.data.synthetic import dirichlet_votes
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token"
 MECHANISM = ["--mechanism", "confident", "--threshold", "200", "--sigma1", "150",
              "--sigma2", "40"]
-
-
-def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10,
-                    seed: int = 0) -> np.ndarray:
-    """Votes of ``teachers`` on ``rows`` queries, agreement ranging from split to unanimous."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3), size=rows)
-                           ).astype(np.int32)
 
 
 def start_server(workdir: Path, case: str, code: Path = ROOT
@@ -158,7 +152,7 @@ def main() -> None:
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        np.save(workdir / "votes.npy", synthetic_votes(args.pool))
+        np.save(workdir / "votes.npy", dirichlet_votes(args.pool))
         (workdir / "tokens.txt").write_text(TOKEN + "\n")
         (workdir / "tokens.txt").chmod(0o600)
         for batch in args.batches:

@@ -42,6 +42,7 @@ from analysis.orders import default_orders  # noqa: E402
 from pate.aggregation.label_requests import MAX_QUERIES, Limits  # noqa: E402
 from pate.aggregation.ledger import Ledger  # noqa: E402
 from pate.aggregation.ledger_store import requests_table  # noqa: E402
+from pate.data.synthetic import dirichlet_votes  # noqa: E402
 
 TOKENS = ("stress-token-a-0123456789", "stress-token-b-9876543210")
 POOL = 4000
@@ -52,13 +53,6 @@ DELTA = 1e-5
 # privacy rules 2 and 7)
 LEAK_MARKERS = ("Traceback", "File \"", "sqlalchemy", "sqlite3", "psycopg", "votes.npy",
                 "rdp_dependent", "data-dependent", "/tmp/")
-
-
-def synthetic_votes(rows: int, teachers: int = 250, classes: int = CLASSES) -> np.ndarray:
-    """Votes of ``teachers`` on ``rows`` queries, agreement from split to unanimous."""
-    rng = np.random.default_rng(0)
-    return rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3), size=rows)
-                           ).astype(np.int32)
 
 
 GNMAX = ("--mechanism", "gnmax", "--sigma", str(SIGMA))
@@ -619,7 +613,7 @@ def section_bounds(workdir: Path) -> dict[str, Any]:
     """Three servers: GNMax at the default --max-batch, GNMax at the largest on a pool too large
     for the service's table of costs (the most work per valid query), Interactive-GNMax (the
     largest bodies) at the default."""
-    np.save(workdir / "large-pool.npy", synthetic_votes(LARGE_POOL))
+    np.save(workdir / "large-pool.npy", dirichlet_votes(LARGE_POOL, classes=CLASSES))
     servers = [bounds_server(workdir, "gnmax", GNMAX, 4096, slow_bodies=True),
                bounds_server(workdir, "gnmax", GNMAX, MAX_QUERIES, slow_bodies=False,
                              votes="large-pool.npy"),
@@ -705,7 +699,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        np.save(workdir / "votes.npy", synthetic_votes(POOL))
+        np.save(workdir / "votes.npy", dirichlet_votes(POOL, classes=CLASSES))
         (workdir / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
         (workdir / "tokens.txt").chmod(0o600)
         if "malformed" in wanted:

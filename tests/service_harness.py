@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 TOKENS = ("token-alpha-0123456789", "token-beta-9876543210")
 
@@ -23,22 +22,6 @@ def write_tokens(path: Path, tokens: tuple[str, ...] = TOKENS) -> Path:
     path.write_text("# test tokens\n" + "\n".join(tokens) + "\n")
     path.chmod(0o600)
     return path
-
-
-def synthetic_votes(rows: int, teachers: int = 250, classes: int = 10,
-                    seed: int = 0) -> np.ndarray:
-    """Votes of ``teachers`` on ``rows`` queries with a strict plurality in every row."""
-    rng = np.random.default_rng(seed)
-    votes = rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3), size=rows))
-    top = np.sort(votes, axis=1)
-    keep = top[:, -1] > top[:, -2]
-    while not keep.all():
-        fresh = rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3),
-                                                        size=int((~keep).sum())))
-        votes[~keep] = fresh
-        top = np.sort(votes, axis=1)
-        keep = top[:, -1] > top[:, -2]
-    return votes.astype(np.int32)
 
 
 class Server:

@@ -25,3 +25,21 @@ def synthetic_votes(queries: int, teachers: int, classes: int, seed: int = 0,
     votes = rng.multinomial(teachers - leader_votes, spread)
     votes[np.arange(queries), top] += leader_votes
     return votes.astype(np.int32)
+
+
+def dirichlet_votes(rows: int, teachers: int = 250, classes: int = 10, seed: int = 0,
+                    strict: bool = False) -> NDArray[np.int32]:
+    """Votes of ``teachers`` on ``rows`` queries (int32 ``[rows, classes]``), each row's class
+    shares drawn from Dirichlet(0.3): agreement from split to unanimous, for the service's
+    tests, stress runs and benchmarks. With ``strict`` a row without a strict plurality is
+    drawn again, so every row has one answer."""
+    rng = np.random.default_rng(seed)
+    votes = rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3), size=rows))
+    while strict:
+        top = np.sort(votes, axis=1)
+        tied = top[:, -1] <= top[:, -2]
+        if not tied.any():
+            break
+        votes[tied] = rng.multinomial(teachers, rng.dirichlet(np.full(classes, 0.3),
+                                                              size=int(tied.sum())))
+    return votes.astype(np.int32)

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 from service_common import votes_for_ledger
-from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+from service_harness import TOKENS, Server, auth, serving, write_tokens
 
 from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
@@ -27,6 +27,7 @@ from pate.aggregation.label_service import InProcessLabels, LabelService, open_l
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.vote_pool import VotePool
 from pate.cli.main import main
+from pate.data.synthetic import dirichlet_votes
 from pate.errors import (
     AuthenticationError,
     BatchTooLarge,
@@ -47,7 +48,7 @@ ROWS = 1200
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("service")
-    votes = synthetic_votes(ROWS)
+    votes = dirichlet_votes(ROWS, strict=True)
     # rows 0-399 far above T=200, 400-799 exactly at T, 800-1199 far below
     votes[:400] = 0
     votes[:400, 0] = 250
@@ -56,7 +57,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     votes[800:] = 25
     votes[800:, 3] = 25 + 0  # keep 10 classes summing to 250: all 25
     np.savez(d / "votes.npz", votes=votes, pool_index=np.arange(ROWS) + POOL_OFFSET)
-    np.save(d / "plurality.npy", synthetic_votes(ROWS, seed=4))
+    np.save(d / "plurality.npy", dirichlet_votes(ROWS, seed=4, strict=True))
     write_tokens(d / "tokens.txt")
     return d
 
@@ -448,7 +449,7 @@ def test_a_server_in_this_process_leaves_its_logging_alone(tmp_path: Path) -> No
 
     probe = Probe()
     logging.getLogger("a-caller").addHandler(probe)
-    np.savez(tmp_path / "votes.npz", votes=synthetic_votes(20))
+    np.savez(tmp_path / "votes.npz", votes=dirichlet_votes(20, strict=True))
     server = open_server(GNMax(sigma=10.0), token_file=write_tokens(tmp_path / "tokens"),
                          epsilon_budget=50.0, delta=1e-5, votes_path=tmp_path / "votes.npz",
                          port=0)
@@ -467,7 +468,7 @@ def test_a_failure_anywhere_answers_a_fixed_500_and_logs_its_class_only(
     request; a ``PateError`` of status 500 raised outside the routes' own guards too), the
     client gets the fixed JSON 500 and the log the exception's class: never its message, which
     may carry private values."""
-    np.savez(tmp_path / "votes.npz", votes=synthetic_votes(20))
+    np.savez(tmp_path / "votes.npz", votes=dirichlet_votes(20, strict=True))
     server = open_server(GNMax(sigma=10.0), token_file=write_tokens(tmp_path / "tokens"),
                          epsilon_budget=50.0, delta=1e-5, votes_path=tmp_path / "votes.npz",
                          port=0)
@@ -502,7 +503,7 @@ def test_a_500_raised_outside_every_guard_answers_the_fixed_detail(
     """The application's own handler: a ``PateError`` of status 500 that no route guarded (a
     route added later, say) answers the fixed detail and is logged by its class, never by its
     message."""
-    np.savez(tmp_path / "votes.npz", votes=synthetic_votes(20))
+    np.savez(tmp_path / "votes.npz", votes=dirichlet_votes(20, strict=True))
     service = open_label_service(GNMax(sigma=10.0), epsilon_budget=50.0, delta=1e-5,
                                  votes_path=tmp_path / "votes.npz")
     app = create_app(service, TokenStore(write_tokens(tmp_path / "tokens")))

@@ -17,11 +17,12 @@ import httpx
 import numpy as np
 import pytest
 from service_common import votes_for_ledger
-from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+from service_harness import TOKENS, Server, auth, serving, write_tokens
 
 from analysis.orders import default_orders
 from pate.aggregation.label_requests import MAX_QUERIES, LabelsRequest, Limits
 from pate.aggregation.ledger import Ledger
+from pate.data.synthetic import dirichlet_votes
 from pate.errors import BatchTooLarge, UserError
 from pate.service.client import LabelClient
 from pate.service.tokens import TokenStore
@@ -32,7 +33,7 @@ ROWS = 2000
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("hardening")
-    np.save(d / "votes.npy", synthetic_votes(ROWS))
+    np.save(d / "votes.npy", dirichlet_votes(ROWS, strict=True))
     write_tokens(d / "tokens.txt")
     return d
 

@@ -19,12 +19,13 @@ import httpx
 import numpy as np
 import pytest
 from service_common import votes_for_ledger
-from service_harness import TOKENS, Server, auth, serving, synthetic_votes, write_tokens
+from service_harness import TOKENS, Server, auth, serving, write_tokens
 
 from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.ledger import Ledger
+from pate.data.synthetic import dirichlet_votes
 
 SIGMA = "40"
 BUDGET = 3.0  # data-independent epsilon: 358 single-label queries at sigma 40
@@ -35,7 +36,7 @@ MISMATCH = -1
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("load")
-    np.save(d / "votes.npy", synthetic_votes(4000))
+    np.save(d / "votes.npy", dirichlet_votes(4000, strict=True))
     write_tokens(d / "tokens.txt")
     return d
 
