@@ -27,10 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=".npy or .npz (key 'votes') int matrix [queries, classes]")
     p.add_argument("--delta", required=True, type=float, help="target delta, in (0, 1)")
     add_mechanism_flags(p, costed_only=True)
-    p.add_argument("--baseline", metavar="FILE",
+    p.add_argument("--baseline", type=path_text, metavar="FILE",
                    help="interactive only: num_teachers * student_probs, same shape as votes")
     p.add_argument("--queries", type=int, help="analyse only the first N rows")
-    p.add_argument("--asked", metavar="FILE",
+    p.add_argument("--asked", type=path_text, metavar="FILE",
                    help="analyse only the rows a student asked about, in its order: its run's "
                         "labels.npz (key 'pool_index') or a .npy of pool indices, found through "
                         "the votes file's 'pool_index' (row numbers without one); every row must "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pate.cli.data_flags import add_data_flags, source_from_flags
 from pate.cli.device_flag import add_device_flag
-from pate.cli.paths import path_arg
+from pate.cli.paths import path_arg, path_text
 from pate.data.augment import AUGMENTATIONS
 from pate.data.partitions import PARTITIONS, partition_problem
 from pate.errors import UserError
@@ -69,7 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "evaluation half into teachers/manifest.json.")
     votes.add_argument("--run", required=True, type=path_arg, help="run directory")
     add_device_flag(votes, "the teachers' inference")
-    votes.add_argument("--data-dir", default=None, help="where the dataset files are")
+    votes.add_argument("--data-dir", type=path_text, default=None,
+                       help="where the dataset files are")
     votes.add_argument("--batch-size", type=int, default=None,
                        help="rows per inference batch (default: 32 on cpu, 1024 on cuda)")
     votes.set_defaults(handler=_votes)

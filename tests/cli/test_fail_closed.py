@@ -383,6 +383,8 @@ def test_an_empty_run_directory_is_a_usage_error_not_the_current_folder(
      "--test"),
     (["student", "train", "--run", "r", "--method", "supervised", "--ledger"], "--ledger"),
     (["analyze", "--delta", "1e-5", "--votes"], "--votes"),
+    (["analyze", "--delta", "1e-5", "--votes", "v.npy", "--asked"], "--asked"),
+    (["teachers", "votes", "--run", "r", "--data-dir"], "--data-dir"),
     (["report", "--runs", "a", "b", "--out"], "--out")])
 def test_every_path_flag_refuses_an_empty_value(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
