@@ -82,6 +82,7 @@ from pate.errors import BudgetExhausted, UserError
 from pate.io import write_json_atomic
 from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.checks import warn_unseen_classes
+from student.defaults import STUDENT
 from student.models import ModelSpec, build_classifier, check_network
 from student.predict import load_schema, score_file
 from student.rounds import Received, ask
@@ -103,6 +104,7 @@ from teachers.choices import (
     POOL_ENCODER_MODELS,
     model_data_problem,
 )
+from teachers.defaults import TEACHERS
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
 from teachers.models import check_user_model, fit_pool_encoder
@@ -133,8 +135,9 @@ class Teachers:
     for adding or removing all of one person's rows."""
 
     def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
-                 epochs: int = 20, batch_size: int = 8, lr: float = 6e-3, shard_size: int = 25,
-                 augment: str = "none", mixup: float = 0.0, seed: int = 0,
+                 epochs: int = TEACHERS.epochs, batch_size: int = TEACHERS.batch_size,
+                 lr: float = TEACHERS.lr, shard_size: int = TEACHERS.shard_size,
+                 augment: str = "none", mixup: float = TEACHERS.mixup, seed: int = 0,
                  device: str = "cpu", partition: str = "position") -> None:
         model = checked_network(model, "model")
         if partition not in PARTITIONS:
@@ -406,7 +409,7 @@ class PrivateLabels:
         return self.service.ledger
 
     def ask(self, indices: ArrayLike, student_probs: ArrayLike | None = None,
-            request_size: int = 512) -> Received:
+            request_size: int = STUDENT.request_size) -> Received:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
         the budget allows (a warning says when that is fewer than asked, the first ones);
         Interactive-GNMax also takes the student's probabilities. A budget that covers not one
@@ -514,9 +517,10 @@ class Student:
     minimisation) are ``pate student train``'s; ``device`` trains there. ``seed`` seeds
     initialisation and order only."""
 
-    def __init__(self, method: str = "vat", *, arch: str | None = None, epochs: int = 30,
-                 batch_size: int = 32, lr: float | None = None, augment: str = "none",
-                 vat_eps: float = 2.0, entmin: bool = False, seed: int = 0,
+    def __init__(self, method: str = "vat", *, arch: str | None = None,
+                 epochs: int = STUDENT.epochs, batch_size: int = STUDENT.batch_size,
+                 lr: float | None = None, augment: str = "none",
+                 vat_eps: float = STUDENT.vat_eps, entmin: bool = False, seed: int = 0,
                  device: str = "cpu") -> None:
         arch = checked_network(arch, "arch")
         if augment not in AUGMENTATIONS:

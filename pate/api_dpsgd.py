@@ -40,6 +40,7 @@ from pate.api_checks import (
 from pate.data.files import rows_said
 from pate.errors import UserError
 from student.baseline import fit_dpsgd, public_norm, split_bayesian
+from student.defaults import DPSGD
 from student.dpsgd import DPSGDConfig
 from student.training import predict_proba
 from teachers.rng import SEED_LIMIT
@@ -56,8 +57,9 @@ class DPSGD:
     epsilon, computed from the private gradients: for the data's owner only)."""
 
     def __init__(self, epsilon: float, *, delta: float = 1e-5, model: str | None = None,
-                 epochs: int = 40, batch_size: int = 2048, lr: float = 4.0,
-                 momentum: float = 0.9, max_grad_norm: float = 0.1,
+                 epochs: int = DPSGD.epochs, batch_size: int = DPSGD.batch_size,
+                 lr: float = DPSGD.lr, momentum: float = DPSGD.momentum,
+                 max_grad_norm: float = DPSGD.max_grad_norm,
                  allow_large_delta: bool = False, seed: int | None = None) -> None:
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
             raise UserError(f"momentum must be a number in [0, 1), got {momentum!r}")

@@ -41,7 +41,9 @@ from student.choices import (
     DPSGD_MODELS,
     arch_method_problem,
 )
+from student.defaults import DPSGD, STUDENT
 from teachers.choices import MODELS, is_import_path, model_name_problem
+from teachers.defaults import TEACHERS
 from teachers.rng import SEED_LIMIT
 
 
@@ -101,13 +103,12 @@ class DataConfig(_Section):
 
 
 class TeachersConfig(_Section):
-    """``pate teachers train``'s settings; ``None``: the library's default (teachers.ensemble.
-    TrainConfig: batch 8, learning rate 6e-3; 25 teachers per shard)."""
+    """``pate teachers train``'s settings; ``None``: the library's default (teachers.defaults)."""
 
-    count: int = Field(default=250, ge=1)
+    count: int = Field(default=TEACHERS.count, ge=1)
     # a built-in (MODELS) or a user's "package.module:factory"; None: DEFAULT_MODEL of the data
     model: str | None = None
-    epochs: int = Field(default=20, ge=1)
+    epochs: int = Field(default=TEACHERS.epochs, ge=1)
     batch_size: int | None = Field(default=None, ge=1)
     lr: float | None = Field(default=None, gt=0)
     mixup: float = Field(default=0.0, ge=0)
@@ -118,7 +119,7 @@ class TeachersConfig(_Section):
     # (data.key), for adding or removing all of one person's rows
     partition: Literal[PARTITIONS] = "position"  # type: ignore[valid-type]
     workers: int = Field(default=1, ge=1)
-    shard_size: int = Field(default=25, ge=1)
+    shard_size: int = Field(default=TEACHERS.shard_size, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
     gpus_per_shard: float = Field(default=1.0, gt=0)
     ray_address: str | None = None
@@ -200,22 +201,22 @@ class StudentConfig(_Section):
     method: Literal["vat", "gan", "supervised"] = "vat"
     # None: the method's default
     arch: str | None = None  # a built-in (ARCHITECTURES) or a user's "package.module:factory"
-    queries: int = Field(default=1000, ge=1)
+    queries: int = Field(default=STUDENT.queries, ge=1)
     # A second Confident-GNMax round on the pool rows the round-1 student is least sure of
     # (stage student-active); `select` is round 1's selection.
     active_queries: int = Field(default=0, ge=0)
     interactive_queries: int = Field(default=0, ge=0)
     # round 1 has no student yet to be unsure: `uncertainty` is the active round's
     select: Literal["first", "random"] = "random"
-    request_size: int = Field(default=512, ge=1)
-    epochs: int = Field(default=20, ge=1)
-    width: int = Field(default=32, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    unlabelled_batch_size: int = Field(default=128, ge=1)
+    request_size: int = Field(default=STUDENT.request_size, ge=1)
+    epochs: int = Field(default=STUDENT.epochs, ge=1)
+    width: int = Field(default=STUDENT.width, ge=1)
+    batch_size: int = Field(default=STUDENT.batch_size, ge=1)
+    unlabelled_batch_size: int = Field(default=STUDENT.unlabelled_batch_size, ge=1)
     lr: float | None = Field(default=None, gt=0)
     augment: Literal[AUGMENTATIONS] = "none"  # type: ignore[valid-type]
     balance_classes: bool = False
-    vat_eps: float = Field(default=2.0, gt=0)
+    vat_eps: float = Field(default=STUDENT.vat_eps, gt=0)
     entmin: bool = False
     encoder_epochs: int | None = Field(default=None, ge=1)
     seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
@@ -244,11 +245,11 @@ class DPSGDConfig(_Section):
     enabled: bool = False
     model: str | None = None
     epsilon: float = Field(default=3.0, gt=0)
-    epochs: int = Field(default=10, ge=1)
-    batch_size: int = Field(default=2048, ge=1)
-    lr: float = Field(default=4.0, gt=0)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    max_grad_norm: float = Field(default=0.1, gt=0)
+    epochs: int = Field(default=DPSGD.epochs, ge=1)
+    batch_size: int = Field(default=DPSGD.batch_size, ge=1)
+    lr: float = Field(default=DPSGD.lr, gt=0)
+    momentum: float = Field(default=DPSGD.momentum, ge=0, lt=1)
+    max_grad_norm: float = Field(default=DPSGD.max_grad_norm, gt=0)
     noise: Literal[NOISE_FAMILIES] = "gaussian"  # type: ignore[valid-type]
     dof: float = Field(default=DEFAULT_DOF, gt=2)
     encode: int | None = Field(default=None, ge=1)

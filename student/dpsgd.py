@@ -53,6 +53,7 @@ from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from student.choices import DPSGD_MODELS, dpsgd_model_for
+from student.defaults import DPSGD
 from student.gradient_encoding import clip_factors
 from student.training import accuracy
 from teachers.choices import HOG_SIDE, SCATTERING_SIDE
@@ -72,19 +73,19 @@ _MIN_SIDE = 28
 @dataclass(frozen=True)
 class DPSGDConfig:
     """Hyper-parameters; ``target_epsilon`` or ``noise_multiplier`` (exactly one) sets the noise.
-    Defaults are Tramèr & Boneh's Fashion-MNIST end-to-end CNN setting (batch 2048, lr 4,
-    momentum 0.9, C = 0.1, 40 epochs)."""
+    The defaults are :data:`student.defaults.DPSGD`, Tramèr & Boneh's Fashion-MNIST
+    end-to-end CNN setting."""
 
-    epochs: int = 40
-    expected_batch_size: int = 2048
-    lr: float = 4.0
-    momentum: float = 0.9
-    max_grad_norm: float = 0.1
+    epochs: int = DPSGD.epochs
+    expected_batch_size: int = DPSGD.batch_size
+    lr: float = DPSGD.lr
+    momentum: float = DPSGD.momentum
+    max_grad_norm: float = DPSGD.max_grad_norm
     target_epsilon: float | None = None
     noise_multiplier: float | None = None
     delta: float = 1e-5
     conversion: Conversion = "improved"
-    bayesian_pairs: int = 256
+    bayesian_pairs: int = DPSGD.bayesian_pairs
     moments: tuple[int, ...] = field(default=DEFAULT_MOMENTS)
     eval_batch_size: int = 4096
     init_seed: int | None = None

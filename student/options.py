@@ -11,6 +11,7 @@ from pate.data.augment import AUGMENTATIONS
 from pate.devices import device_problem
 from pate.errors import UserError
 from student.choices import SELECTIONS
+from student.defaults import STUDENT
 from student.training import FitConfig, MethodConfig, method_for_data
 from teachers.rng import SEED_LIMIT
 
@@ -27,17 +28,17 @@ class StudentOptions:
 
     method: str
     arch: str | None = None
-    width: int = 32
-    queries: int = 1000
+    width: int = STUDENT.width
+    queries: int = STUDENT.queries
     select: str = "first"
-    request_size: int = 512
-    epochs: int = 30
-    batch_size: int = 32
-    unlabelled_batch_size: int = 128
+    request_size: int = STUDENT.request_size
+    epochs: int = STUDENT.epochs
+    batch_size: int = STUDENT.batch_size
+    unlabelled_batch_size: int = STUDENT.unlabelled_batch_size
     lr: float | None = None
     augment: str = "none"
     balance_classes: bool = False
-    vat_eps: float = 2.0
+    vat_eps: float = STUDENT.vat_eps
     entmin: bool = False
     pool_encoder: Path | None = None
     encoder_epochs: int | None = None

@@ -46,6 +46,7 @@ from pate.errors import BudgetExhausted, UserError
 from pate.io import write_bytes_atomic
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
+from student.defaults import STUDENT
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ def select_queries(candidates: NDArray[np.int64], n: int, how: str,
 
 
 def ask(source: LabelSource, indices: NDArray[np.int64],
-        student_probs: NDArray[np.float64] | None = None, request_size: int = 512,
+        student_probs: NDArray[np.float64] | None = None,
+        request_size: int = STUDENT.request_size,
         on_request: Callable[[Received], None] | None = None) -> tuple[Received, bool]:
     """One round: ask ``source`` about ``indices`` in requests of ``request_size``, with the
     student's probabilities of each (Interactive-GNMax) when given. After every answered request

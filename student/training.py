@@ -37,6 +37,7 @@ from student.choices import (
     arch_method_problem,
     methods_for_tables,
 )
+from student.defaults import STUDENT
 from student.models import (
     Generator,
     ModelSpec,
@@ -58,9 +59,9 @@ class MethodConfig:
 
     method: str
     arch: str | None = None
-    width: int = 32
+    width: int = STUDENT.width
     lr: float | None = None
-    vat_eps: float = 2.0
+    vat_eps: float = STUDENT.vat_eps
     entmin: bool = False
 
     def __post_init__(self) -> None:
@@ -86,8 +87,9 @@ class MethodConfig:
         return METHOD_RECORDS[self.method].lr if self.lr is None else self.lr
 
 
-def method_for_data(kind: str, method: str, arch: str | None = None, width: int = 32,
-                    lr: float | None = None, vat_eps: float = 2.0, entmin: bool = False
+def method_for_data(kind: str, method: str, arch: str | None = None,
+                    width: int = STUDENT.width, lr: float | None = None,
+                    vat_eps: float = STUDENT.vat_eps, entmin: bool = False
                     ) -> MethodConfig:
     """The method and its network for ``kind`` of data (``image`` or ``tabular``): on tabular
     features the default network is the MLP, and the networks (and the GAN) made for images are
@@ -109,11 +111,13 @@ def method_for_data(kind: str, method: str, arch: str | None = None, width: int 
 
 @dataclass(frozen=True)
 class FitConfig:
-    """Hyper-parameters of the loop (the learners hold their own)."""
+    """Hyper-parameters of the loop (the learners hold their own); the defaults are
+    :data:`student.defaults.STUDENT`."""
 
-    epochs: int = 10
-    batch_size: int = 32               # labelled examples per step
-    unlabelled_batch_size: int = 128   # unlabelled examples per step (one epoch = one pass)
+    epochs: int = STUDENT.epochs
+    batch_size: int = STUDENT.batch_size  # labelled examples per step
+    # unlabelled examples per step (one epoch = one pass)
+    unlabelled_batch_size: int = STUDENT.unlabelled_batch_size
     lr: float = 1e-3
     decay_from: float = 0.5            # linear decay to 0 over the last half of the steps
     augment: str = "none"              # pate.data.augment: random shifts (and mirroring) per step

@@ -51,6 +51,7 @@ from pate.data.task import Benchmark, DataSource
 from pate.errors import UserError
 from teachers import rng
 from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_problem
+from teachers.defaults import TEACHERS
 from teachers.fixed_maps import FixedMap, feature_table, table_fits, table_width
 from teachers.models import build_model, initial_state, on_features
 from teachers.partition import check_disjoint
@@ -67,19 +68,18 @@ from teachers.user_models import (
 @dataclass(frozen=True)
 class TrainConfig:
     """How every teacher of a run is trained (recorded in the manifest). ``augment`` is one of
-    :data:`AUGMENTATIONS`. The defaults were tuned on Fashion-MNIST with 250 teachers (2-core
-    CPU): batch 16 gave teachers 0.754 and the plurality 0.829 on the pool, batch 8 gave 0.754
-    and 0.834. ``mixup`` is the alpha of mixup's Beta(alpha, alpha) (0: off); with ``cnn-pool``
-    and mixup 0.4 the same run's teachers reached 0.774 (plurality 0.834). ``model`` is a
-    built-in name or the import path of a user's factory, imported here to fail early."""
+    :data:`AUGMENTATIONS`; the defaults are :data:`teachers.defaults.TEACHERS`. ``mixup`` is
+    the alpha of mixup's Beta(alpha, alpha) (0: off); with ``cnn-pool`` and mixup 0.4 a
+    Fashion-MNIST run's 250 teachers reached 0.774 (plurality 0.834). ``model`` is a built-in
+    name or the import path of a user's factory, imported here to fail early."""
 
     model: str = "cnn"
-    epochs: int = 20
-    batch_size: int = 8
-    lr: float = 6e-3
-    weight_decay: float = 1e-3
+    epochs: int = TEACHERS.epochs
+    batch_size: int = TEACHERS.batch_size
+    lr: float = TEACHERS.lr
+    weight_decay: float = TEACHERS.weight_decay
     augment: str = "none"
-    mixup: float = 0.0
+    mixup: float = TEACHERS.mixup
     seed: int = 0
 
     def __post_init__(self) -> None:

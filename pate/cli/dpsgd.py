@@ -21,6 +21,7 @@ from pate.errors import UserError
 from pate.progress import by_epoch, progress_bar
 from pate.rundir import RunDir
 from student.choices import DPSGD_MODELS
+from student.defaults import DPSGD
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,17 +44,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="the network: the tempered-sigmoid CNN (images' default), a linear "
                             "softmax on wavelet scattering or HOG features (images), or a "
                             "linear softmax on the inputs (feature rows' default)")
-    train.add_argument("--epochs", type=int, default=40)
+    train.add_argument("--epochs", type=int, default=DPSGD.epochs)
     train.add_argument("--delta", type=float, default=1e-5)
     train.add_argument("--allow-large-delta", action="store_true",
                        help="accept a delta of 1/n or more (n the private records)")
-    train.add_argument("--batch-size", type=int, default=2048,
+    train.add_argument("--batch-size", type=int, default=DPSGD.batch_size,
                        help="expected batch size; the Poisson sampling rate is this / n")
-    train.add_argument("--lr", type=float, default=4.0)
-    train.add_argument("--momentum", type=float, default=0.9)
-    train.add_argument("--max-grad-norm", type=float, default=0.1, metavar="C")
+    train.add_argument("--lr", type=float, default=DPSGD.lr)
+    train.add_argument("--momentum", type=float, default=DPSGD.momentum)
+    train.add_argument("--max-grad-norm", type=float, default=DPSGD.max_grad_norm, metavar="C")
     train.add_argument("--conversion", choices=CONVERSIONS, default="improved")
-    train.add_argument("--bayesian-pairs", type=int, default=256,
+    train.add_argument("--bayesian-pairs", type=int, default=DPSGD.bayesian_pairs,
                        help="gradient pairs sampled per step for the Bayesian accountant")
     train.add_argument("--noise", choices=NOISE_FAMILIES, default="gaussian",
                        help="noise family; --noise-multiplier is its standard deviation / C "

@@ -31,6 +31,7 @@ from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
 from pate.progress import progress_bar
 from pate.rundir import RunDir
+from student.defaults import STUDENT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,11 +76,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "the sanitised one is the larger)")
     add_data_flags(p)
     rnd = p.add_argument_group("query round")
-    rnd.add_argument("--queries", type=int, default=1000, help="pool rows to ask about")
+    rnd.add_argument("--queries", type=int, default=STUDENT.queries, help="pool rows to ask about")
     rnd.add_argument("--select", choices=SELECTIONS, default="first",
                      help="which pool rows: the first ones (default), random ones, or those the "
                           "previous student is least sure of")
-    rnd.add_argument("--request-size", type=int, default=512, help="queries per request")
+    rnd.add_argument("--request-size", type=int, default=STUDENT.request_size,
+                     help="queries per request")
     tr = p.add_argument_group("training")
     tr.add_argument("--arch", default=None, metavar="ARCH",
                     help=f"network: {', '.join(ARCHITECTURES)}, or your own network's import "
@@ -87,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "factory(input_shape, num_classes) -> torch.nn.Module returning "
                          "logits; not with gan); default: cnn on images, mlp on a table, the "
                          "GAN's wn-mlp discriminator")
-    tr.add_argument("--width", type=int, default=32, help="cnn channels")
+    tr.add_argument("--width", type=int, default=STUDENT.width, help="cnn channels")
     tr.add_argument("--pool-encoder", type=path_arg, metavar="FILE",
                     help="cnn-hog-simclr: the frozen encoder learnt from the public pool "
                          "(`pate teachers train` writes RUN/teachers/pool-encoder.safetensors; "
@@ -96,9 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr.add_argument("--encoder-epochs", type=int, default=None,
                     help="cnn-hog-simclr: SimCLR epochs of an encoder learnt here (default: the "
                          "teachers')")
-    tr.add_argument("--epochs", type=int, default=30, help="passes over the pool")
-    tr.add_argument("--batch-size", type=int, default=32, help="labelled examples per step")
-    tr.add_argument("--unlabelled-batch-size", type=int, default=128)
+    tr.add_argument("--epochs", type=int, default=STUDENT.epochs, help="passes over the pool")
+    tr.add_argument("--batch-size", type=int, default=STUDENT.batch_size,
+                    help="labelled examples per step")
+    tr.add_argument("--unlabelled-batch-size", type=int, default=STUDENT.unlabelled_batch_size)
     tr.add_argument("--lr", type=float, default=None, help="Adam (default: per method)")
     tr.add_argument("--augment", choices=AUGMENTATIONS, default="none",
                     help="random 2-pixel shifts (and mirroring: only where labels survive it) "
@@ -108,7 +111,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="oversample the rarer answered labels so every class is drawn equally "
                          "often (the aggregator answers the classes the teachers agree on more "
                          "often)")
-    tr.add_argument("--vat-eps", type=float, default=2.0, help="VAT: norm of the perturbation")
+    tr.add_argument("--vat-eps", type=float, default=STUDENT.vat_eps,
+                    help="VAT: norm of the perturbation")
     tr.add_argument("--entmin", action="store_true", help="VAT: add entropy minimisation")
     tr.add_argument("--seed", type=int, default=0,
                     help="seed of initialisation and training order (offline experiments; the "

@@ -16,6 +16,7 @@ from pate.data.partitions import PARTITIONS, partition_problem
 from pate.errors import UserError
 from pate.rundir import RunDir
 from teachers.choices import MODELS
+from teachers.defaults import TEACHERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,21 +28,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            description="Partition the training split among the teachers and "
                            "train them on Ray; rerunning trains only missing shards.")
     train.add_argument("--run", required=True, type=path_arg, help="run directory")
-    train.add_argument("--teachers", type=int, default=250, help="number of teachers")
+    train.add_argument("--teachers", type=int, default=TEACHERS.count, help="number of teachers")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the partition and of training (offline experiments only)")
-    # None: the default of teachers.ensemble.TrainConfig (cnn, 20 epochs, batch 8, lr 6e-3).
+    # None: the default of teachers.ensemble.TrainConfig (teachers.defaults).
     train.add_argument("--model", metavar="MODEL",
                        help=f"{', '.join(MODELS)}, or your own network's import path "
                             "package.module:factory (importable from the working directory; "
                             "factory(input_shape, num_classes) -> torch.nn.Module); default: "
                             "cnn for images, mlp for tabular data")
-    train.add_argument("--epochs", type=int, help="default: 20")
-    train.add_argument("--batch-size", type=int, help="default: 8")
-    train.add_argument("--lr", type=float, help="peak learning rate (one-cycle); default: 6e-3")
+    train.add_argument("--epochs", type=int, help=f"default: {TEACHERS.epochs}")
+    train.add_argument("--batch-size", type=int, help=f"default: {TEACHERS.batch_size}")
+    train.add_argument("--lr", type=float,
+                       help=f"peak learning rate (one-cycle); default: {TEACHERS.lr:g}")
     train.add_argument("--mixup", type=float, default=None,
                        help="mixup's Beta(alpha, alpha) within each teacher's own batch; "
-                            "default: 0 (off)")
+                            f"default: {TEACHERS.mixup:g} (off)")
     train.add_argument("--augment", choices=["auto", *AUGMENTATIONS],
                        default="auto", help="random shifts (and mirroring); auto picks what "
                        "preserves the dataset's labels")
@@ -50,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "record), by a hash of each record (it covers adding or removing "
                             "one, as DP-SGD's does) or by a hash of each row's key column "
                             "(--key: adding or removing all of one person's rows)")
-    train.add_argument("--shard-size", type=int, default=25,
+    train.add_argument("--shard-size", type=int, default=TEACHERS.shard_size,
                        help="teachers per Ray task (trained together, vectorised)")
     train.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="shards trained at once (default: one per CPU core)")
