@@ -1,5 +1,7 @@
 """How the student asks and trains (``StudentOptions``), validated where it is made: the
-settings of ``pate student train``, of ``pate run``'s student stages and of the Python API."""
+settings of ``pate student train`` (its errors name that command's flags) and of ``pate run``'s
+student stages (whose config file is validated before, ``pate.config``). The Python API's
+``Student`` checks its own arguments and trains with ``FitConfig``."""
 
 from __future__ import annotations
 
