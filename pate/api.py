@@ -107,6 +107,7 @@ from teachers.choices import (
 from teachers.defaults import TEACHERS
 from teachers.distributed import shard_ranges, train_shard
 from teachers.ensemble import TrainConfig
+from teachers.manifest import TeachersManifest
 from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import deal_rows
 from teachers.rng import SEED_LIMIT
@@ -259,25 +260,22 @@ class Teachers:
         """Teachers written by ``save`` (or by ``pate run``, from its run directory), checked
         against their recorded sha256, ready to ``vote`` on ``device``."""
         device = checked_device(device)
-        manifest = checkpoints.read_manifest(Path(directory))
+        manifest = TeachersManifest.read(directory)
         if manifest is None:
             raise UserError(f"{directory}: no saved teachers (teachers/manifest.json)")
         try:
-            teachers = cls(int(manifest["num_teachers"]), int(manifest["num_classes"]),
-                           model=manifest["model"], device=device,
-                           partition=manifest.get("partition", "position"))
-            teachers.config = TrainConfig(**manifest["train"])
+            teachers = cls(manifest.num_teachers, manifest.num_classes, model=manifest.model,
+                           device=device, partition=manifest.partition)
+            teachers.config = TrainConfig(**manifest.train_settings)
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{directory}: its teachers' manifest is not of this version "
                             "(num_teachers, num_classes, model, train)") from None
         teachers.ensemble_ = load_ensemble(directory, device)
-        teachers.private_records_ = (manifest.get("private_records")
+        teachers.private_records_ = (manifest.private_records
                                      or RunDir(directory).private_records())
-        # the key of the ledgers of their data (a run's: its data as given; a run of an older
-        # version, or these teachers' save: the rows), as their votes carry it
-        teachers.private_fingerprint_ = (manifest.get("private_data_fingerprint")
-                                         or manifest.get("private_fingerprint"))
-        teachers.private_rows_fingerprint_ = manifest.get("private_rows_fingerprint")
+        # the key of the ledgers of their data, as their votes carry it
+        teachers.private_fingerprint_ = manifest.data_fingerprint
+        teachers.private_rows_fingerprint_ = manifest.rows_fingerprint
         return teachers
 
 

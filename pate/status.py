@@ -22,6 +22,7 @@ from pate.data.votes_file import load_private_keys
 from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report
 from pate.rundir import RunDir
+from teachers.manifest import TeachersManifest
 
 
 def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
@@ -50,9 +51,9 @@ def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
 def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
     """A directory the stage commands built (no config.toml): each command's output, there or
     not (the teachers' manifest says whether every teacher is trained)."""
-    manifest = run.read_json(run.manifest)
+    manifest = TeachersManifest.read(run.root)
     teachers = ("not run" if manifest is None
-                else "done" if manifest.get("done") else "running or interrupted")
+                else "done" if manifest.done else "running or interrupted")
     student = run.read_json(run.student_metrics)
     states = [("teachers", teachers, None),
               ("votes", "done" if run.votes.is_file() else "not run", None),

@@ -44,6 +44,7 @@ from pate.config import load_config
 from pate.data.task import Task, load_task
 from teachers import checkpoints
 from teachers.ensemble import train_config_for, train_group
+from teachers.manifest import TeachersManifest
 from teachers.partition import deal_rows
 from teachers.votes import Ensemble
 
@@ -68,8 +69,10 @@ def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int 
                              lr=t.lr, mixup=t.mixup)
     part = deal_rows(t.partition, task.private_x, task.private_y, t.count, train.seed,
                      task.private_keys)
-    manifest = checkpoints.read_manifest(run)
-    encoder = checkpoints.load_encoder(run, manifest["pool_encoder"]["sha256"])
+    manifest = TeachersManifest.trained(run)
+    sha256 = manifest.pool_encoder_sha256
+    assert sha256 is not None, "the preset's teachers read a pool encoder"
+    encoder = checkpoints.load_encoder(run, sha256)
     asked, released = _first_round(run, first)
     rows, labels = asked[released >= 0], released[released >= 0]
     rng = np.random.default_rng(seed)
@@ -84,7 +87,7 @@ def _teachers_with_shared(run: Path, config_name: str, shared: int, epochs: int 
     group = train_group(train, torch.as_tensor(x), torch.as_tensor(y), task.num_classes,
                         np.arange(t.count), parts, part.step_rows() + shared, encoder)
     seconds = time.perf_counter() - started
-    ensemble = Ensemble(manifest["model"], tuple(manifest["in_shape"]), task.num_classes,
+    ensemble = Ensemble(manifest.model, manifest.in_shape, task.num_classes,
                         [group], "cpu", encoder)
     never = np.setdiff1d(np.arange(len(task.pool_x)), asked)
     return ensemble.vote(task.pool_x), task, never, seconds

@@ -15,20 +15,20 @@ from pate.data.task import DataSource, Task, source_identity
 from pate.errors import UserError
 from pate.rundir import RunDir
 from student.rounds import Received
-from teachers import checkpoints
+from teachers.manifest import TeachersManifest
 
 
 def check_teachers_data(run: RunDir, task: Task, data: DataSource) -> None:
     """Refuse a student's data that is not what the run's teachers voted on: by the pool's
     fingerprint (``Task.pool_fingerprint``, the same wherever the files lie) where their
     manifest records one, else by the data's record (an older run)."""
-    manifest = checkpoints.read_manifest(run.root)
-    if not isinstance(manifest, dict):
+    manifest = TeachersManifest.read(run.root)
+    if manifest is None:
         return
-    if "pool_fingerprint" in manifest:
-        other = checkpoints.pool_changed(manifest, task)
+    if manifest.records_pool:
+        other = manifest.pool_changed(task)
     else:
-        teachers = checkpoints.teachers_source(run.root)
+        teachers = manifest.readable_source()
         other = teachers is not None and source_identity(data) != source_identity(teachers)
     if other:
         raise UserError("the run's teachers were trained and voted on other data than the "
@@ -53,11 +53,12 @@ def check_votes(run: RunDir, votes: dict[str, Any], task: Task) -> None:
     if first is not None and last is not None and (first < 0 or last >= len(task.pool_x)):
         raise UserError(f"the votes cover pool rows up to {int(last)}, but the pool has "
                         f"{len(task.pool_x)} rows: they are not this pool's votes")
-    manifest = checkpoints.read_manifest(run.root) or {}
+    manifest = TeachersManifest.read(run.root)
+    recorded = None if manifest is None else manifest.record.get("num_teachers")
     teachers = votes.get("teachers")
-    if teachers is not None and manifest.get("num_teachers") not in (None, teachers):
+    if teachers is not None and recorded not in (None, teachers):
         raise UserError(f"the votes are of {teachers} teachers, the run's teachers number "
-                        f"{manifest['num_teachers']}: they are not this run's votes")
+                        f"{recorded}: they are not this run's votes")
 
 
 def check_answers_pool(run: RunDir, received: Received, task: Task) -> bool:

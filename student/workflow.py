@@ -65,6 +65,7 @@ from student.training import (
 )
 from teachers import checkpoints
 from teachers.choices import SIMCLR, is_import_path
+from teachers.manifest import TeachersManifest
 from teachers.pool_encoder import EPOCHS, check_encoder, load_encoder_file, train_pool_encoder
 from teachers.user_models import describe_error
 
@@ -80,7 +81,8 @@ def _given_encoder(run: RunDir, options: StudentOptions, channels: int) -> Any:
         except (OSError, ValueError) as exc:
             raise UserError(f"--pool-encoder {options.pool_encoder}: {exc}") from None
     try:
-        recorded = (checkpoints.read_manifest(run.root) or {}).get("pool_encoder")
+        manifest = TeachersManifest.read(run.root)
+        recorded = None if manifest is None else manifest.pool_encoder
         if recorded and recorded.get("method", SIMCLR) != SIMCLR:
             recorded = None  # a whitening of fixed maps (teachers.whitening): no encoder
         tensors = None if not recorded else checkpoints.load_encoder(run.root,

@@ -8,14 +8,12 @@ private (docs/design.md): files 0600 in a 0700 directory, written to a temporary
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors.numpy import load, save
 
-from pate.data.task import Benchmark, DataSource, Task, source_from_record
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic, write_json_atomic
 from pate.rundir import RunDir
@@ -36,43 +34,10 @@ def shard_file(index: int) -> str:
 
 
 def read_manifest(run_dir: Path) -> dict | None:
+    """The manifest as its writers keep it, a JSON object to add to (its readers:
+    :class:`teachers.manifest.TeachersManifest`)."""
     run = RunDir(run_dir)
     return run.read_json(run.manifest)
-
-
-def data_source(manifest: dict, data_dir: str | Path | None = None) -> DataSource:
-    """Where the run's teachers' data came from (the manifest's record); a built-in dataset's
-    files are looked for in ``data_dir`` when given."""
-    source = source_from_record(manifest["data"])
-    if isinstance(source, Benchmark) and data_dir is not None:
-        source = replace(source, data_dir=str(data_dir))
-    return source
-
-
-def pool_changed(manifest: dict, task: Task) -> bool:
-    """Whether ``task``'s public pool is another than the one the teachers' manifest records
-    (``Task.pool_fingerprint``); False where it records none (a run of an older version)."""
-    recorded = manifest.get("pool_fingerprint")
-    return recorded is not None and recorded != task.pool_fingerprint
-
-
-def private_changed(manifest: dict, task: Task) -> bool:
-    """Whether ``task``'s private rows are not those (in that order) the teachers' manifest
-    records (``Task.private_fingerprint``); False where it records none (an older version's)."""
-    recorded = manifest.get("private_fingerprint")
-    return recorded is not None and recorded != task.private_fingerprint
-
-
-def teachers_source(run_dir: Path) -> DataSource | None:
-    """The data the run's teachers were trained on, from their manifest; None when there is no
-    manifest or it holds no readable data record."""
-    manifest = read_manifest(run_dir)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("data"), dict):
-        return None
-    try:
-        return data_source(manifest)
-    except (TypeError, ValueError):  # a record of unknown fields: not this version's
-        return None
 
 
 def write_manifest(run_dir: Path, manifest: dict) -> None:

@@ -38,6 +38,7 @@ from teachers import checkpoints
 from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, SIMCLR, model_data_problem
 from teachers.ensemble import TrainConfig, vectorised
 from teachers.epoch_counter import EpochCounter
+from teachers.manifest import TeachersManifest
 from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import (
     Partition,
@@ -280,11 +281,11 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     elif changed := _changed_settings(manifest, settings):
         raise UserError(f"this run's teachers were trained with other settings (other "
                         f"{', '.join(changed)}); repeat them or use a new --run directory")
-    elif checkpoints.pool_changed(manifest, data):
+    elif TeachersManifest(manifest).pool_changed(data):
         raise UserError("the public pool is not the one this run's teachers were trained beside "
                         "(its content, rows or label set changed since): restore it, or use a "
                         "new --run directory")
-    elif checkpoints.private_changed(manifest, data):
+    elif TeachersManifest(manifest).private_changed(data):
         raise UserError("the private data is not what this run's teachers were partitioned "
                         "over (its rows, their order or their labels changed since): dealt "
                         "again, one record could reach two teachers; restore it, or use a new "

@@ -22,6 +22,7 @@ from pate.data.task import load_task
 from pate.errors import UserError
 from teachers import checkpoints
 from teachers.ensemble import TrainConfig, train_group
+from teachers.manifest import TeachersManifest
 from teachers.user_models import named_by_class
 from teachers.votes import Ensemble
 
@@ -32,17 +33,14 @@ def train_nonprivate(run_dir: str | Path, epochs: int, batch_size: int, device: 
     on every private row, for ``epochs`` passes in batches of ``batch_size``, and measure it on
     the evaluation data. Returns its figures (private to the owner)."""
     run_dir = Path(run_dir)
-    manifest = checkpoints.read_manifest(run_dir)
-    if manifest is None or not manifest.get("done"):
-        raise UserError(f"{run_dir} has no trained teachers: the non-private model copies their "
-                        "architecture")
-    task = load_task(checkpoints.data_source(manifest))
+    manifest = TeachersManifest.trained(run_dir)  # the non-private model copies their recipe
+    task = load_task(manifest.data_source())
     if task.eval_x is None or task.eval_y is None:
         raise UserError("the non-private model is measured on test data: give data.test")
     assert task.private_x is not None and task.private_y is not None
-    cfg = replace(TrainConfig(**manifest["train"]), epochs=epochs, batch_size=batch_size)
-    encoder = (checkpoints.load_encoder(run_dir, manifest["pool_encoder"]["sha256"], device)
-               if "pool_encoder" in manifest else None)
+    cfg = replace(TrainConfig(**manifest.train_settings), epochs=epochs, batch_size=batch_size)
+    sha256 = manifest.pool_encoder_sha256
+    encoder = None if sha256 is None else checkpoints.load_encoder(run_dir, sha256, device)
     x = torch.as_tensor(task.private_x, device=device)
     y = torch.as_tensor(task.private_y, device=device)
     rows = np.arange(len(x))

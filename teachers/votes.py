@@ -33,6 +33,7 @@ from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import is_import_path
 from teachers.fixed_maps import Columns, feature_table, table_rows, table_width
+from teachers.manifest import TeachersManifest
 from teachers.models import build_model, on_features
 from teachers.user_models import named_by_class, vmap_problem, warn_one_at_a_time
 
@@ -217,16 +218,13 @@ class Ensemble:
 def load_ensemble(run_dir: str | Path, device: str = "cpu", partial: bool = False) -> Ensemble:
     """The teachers of ``run_dir`` (all shards must be trained, or with ``partial`` those
     trained so far: a benchmark's), ready to vote on ``device``."""
-    manifest = checkpoints.read_manifest(Path(run_dir))
-    if manifest is None or not (manifest.get("done") or (partial and manifest.get("shards"))):
-        raise UserError(f"{run_dir} has no fully trained teachers; run `pate teachers train "
-                        f"--run {run_dir}` first")
-    shards = [checkpoints.load_shard(Path(run_dir), int(i), s["sha256"], device)
-              for i, s in sorted(manifest["shards"].items(), key=lambda kv: int(kv[0]))]
-    encoder = (checkpoints.load_encoder(Path(run_dir), manifest["pool_encoder"]["sha256"], device)
-               if "pool_encoder" in manifest else None)
-    return Ensemble(manifest["model"], tuple(manifest["in_shape"]), manifest["num_classes"],
-                    shards, device, encoder)
+    manifest = TeachersManifest.trained(run_dir, partial)
+    shards = [checkpoints.load_shard(Path(run_dir), s.index, s.sha256, device)
+              for s in manifest.shards]
+    sha256 = manifest.pool_encoder_sha256
+    encoder = None if sha256 is None else checkpoints.load_encoder(Path(run_dir), sha256, device)
+    return Ensemble(manifest.model, manifest.in_shape, manifest.num_classes, shards, device,
+                    encoder)
 
 
 def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None = None,
@@ -241,9 +239,11 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
         raise UserError(f"the batch size must be >= 1, got {batch_size}")
     run_dir = Path(run_dir)
     ens = load_ensemble(run_dir, device)
-    manifest = checkpoints.read_manifest(run_dir)
-    task = load_task(checkpoints.data_source(manifest, data_dir), need_private=False)
-    if checkpoints.pool_changed(manifest, task):
+    record = checkpoints.read_manifest(run_dir)
+    assert record is not None  # load_ensemble read it
+    manifest = TeachersManifest(record)
+    task = load_task(manifest.data_source(data_dir), need_private=False)
+    if manifest.pool_changed(task):
         raise UserError("the public pool is not the one the teachers were trained beside (its "
                         "content, rows or label set changed since): its votes would not be "
                         "theirs; restore it, or train the teachers again in a new --run")
@@ -253,11 +253,9 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     records = RunDir(run_dir).private_records()
     # the registry's key: the data as given (an older version's run: its rows as read), and
     # the rows' key beside it, under which older versions entered the same data's ledgers
-    private = manifest.get("private_data_fingerprint") or manifest.get("private_fingerprint")
-    former = (manifest.get("private_fingerprint")
-              if manifest.get("private_data_fingerprint") else None)
-    rows = manifest.get("private_rows_fingerprint")  # its rows in any format: a second key
-    by = manifest.get("partition", "position")  # what the analysis covers (public setting)
+    private, former = manifest.data_fingerprint, manifest.former_data_fingerprint
+    rows = manifest.rows_fingerprint  # its rows in any format: a second key
+    by = manifest.partition  # what the analysis covers (public setting)
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
         pool_fingerprint=np.array(task.pool_fingerprint), partition=np.array(by),
@@ -277,6 +275,5 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
                          "per_teacher": acc.round(5).tolist()})
     if task.pool_y is not None:  # a benchmark's pool labels (a user's are never read)
         accuracy["pool_plurality"] = float((votes.argmax(1) == task.pool_y).mean())
-    manifest["accuracy"] = accuracy
-    checkpoints.write_manifest(run_dir, manifest)
+    checkpoints.write_manifest(run_dir, {**record, "accuracy": accuracy})
     return len(votes)

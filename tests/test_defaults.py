@@ -51,7 +51,7 @@ def _flag_defaults(*command: str) -> dict[str, Any]:
 
 
 def _agree(record: object, places: Mapping[str, Mapping[str, Any]],
-           renamed: Mapping[str, str] = {}) -> None:  # noqa: B006 (read only)
+           renamed: Mapping[str, str] = {}) -> None:
     """Every setting of ``record`` that a place has (by its name there) defaults to the
     record's value, or to None where the library fills it in (``train_config_for``), and each
     place has at least one of them."""

@@ -87,6 +87,7 @@ from student.training import (
 )
 from teachers import checkpoints
 from teachers.ensemble import TrainConfig
+from teachers.manifest import TeachersManifest, teachers_source
 from teachers.partition import deal_rows
 
 # Each audit's files, named by when it started (UTC), so that no audit overwrites another's.
@@ -105,7 +106,7 @@ class Run:
     data (no accuracy)."""
 
     dir: RunDir
-    manifest: dict[str, Any]
+    manifest: TeachersManifest
     recipe: Recipe
     train_x: NDArray[np.float32]
     train_y: NDArray[np.int64]
@@ -120,8 +121,8 @@ class Run:
 
 def _source(run: RunDir, config: Any | None) -> DataSource:
     """Where the run's data comes from: the config's section, else the teachers' manifest
-    (``checkpoints.teachers_source``)."""
-    source = config.data.source() if config is not None else checkpoints.teachers_source(run.root)
+    (``teachers.manifest.teachers_source``)."""
+    source = config.data.source() if config is not None else teachers_source(run.root)
     if source is None:
         raise UserError(f"{run}: its teachers' manifest records no data it can read (teachers "
                         "of another version): train them again with this one")
@@ -132,28 +133,24 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """The run's teachers' manifest and recipe, its data and its partition (recomputed and
     checked against ``partition.json``); UserError when the run is not trained."""
     run = RunDir(run_dir)
-    manifest = checkpoints.read_manifest(run.root)
-    if manifest is None or not manifest.get("done"):
-        raise UserError(f"{run} has no fully trained teachers; run `pate run` or `pate teachers "
-                        "train` first")
+    manifest = TeachersManifest.trained(run.root)
     config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
               else None)
     task = load_task(_source(run, config))
     assert task.private_x is not None and task.private_y is not None
-    if checkpoints.private_changed(manifest, task):
+    if manifest.private_changed(task):
         raise UserError("the private data is not what this run's teachers were trained on (its "
                         "rows, their order or their labels changed since): cannot audit this run")
-    train = TrainConfig(**manifest["train"])
-    part = deal_rows(manifest.get("partition", "position"), task.private_x, task.private_y,
-                     int(manifest["num_teachers"]), train.seed, task.private_keys)
+    train = TrainConfig(**manifest.train_settings)
+    part = deal_rows(manifest.partition, task.private_x, task.private_y, manifest.num_teachers,
+                     train.seed, task.private_keys)
     recorded = run.read_json(run.partition)
     if recorded is not None and recorded.get("sha256") != part.sha256:
         raise UserError(f"{run.partition} does not match the partition the run's settings give; "
                         "cannot audit this run")
-    encoder = (checkpoints.load_encoder(run.root, manifest["pool_encoder"]["sha256"], device)
-               if "pool_encoder" in manifest else None)
-    recipe = Recipe(train, tuple(manifest["in_shape"]), int(manifest["num_classes"]), encoder,
-                    device)
+    sha256 = manifest.pool_encoder_sha256
+    encoder = None if sha256 is None else checkpoints.load_encoder(run.root, sha256, device)
+    recipe = Recipe(train, manifest.in_shape, manifest.num_classes, encoder, device)
     return Run(run, manifest, recipe, task.private_x, task.private_y, task.pool_x, task.pool_y,
                task.eval_x, task.eval_y, part.parts(), part.step_rows(), config)
 
@@ -234,7 +231,7 @@ def retrain_teachers(run: Run, options: ModelsAuditOptions, rng: np.random.Gener
     canaries its coins keep, with the run's id, settings and number of steps; with
     ``with_references``, reference models of the same kind on disjoint public subsets of the
     teachers' mean size, trained in the same group."""
-    k = int(run.manifest["num_teachers"])
+    k = run.manifest.num_teachers
     ids = np.sort(rng.choice(k, options.teachers, replace=False))
     rows, owner, data = [], [], []
     for j, t in enumerate(ids):
@@ -256,7 +253,7 @@ def retrain_teachers(run: Run, options: ModelsAuditOptions, rng: np.random.Gener
                             options.references) if with_references else [])
     # the steps the run's deal gives each teacher's rows: by position the run's smallest share;
     # by record or key its own rows, canaries kept included; the references take the fewest
-    by_position = run.manifest.get("partition", "position") == "position"
+    by_position = run.manifest.partition == "position"
     steps = run.step_rows[ids] if by_position else sizes
     params = train_models(run.recipe, data + refs,
                           [*ids.tolist(), *(_REFERENCE_ID + np.arange(len(refs))).tolist()],
@@ -276,7 +273,7 @@ def audit_teacher(run: Run, retrained: RetrainedTeachers, delta: float, confiden
     ref_lp = (None if retrained.references is None
               else stacked_log_probs(run.recipe, retrained.references, x))
     acc = _accuracy(run, lambda x: stacked_log_probs(run.recipe, retrained.params, x))
-    desc = (f"{len(retrained.ids)} of the run's {run.manifest['num_teachers']} teachers, each "
+    desc = (f"{len(retrained.ids)} of the run's {run.manifest.num_teachers} teachers, each "
             f"retrained on its own partition ({run.recipe.train.model}, "
             f"{run.recipe.train.epochs} epochs) with its canaries by coin flips")
     return _finish("teacher", desc, c, int(retrained.sizes.mean()),
@@ -314,7 +311,7 @@ def audit_supervised(run: Run, target: str, base_rows: int, canary_count: int, e
     y_train = np.concatenate([run.train_y[base], labels[canaries.members]])
     refs = _reference_sets(rng, run.pool_x, run.pool_y, len(y_train), references)
     recipe = replace(run.recipe, train=replace(run.recipe.train, epochs=epochs))
-    k = int(run.manifest["num_teachers"])
+    k = run.manifest.num_teachers
     params = train_models(recipe, [(x_train, y_train), *refs],
                           [k, *(_REFERENCE_ID + k + np.arange(len(refs))).tolist()],
                           len(y_train))
@@ -416,11 +413,10 @@ def _run_teachers(run: Run, ids: NDArray[np.int64]) -> dict[str, torch.Tensor]:
     """The run's own (published to nobody) parameters of teachers ``ids``, stacked."""
     picked: list[dict[str, torch.Tensor]] = []
     for t in ids:
-        for i, shard in run.manifest["shards"].items():
-            start, stop = shard["teachers"]
-            if start <= t < stop:
-                params = checkpoints.load_shard(run.dir.root, int(i), shard["sha256"])
-                picked.append({k: v[t - start] for k, v in params.items()})
+        for shard in run.manifest.shards:
+            if shard.teachers is not None and t in shard.teachers:
+                params = checkpoints.load_shard(run.dir.root, shard.index, shard.sha256)
+                picked.append({k: v[t - shard.teachers.start] for k, v in params.items()})
                 break
         else:
             raise UserError(f"teacher {t} is in no shard of {run.dir.manifest}")
@@ -433,7 +429,7 @@ def _run_teachers(run: Run, ids: NDArray[np.int64]) -> dict[str, torch.Tensor]:
 def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
     """Refuse, before any training, an audit that needs more teachers or private rows than the
     run has."""
-    k = int(run.manifest["num_teachers"])
+    k = run.manifest.num_teachers
     if {"teacher", "student"} & set(options.targets) and options.teachers > k:
         raise UserError(f"--teachers {options.teachers}: the run has {k} teachers")
     sizes = np.sort([len(p) for p in run.parts])[::-1]

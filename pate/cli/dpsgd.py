@@ -80,7 +80,7 @@ def run_train(args: argparse.Namespace) -> int:
     from student.baseline import split_bayesian, train_dpsgd_baseline
     from student.dpsgd import DPSGDConfig
     from student.encoded_dpsgd import EncodingConfig
-    from teachers.checkpoints import teachers_source
+    from teachers.manifest import teachers_source
 
     try:
         config = DPSGDConfig(

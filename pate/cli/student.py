@@ -173,7 +173,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from student.options import StudentOptions
     from student.workflow import train_student
-    from teachers.checkpoints import teachers_source
+    from teachers.manifest import teachers_source
 
     if args.threads is not None:
         if args.threads < 1:

@@ -80,9 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from pate.data.task import data_kind
-    from teachers.checkpoints import teachers_source
     from teachers.distributed import Cluster, TrainJob, train_teachers
     from teachers.ensemble import train_config_for
+    from teachers.manifest import teachers_source
 
     source = source_from_flags(args, teachers_source(Path(args.run)))  # a rerun: the run's
     cfg = train_config_for(source, data_kind(source), model=args.model, augment=args.augment,

@@ -32,7 +32,7 @@ from pate.report.page import run_sections, table_html, write_report
 from pate.report.run_data import RunData, Segment
 from pate.rundir import RunDir
 from student.rounds import Received, interactive_baseline, read_rounds, round_plan
-from teachers.checkpoints import teachers_source
+from teachers.manifest import TeachersManifest, teachers_source
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ def _public_task(source: DataSource | None) -> Task | None:
 
 
 def _teacher_accuracies(run: RunDir) -> np.ndarray | None:
-    manifest = run.read_json(run.manifest) or {}
-    values = (manifest.get("accuracy") or {}).get("per_teacher")
+    manifest = TeachersManifest.read(run.root)
+    values = None if manifest is None else manifest.accuracy.get("per_teacher")
     return np.asarray(values, np.float64) if values else None
 
 
@@ -175,8 +175,8 @@ def _private_writer(path: Path, data: bytes) -> None:
 
 def _eval_plurality(run: RunDir) -> float | None:
     """The teachers' plurality accuracy on the evaluation data (the votes stage's)."""
-    manifest = run.read_json(run.manifest) or {}
-    return (manifest.get("accuracy") or {}).get("plurality")
+    manifest = TeachersManifest.read(run.root)
+    return None if manifest is None else manifest.accuracy.get("plurality")
 
 
 def latest_models_audit(run: RunDir) -> dict[str, Any] | None:
