@@ -387,6 +387,88 @@ def _without_key(frames: dict[str, tuple[pd.DataFrame, NDArray | None]], key: st
     return out, keys
 
 
+_Rows = dict[str, tuple[NDArray, NDArray | None]]  # (rows, labels or None) by role
+
+
+@dataclass
+class _Read:
+    """What one format's reader made of a user's files: the rows and labels by role
+    (``public``, ``test``, ``private``), the preprocessing fitted on the public rows, and, where
+    the format gives them, the private data's digest as given, its key column and its rows'
+    digest (``Task.private_content``, ``private_keys``, ``private_rows``)."""
+
+    rows: _Rows
+    preprocessing: dict[str, Any]
+    private_content: str | None = None
+    private_keys: NDArray | None = None
+    private_rows: str | None = None
+
+
+_Wanted = dict[str, tuple[str | None, bool]]  # role: (path, labelled)
+
+
+def _read_csv(source: DataFiles, wanted: _Wanted) -> _Read:
+    """CSV files: columns encoded as the public file's say (``TabularEncoder``)."""
+    frames = {role: files.read_csv(path, source.label, labelled, role == "private")
+              for role, (path, labelled) in wanted.items() if path}
+    read = _Read({}, {})
+    if "private" in frames:
+        read.private_content = table_digest(*frames["private"], source.label)
+    if source.key is not None:
+        frames, read.private_keys = _without_key(frames, source.key, wanted)
+    if "private" in frames:
+        read.private_rows = numeric_rows_digest(frames["private"][0])
+    columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
+    if others := _odd_public(columns, wanted):
+        public, their = columns["public"], columns["test"]  # which agrees with private
+        missing, extra = sorted(their - public), sorted(public - their)
+        raise UserError(f"{source.public}: its columns differ from those of {others}, "
+                        "which agree" + (f"; missing {', '.join(missing)}" if missing else "")
+                        + (f"; not in them: {', '.join(extra)}" if extra else ""))
+    encoder = TabularEncoder.fit(frames["public"][0])
+    read.rows = {role: (encoder.transform(frame, str(wanted[role][0]), role == "private"), y)
+                 for role, (frame, y) in frames.items()}
+    read.preprocessing = {"label": source.label, **encoder.describe()}
+    return read
+
+
+def _read_npz(source: DataFiles, wanted: _Wanted) -> _Read:
+    """``.npz`` files: images as they are, feature rows standardised with the pool's
+    statistics."""
+    raw = {role: files.read_npz(path, labelled, role == "private")
+           for role, (path, labelled) in wanted.items() if path}
+    for role, (x, _) in raw.items():
+        if x.ndim == 4 and channels_last(x.shape[1:]):
+            warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape[1:]),
+                          stacklevel=4)
+    read = _Read({role: (as_features(x, str(wanted[role][0])), y)
+                  for role, (x, y) in raw.items()}, {})
+    if read.rows["public"][0].ndim == 2:  # features: standardised with the pool's statistics
+        if "private" in read.rows:  # the second key is of the rows as given
+            read.private_rows = rows_content_digest(read.rows["private"][0])
+        standardiser = Standardiser.fit(read.rows["public"][0])
+        read.rows = {role: (standardiser.transform(x), y) for role, (x, y) in read.rows.items()}
+        read.preprocessing = standardiser.describe()
+    return read
+
+
+def _read_folders(source: DataFiles, wanted: _Wanted) -> _Read:
+    """Folders of images: the public folder sets the colour mode and, unless
+    ``data.image_size`` does, the size every image is brought to."""
+    size = None if source.image_size is None else (source.image_size[1], source.image_size[0])
+    x, _, mode, size = files.read_image_folder(source.public, False, None, size)
+    rows: _Rows = {"public": (x, None)}
+    for role in ("test", "private"):
+        if role in wanted and wanted[role][0]:
+            x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size,
+                                                 private=role == "private")
+            rows[role] = (x, y)
+    return _Read(rows, {"mode": mode, "height": size[1], "width": size[0]})
+
+
+_READERS = {"csv": _read_csv, "npz": _read_npz, "folder": _read_folders}
+
+
 def _files(source: DataFiles, need_private: bool) -> Task:
     of = {role: files.kind_of(p) for role, p in (("private", source.private),
                                                   ("public", source.public),
@@ -396,61 +478,15 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                         + ", ".join(f"{kind} ({role})" for role, kind in of.items()))
     kind = next(iter(of.values()))
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
-    reads: dict[str, tuple[NDArray, NDArray | None]] = {}
-    preprocessing: dict[str, Any] = {"format": kind, "fitted_on": "public"}
-    private_content = (files.content_digest(source.private, private=True)
-                       if need_private and kind != "csv" else None)
-    private_keys = private_rows = None
-    wanted = {"public": (source.public, False), "test": (source.test, True),
-              "private": (source.private, True)}
+    wanted: _Wanted = {"public": (source.public, False), "test": (source.test, True),
+                       "private": (source.private, True)}
     if not need_private:
         del wanted["private"]
-    if kind == "csv":
-        frames = {role: files.read_csv(path, source.label, labelled, role == "private")
-                  for role, (path, labelled) in wanted.items() if path}
-        if "private" in frames:
-            private_content = table_digest(*frames["private"], source.label)
-        if source.key is not None:
-            frames, private_keys = _without_key(frames, source.key, wanted)
-        if "private" in frames:
-            private_rows = numeric_rows_digest(frames["private"][0])
-        columns = {role: frozenset(frame.columns) for role, (frame, _) in frames.items()}
-        if others := _odd_public(columns, wanted):
-            public, their = columns["public"], columns["test"]  # which agrees with private
-            missing, extra = sorted(their - public), sorted(public - their)
-            raise UserError(f"{source.public}: its columns differ from those of {others}, "
-                            "which agree" + (f"; missing {', '.join(missing)}" if missing else "")
-                            + (f"; not in them: {', '.join(extra)}" if extra else ""))
-        encoder = TabularEncoder.fit(frames["public"][0])
-        reads = {role: (encoder.transform(frame, str(wanted[role][0]), role == "private"), y)
-                 for role, (frame, y) in frames.items()}
-        preprocessing.update({"label": source.label, **encoder.describe()})
-    elif kind == "npz":
-        raw = {role: files.read_npz(path, labelled, role == "private")
-               for role, (path, labelled) in wanted.items() if path}
-        for role, (x, _) in raw.items():
-            if x.ndim == 4 and channels_last(x.shape[1:]):
-                warnings.warn(channels_last_advice(f"{wanted[role][0]}: x", x.shape[1:]),
-                              stacklevel=3)
-        reads = {role: (as_features(x, str(wanted[role][0])), y) for role, (x, y) in raw.items()}
-        if reads["public"][0].ndim == 2:  # features: standardised with the pool's statistics
-            if "private" in reads:  # the second key is of the rows as given
-                private_rows = rows_content_digest(reads["private"][0])
-            standardiser = Standardiser.fit(reads["public"][0])
-            reads = {role: (standardiser.transform(x), y) for role, (x, y) in reads.items()}
-            preprocessing.update(standardiser.describe())
-    else:
-        size = None if source.image_size is None else (source.image_size[1],
-                                                       source.image_size[0])
-        x, _, mode, size = files.read_image_folder(source.public, False, None, size)
-        reads["public"] = (x, None)
-        for role in ("test", "private"):
-            if role in wanted and wanted[role][0]:
-                x, y, _, _ = files.read_image_folder(wanted[role][0], True, mode, size,
-                                                     private=role == "private")
-                reads[role] = (x, y)
-        preprocessing.update({"mode": mode, "height": size[1], "width": size[0],
-                              "fitted_on": "public"})
+    private_content = (files.content_digest(source.private, private=True)
+                       if need_private and kind != "csv" else None)
+    read = _READERS[kind](source, wanted)
+    reads = read.rows
+    preprocessing = {"format": kind, "fitted_on": "public", **read.preprocessing}
     pool_x = reads["public"][0]
     shapes = {role: x.shape[1:] for role, (x, _) in reads.items()}
     if others := _odd_public(shapes, wanted):
@@ -475,4 +511,5 @@ def _files(source: DataFiles, need_private: bool) -> Task:
                                    True, _SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
-                preprocessing, private_content, private_keys, private_rows)
+                preprocessing, read.private_content or private_content, read.private_keys,
+                read.private_rows)
