@@ -263,9 +263,23 @@ class RunDir:
             raise UserError(f"{path}: not valid JSON: this run directory is damaged (restore "
                             "the file, or start a new --run directory)") from None
 
+    def is_private(self, path: Path) -> bool:
+        """Whether ``path`` of this run is private by what it is (the class's list): the
+        config, the votes, the ledger and its record, the releases, the token, DP-SGD's
+        gradient distances and Bayesian epsilon wherever they are, and everything under
+        ``teachers``, ``comparison``, ``report`` and ``audit``. ``partition`` is private or not
+        by how the rows were dealt: its writer says."""
+        path = Path(path)
+        files = {self.config, self.votes, self.ledger, self.root / LEDGER_RECORD,
+                 self.releases, self.token}
+        folders = (self.teachers, self.comparison, self.report, self.audit)
+        return (path in files or any(folder in path.parents for folder in folders)
+                or path.name in (self.dpsgd_distances.name, self.dpsgd_bayesian.name))
+
     def write_json(self, path: Path, obj: Any, private: bool = False) -> None:
-        """Write a JSON record atomically (0600 if ``private``)."""
-        write_json_atomic(path, obj, private)
+        """Write a JSON record atomically, 0600 if ``private`` or if the path is private by
+        what it is (:meth:`is_private`): a writer cannot make a private record public."""
+        write_json_atomic(path, obj, private or self.is_private(path))
 
     def private_records(self) -> int | None:
         """The number of private training records the teachers were partitioned over

@@ -47,6 +47,25 @@ def test_secrets_are_private(tmp_path: Path) -> None:
     assert stat.S_IMODE(run.stages.stat().st_mode) == 0o644
 
 
+def test_a_private_record_is_written_private_whoever_forgets_to_say_so(tmp_path: Path) -> None:
+    """``write_json`` makes a private artifact 0600 by what it is, even without ``private``."""
+    run = RunDir(tmp_path / "run").create()
+    private = [run.config, run.votes, run.ledger, run.releases, run.token, run.manifest,
+               run.comparison_metrics, run.comparison_dpsgd("sanitised") / "metrics.json",
+               run.report_json, run.audit / "summary.json", run.dpsgd_bayesian,
+               run.dpsgd_distances]
+    public = [run.stages, run.labels, run.rounds, run.student_metrics, run.student_schema,
+              run.dpsgd_metrics, run.partition]
+    for path in private + public:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run.write_json(path, {})
+    assert all(run.is_private(p) for p in private) and not any(map(run.is_private, public))
+    assert {stat.S_IMODE(p.stat().st_mode) for p in private} == {0o600}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in public} == {0o644}
+    run.write_json(run.partition, {}, private=True)  # dealt by record or key: its writer says
+    assert stat.S_IMODE(run.partition.stat().st_mode) == 0o600
+
+
 def test_public_files_and_folders_have_their_modes_whatever_the_umask(tmp_path: Path) -> None:
     """Under ``umask 000`` the log and a public folder were 0666 and 0777."""
     import os
