@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import log_ndtr, logsumexp
+from scipy.special import log_ndtr
 
-from analysis.logmath import log1mexp
+from analysis.logmath import log1mexp, log_plurality_miss
 
 
 def gaussian_rdp(sensitivity: float, sigma: float, orders: ArrayLike) -> NDArray[np.float64]:
@@ -39,15 +39,7 @@ def gnmax_logq(votes: ArrayLike, sigma: float) -> NDArray[np.float64]:
     Prop. 7): q <= sum_{j != i*} P[N(0, 2 sigma^2) >= n_i* - n_j], capped at 1 - 1/m.
 
     One class (m = 1) gives log q = -inf: the output is fixed."""
-    v = np.atleast_2d(np.asarray(votes, np.float64))
-    m = v.shape[1]
-    top = np.argmax(v, axis=1)
-    gaps = v[np.arange(v.shape[0]), top][:, None] - v
-    terms = log_normal_sf(gaps, np.sqrt(2.0) * sigma)
-    terms[np.arange(v.shape[0]), top] = -np.inf  # exclude one index of the maximum
-    with np.errstate(divide="ignore"):
-        logq = logsumexp(terms, axis=1) if m > 1 else np.full(v.shape[0], -np.inf)
-        return np.minimum(logq, np.log1p(-1.0 / m))
+    return log_plurality_miss(votes, lambda gaps: log_normal_sf(gaps, np.sqrt(2.0) * sigma))
 
 
 def theorem6_rdp(logq: ArrayLike, sigma: float, orders: ArrayLike) -> NDArray[np.float64]:

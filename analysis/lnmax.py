@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import logsumexp
 
-from analysis.logmath import log1mexp
+from analysis.logmath import log1mexp, log_plurality_miss
 
 
 def lnmax_pure_epsilon(scale: float) -> float:
@@ -24,15 +23,12 @@ def lnmax_logq(votes: ArrayLike, scale: float) -> NDArray[np.float64]:
     """Upper bound on log P[LNMax does not return the plurality class] (PATE 2017, Lemma 4):
     with g_j = (n_i* - n_j)/b, q <= sum_{j != i*} (2 + g_j)/4 e^{-g_j}, capped at 1 - 1/m."""
     lnmax_pure_epsilon(scale)
-    v = np.atleast_2d(np.asarray(votes, np.float64))
-    m = v.shape[1]
-    top = np.argmax(v, axis=1)
-    g = (v[np.arange(v.shape[0]), top][:, None] - v) / scale
-    terms = np.log(2.0 + g) + np.log(0.25) - g
-    terms[np.arange(v.shape[0]), top] = -np.inf
-    with np.errstate(divide="ignore"):
-        logq = logsumexp(terms, axis=1) if m > 1 else np.full(v.shape[0], -np.inf)
-        return np.minimum(logq, np.log1p(-1.0 / m))
+
+    def log_overturn(gaps: NDArray[np.float64]) -> NDArray[np.float64]:
+        g = gaps / scale
+        return np.log(2.0 + g) + np.log(0.25) - g
+
+    return log_plurality_miss(votes, log_overturn)
 
 
 def pure_eps_rdp(logq: ArrayLike, pure_eps: float, orders: ArrayLike) -> NDArray[np.float64]:
