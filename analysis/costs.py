@@ -206,19 +206,17 @@ def worst_case_queries(mechanism: Mechanism, epsilon: float, delta: float,
 
 
 def check_threshold(mechanism: Mechanism, num_teachers: int) -> None:
-    """Refuse a threshold outside [0, N], N the number of teachers (a stated policy, not a
-    formula): the threshold step compares T with a count of at most N (Interactive-GNMax: with
-    max_j (n_j - N p_j), which is never below 0), so above N a query passes only by noise and
-    below 0 always; either is almost surely a mistake. Raises ``ParameterError``."""
+    """Refuse a threshold above N, N the number of teachers (a stated policy, not a formula):
+    the threshold step compares T with a count of at most N (Interactive-GNMax: with
+    max_j (n_j - N p_j)), so above N a query passes only by noise, almost surely a mistake
+    (below 0, where every query would pass, the mechanism refuses as it is built). Raises
+    ``ParameterError``."""
     plan = steps(mechanism)
     if plan.select is None:
         return
     if plan.select.threshold > num_teachers:
         raise ParameterError("threshold", f"{plan.select.threshold:g} exceeds the number of "
                              f"teachers ({num_teachers}): a query would pass only by noise")
-    if plan.select.threshold < 0:
-        raise ParameterError("threshold", f"{plan.select.threshold:g} is below 0: every query "
-                             "would pass the threshold step")
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,14 @@ class ParameterError(ValueError):
 
 
 def _parameter(help: str, *, positive: bool = True, probability: bool = False,
-               costless_value: float | None = None) -> Any:
+               at_least: float | None = None, costless_value: float | None = None) -> Any:
     """A mechanism parameter: ``help`` describes it (the command line's help text), ``positive``
-    requires it > 0 (a noise scale), ``probability`` requires it in [0, 1]. A parameter that does
-    not enter the privacy cost names the ``costless_value`` a cost analysis that is not told it
-    may take (any valid value gives the same cost)."""
+    requires it > 0 (a noise scale), ``probability`` requires it in [0, 1], ``at_least`` a
+    lower bound and the reason for it. A parameter that does not enter the privacy cost names
+    the ``costless_value`` a cost analysis that is not told it may take (any valid value gives
+    the same cost)."""
     return field(metadata={"help": help, "positive": positive, "probability": probability,
-                           "costless_value": costless_value})
+                           "at_least": at_least, "costless_value": costless_value})
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class _Parameters:
                 raise ParameterError(f.name, f"must lie in [{NOISE_RANGE[0]:g}, "
                                      f"{NOISE_RANGE[1]:g}], got {value!r}: the analysis in "
                                      "float64 over- or underflows far outside it")
+            if f.metadata["at_least"] is not None and value < f.metadata["at_least"]:
+                raise ParameterError(f.name, f"must be >= {f.metadata['at_least']:g}, got "
+                                     f"{value!r}")
             if f.metadata["probability"] and not 0.0 <= value <= 1.0:
                 raise ParameterError(f.name, f"must be a probability in [0, 1], got {value!r}")
             object.__setattr__(self, f.name, float(value))
@@ -101,7 +105,9 @@ class _Thresholded(_Parameters):
     """The noisy threshold step max_j n_j + N(0, sigma1^2) >= T, then GNMax with sigma2 on the
     queries that pass it (PATE 2018, §4.2)."""
 
-    threshold: float = _parameter("Confident/Interactive: threshold T", positive=False)
+    # below 0 every query would pass the threshold step: almost surely a mistake
+    threshold: float = _parameter("Confident/Interactive: threshold T", positive=False,
+                                  at_least=0.0)
     sigma1: float = _parameter("Confident/Interactive: threshold-step noise")
     sigma2: float = _parameter("Confident/Interactive: GNMax-step noise")
 

@@ -186,7 +186,7 @@ def test_noise_is_fresh_unless_an_offline_seed_is_given() -> None:
 @pytest.mark.parametrize("params", [
     LNMax(scale=20.0),
     GNMax(sigma=30.0),
-    ConfidentGNMax(threshold=-1e9, sigma1=1.0, sigma2=30.0),
+    ConfidentGNMax(threshold=0.0, sigma1=1.0, sigma2=30.0),
 ])
 def test_a_tabulated_pool_costs_the_same(params: Mechanism) -> None:
     pool = plurality_votes(300, seed=11)

@@ -55,7 +55,7 @@ def test_the_record_is_the_public_one() -> None:
         '{"gamma": 1.0, "mechanism": "interactive", "sigma1": 2.0, "sigma2": 3.0, '
         '"threshold": 1.0}')
     assert type(GNMax(10).sigma) is float
-    assert ConfidentGNMax(-5.0, 1.0, 1.0).threshold == -5.0  # T may be any finite number
+    assert ConfidentGNMax(0, 1.0, 1.0).threshold == 0.0  # T may be any number >= 0
 
 
 @pytest.mark.parametrize(("record", "match"), [
@@ -69,6 +69,8 @@ def test_the_record_is_the_public_one() -> None:
      "^sigma2 must lie in"),
     ({"mechanism": "confident", "threshold": math.inf, "sigma1": 1, "sigma2": 1},
      "^threshold must be finite"),
+    ({"mechanism": "confident", "threshold": -5, "sigma1": 1, "sigma2": 1},
+     "^threshold must be >= 0, got -5$"),
     ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1, "gamma": 2},
      r"^gamma must be a probability in \[0, 1\], got 2"),
     ({"mechanism": "interactive", "threshold": 1, "sigma1": 1, "sigma2": 1},

@@ -217,7 +217,7 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
         (["--votes", str(files["huge"]), "--mechanism", "gnmax", "--sigma", "4",
           "--delta", "1e-5"], "counts of at most 2147483647 teachers"),
         (["--votes", good, "--mechanism", "confident", "--threshold", "-1", "--sigma1", "4",
-          "--sigma2", "4", "--delta", "1e-5"], "--threshold -1 is below 0"),
+          "--sigma2", "4", "--delta", "1e-5"], "--threshold must be >= 0, got -1.0"),
         (["--votes", str(files["nan"]), "--mechanism", "gnmax", "--sigma", "4",
           "--delta", "1e-5"], "NaN"),
         (["--votes", str(files["junk"]), "--mechanism", "gnmax", "--sigma", "4",

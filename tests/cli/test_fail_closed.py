@@ -280,7 +280,7 @@ def test_student_train_refuses_a_bad_threshold_before_any_ledger(
                            "--sigma2", "1"]
     assert main(args) == 2
     _one_error_line(capsys, "exceeds the number of teachers (20)" if threshold == "60"
-                    else "--threshold -3 is below 0")
+                    else "--threshold must be >= 0, got -3.0")
     assert not (tmp_path / "ledger.db").exists() and not (run / "labels.npz").exists()
 
 
