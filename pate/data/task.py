@@ -315,6 +315,44 @@ def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, 
     return " and ".join(str(wanted[role][0]) for role in others)
 
 
+def _row_keys(x: NDArray) -> NDArray:
+    """Each row's bytes as one value, so that rows compare whole (``np.isin``)."""
+    flat = np.ascontiguousarray(x.reshape(len(x), -1))
+    return flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+
+
+def _frame_keys(frame: pd.DataFrame, columns: list[str]) -> NDArray[np.uint64]:
+    """Each row of a table as read, its ``columns`` in that order, as one 64-bit hash (pandas'
+    ``hash_pandas_object``): rows compare as the file gives them, not as encoded (an encoding
+    maps the categories the pool lacks alike)."""
+    return pd.util.hash_pandas_object(frame[columns], index=False).to_numpy()
+
+
+# What a public role's rows found among the private rows would do.
+_SHARED_ROWS = {
+    "public": ("the student trains on the pool, so they would reach the published student "
+               "without the privacy guarantee"),
+    "test": "the student's accuracy would be measured on rows the teachers learnt from",
+}
+
+
+def _check_apart(keys: dict[str, NDArray], wanted: _Wanted) -> None:
+    """Refuse a public pool or test file whose rows (``keys``: one value per row, by role) are
+    all private rows: the private file given again; warn where some are (rows a table of few
+    columns repeats by chance, or private records copied in). Neither says how many: a count
+    of private rows."""
+    for role, harm in _SHARED_ROWS.items():
+        if role not in keys or not len(keys[role]):
+            continue
+        shared = np.isin(keys[role], keys["private"])
+        path = wanted[role][0]
+        if shared.all():
+            raise UserError(f"{path}: its rows are all rows of the private data; {harm}")
+        if shared.any():
+            warnings.warn(f"{path}: some of its rows are also rows of the private data: "
+                          f"{harm}; unless they repeat by chance, take them out", stacklevel=4)
+
+
 def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[str, ...], str]:
     if source.classes:
         return tuple(str(c) for c in source.classes), "config"
@@ -402,6 +440,7 @@ class _Read:
     private_content: str | None = None
     private_keys: NDArray | None = None
     private_rows: str | None = None
+    row_keys: dict[str, NDArray] | None = None  # rows to compare as read; None: as encoded
 
 
 _Wanted = dict[str, tuple[str | None, bool]]  # role: (path, labelled)
@@ -428,6 +467,8 @@ def _read_csv(source: DataFiles, wanted: _Wanted) -> _Read:
     encoder = TabularEncoder.fit(frames["public"][0])
     read.rows = {role: (encoder.transform(frame, str(wanted[role][0]), role == "private"), y)
                  for role, (frame, y) in frames.items()}
+    order = list(frames["public"][0].columns)  # every file has them now (transform checked)
+    read.row_keys = {role: _frame_keys(frame, order) for role, (frame, _) in frames.items()}
     read.preprocessing = {"label": source.label, **encoder.describe()}
     return read
 
@@ -496,6 +537,9 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         if x.shape[1:] != pool_x.shape[1:]:
             raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
                             f"the public data's {list(pool_x.shape[1:])}")
+    if "private" in reads:
+        _check_apart(read.row_keys or {role: _row_keys(x) for role, (x, _) in reads.items()},
+                     wanted)
     test_y_raw = reads["test"][1] if "test" in reads else None
     classes, classes_from = _label_set(source, test_y_raw)
     if len(classes) < 2:

@@ -411,8 +411,8 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
                                          "agree")):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
                             str(tmp_path / "test.npz")))
-    np.savez(tmp_path / "test.npz", x=x, y=np.where(y == 1, "a", "c"))
-    np.savez(tmp_path / "public.npz", x=x)
+    np.savez(tmp_path / "test.npz", x=_images(30, rng)[0], y=np.where(y == 1, "a", "c"))
+    np.savez(tmp_path / "public.npz", x=_images(30, rng)[0])
     with pytest.raises(UserError, match="unknown to the label set: c"):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
                             str(tmp_path / "test.npz"), classes=("a", "b")))
@@ -436,9 +436,9 @@ def test_images_too_small_for_a_models_fixed_map_are_one_line(
     """6x6 images: HOG's blocks need 8x8 (a traceback of Ray's before), scattering 4x4; the
     check is made before the partition or any shard is written."""
     rng = np.random.default_rng(6)
-    x, y = _images(40, rng)
-    np.savez(tmp_path / "private.npz", x=x[:, :6, :6], y=y)
-    np.savez(tmp_path / "public.npz", x=x[:20, :6, :6])
+    x, y = _images(60, rng)
+    np.savez(tmp_path / "private.npz", x=x[:40, :6, :6], y=y[:40])
+    np.savez(tmp_path / "public.npz", x=x[40:, :6, :6])
     for model, message in (("hog-scatter", "model hog-scatter needs images of at least 8x8 "
                                            "pixels (HOG's blocks of 2x2 cells of 4 pixels), "
                                            "got 6x6"),
@@ -475,8 +475,8 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(
     """A hidden folder (.ipynb_checkpoints) is no class and no pool; loose images beside class
     subfolders are refused; a path that is not there says so; classes and sizes are checked."""
     rng = np.random.default_rng(8)
-    x, y = _images(40, rng)
     for role in ("private", "public"):
+        x, y = _images(40, rng)
         for i, (image, label) in enumerate(zip(x, y, strict=True)):
             folder = tmp_path / role / ("" if role == "public" else ["dark", "bright"][label])
             folder.mkdir(parents=True, exist_ok=True)
@@ -629,3 +629,40 @@ def test_dpsgd_learns_feature_rows_and_refuses_an_image_network_before_the_run(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("pate: error: dpsgd.model 'tempered-cnn' is for images"), err
     assert not (tmp_path / "run").exists()
+
+
+def test_public_or_test_rows_that_are_private_rows_are_refused_or_warned_of(
+        tmp_path: Path) -> None:
+    """The private file given again as the pool or the test data is refused (the pool's rows
+    would reach the published student unprotected; the accuracy would be measured on training
+    rows); some private rows copied in are warned of; neither says how many. Rows compare as
+    the files give them: a table's categories the pool lacks do not make rows alike."""
+    rng = np.random.default_rng(21)
+    private, public, test = (tmp_path / f"{r}.csv" for r in ("private", "public", "test"))
+    private.write_text(census(200, rng))
+    public.write_text(census(120, rng))
+    test.write_text(census(80, rng))
+    source = DataFiles(str(private), str(public), str(test), "income")
+    for role, harm in (("public", "the student trains"), ("test", "the student's accuracy")):
+        with pytest.raises(UserError, match=f"private.csv: its rows are all rows of the private "
+                                            f"data; {harm}"):
+            load_task(DataFiles(str(private), str(private if role == "public" else public),
+                                str(private if role == "test" else test), "income"))
+    lines = private.read_text().splitlines()
+    public.write_text("\n".join([lines[0], *lines[1:4], *public.read_text().splitlines()[1:]])
+                      + "\n")
+    with pytest.warns(UserWarning, match=r"public\.csv: some of its rows are also rows of the "
+                                         r"private data: the student trains on the pool") as w:
+        load_task(source)
+    for warned in w:  # (the test rows may repeat a private row by chance: said alike)
+        assert not re.search(r"\d", str(warned.message).split(":", 1)[1]), warned.message
+    # images in .npz files: compared as read
+    x, y = _images(30, rng)
+    np.savez(tmp_path / "private.npz", x=x, y=y)
+    np.savez(tmp_path / "public.npz", x=np.concatenate([x[:2], _images(20, rng)[0]]))
+    with pytest.warns(UserWarning, match="some of its rows are also rows of the private data"):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
+                            classes=("0", "1")))
+    with pytest.raises(UserError, match="its rows are all rows of the private data"):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "private.npz"),
+                            classes=("0", "1")))
