@@ -40,11 +40,12 @@ def _as_text(frame: Any, name: str) -> pd.DataFrame:
 class TableEncoder:
     """Feature rows ``float32 [n, d]`` of data frames, fitted on the public pool: ``fit(public)``
     then ``transform(frame)`` for the private rows, the pool and new rows alike. The ``label``
-    column is left out of each frame that holds it, unread, as ``pate run`` leaves out
-    ``data.label``: a label encoded as a feature would be learnt from itself. ``columns_`` and
-    ``width_`` (d) say what it learnt."""
+    column (required: a label encoded as a feature would be learnt from itself, and silently)
+    is left out of each frame that holds it, unread, as ``pate run`` leaves out ``data.label``;
+    a frame that spells it otherwise (``Y`` for ``y``) is refused. ``columns_`` and ``width_``
+    (d) say what it learnt."""
 
-    def __init__(self, label: str = "label") -> None:
+    def __init__(self, label: str) -> None:
         if not isinstance(label, str) or not label:
             raise UserError(f"label must be a column name, got {label!r}")
         self.label = label
@@ -67,7 +68,14 @@ class TableEncoder:
 
     def _features(self, frame: pd.DataFrame, name: str) -> pd.DataFrame:
         """``frame``'s cells as text (``_as_text``) without the label column."""
-        return _as_text(frame, name).drop(columns=[self.label], errors="ignore")
+        text = _as_text(frame, name)
+        if self.label not in text.columns:
+            spelt = [c for c in text.columns if c.strip().casefold() == self.label.casefold()]
+            if spelt:
+                raise UserError(f"{name} has no column {self.label!r}, the label left out of "
+                                f"the features, but has {spelt[0]!r}: give TableEncoder the "
+                                "label column's name as the frames spell it")
+        return text.drop(columns=[self.label], errors="ignore")
 
     def fit(self, public: pd.DataFrame) -> TableEncoder:
         """Learn the columns, the number columns' means and deviations and the text columns'
@@ -84,15 +92,18 @@ class TableEncoder:
         file to score may hold, left out)."""
         return {"format": "csv", "label": self.label, **self.columns_}
 
-    def transform(self, frame: pd.DataFrame) -> NDArray[np.float32]:
+    def transform(self, frame: pd.DataFrame, *, private: bool = True) -> NDArray[np.float32]:
         """The rows of ``frame`` (the pool's columns, in any order) as features; a missing
-        number is the pool's mean, a missing or unseen text value the "other" slot."""
+        number is the pool's mean, a missing or unseen text value the "other" slot. An error
+        about a cell names no row unless ``private=False`` says the frame is public: a place
+        in private data is private (the last row's is the count of records), and an error
+        line may reach shared logs."""
         if self.encoder_ is None:
             raise UserError("this TableEncoder is not fitted: call fit(public) first")
-        return self.encoder_.transform(self._features(frame, "frame"), "frame")
+        return self.encoder_.transform(self._features(frame, "frame"), "frame", private)
 
     def fit_transform(self, public: pd.DataFrame) -> NDArray[np.float32]:
-        return self.fit(public).transform(public)
+        return self.fit(public).transform(public, private=False)
 
     @property
     def columns_(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def test_frames_are_encoded_as_pate_run_encodes_their_csv_files(tmp_path: Path) 
                                label="label", classes=("ill", "well")))
     read = {name: pd.read_csv(tmp_path / f"{name}.csv").drop(columns="label")
             for name in ("private", "public")}
-    encoder = TableEncoder().fit(read["public"])
+    encoder = TableEncoder("label").fit(read["public"])
     np.testing.assert_allclose(encoder.transform(read["public"]), task.pool_x, atol=1e-6)
     np.testing.assert_allclose(encoder.transform(read["private"]), task.private_x, atol=1e-6)
     assert encoder.width_ == task.pool_x.shape[1] == 2 + 3 + 1
@@ -57,28 +57,36 @@ def test_frames_are_encoded_as_pate_run_encodes_their_csv_files(tmp_path: Path) 
 def test_bad_frames_are_refused_in_one_line() -> None:
     public = _frame(20, 3, 0.0).drop(columns="label")
     with pytest.raises(UserError, match="not fitted"):
-        TableEncoder().transform(public)
+        TableEncoder("label").transform(public)
     with pytest.raises(UserError, match="public must be a pandas DataFrame"):
-        TableEncoder().fit(public.to_numpy())
-    encoder = TableEncoder().fit(public)
+        TableEncoder("label").fit(public.to_numpy())
+    encoder = TableEncoder("label").fit(public)
     with pytest.raises(UserError, match=r"missing ward; not in the public data: bed$"):
         encoder.transform(_frame(5, 4, 0.0).drop(columns="ward").assign(bed=1))
     with pytest.raises(UserError, match="public has no columns besides the label 'label'"):
-        TableEncoder().fit(public[[]].assign(label=1))
+        TableEncoder("label").fit(public[[]].assign(label=1))
     with pytest.raises(UserError, match="label must be a column name, got ''"):
         TableEncoder(label="")
+    with pytest.raises(TypeError, match="label"):  # no default: a forgotten label is no feature
+        TableEncoder()  # type: ignore[call-arg]
+    with pytest.raises(UserError, match="public has no column 'label', the label left out of the "
+                                        "features, but has 'Label'"):
+        TableEncoder("label").fit(public.assign(Label="ill"))
     with pytest.raises(UserError, match="column age is numeric in the public data"):
         encoder.transform(public.assign(age="old"))
+    texted = public.assign(age=public["age"].astype(object).where(np.arange(20) != 3, "unknown"))
     with pytest.raises(UserError, match=r"holds text here \(first in row 4 of its data, blank "
                                         r"lines not counted\): make the cell a number, or empty "
                                         r"or \? where it is"):
-        encoder.transform(public.assign(age=public["age"].astype(object).where(
-            np.arange(20) != 3, "unknown")))
+        encoder.transform(texted, private=False)
+    with pytest.raises(UserError) as info:  # a frame not said to be public: no row named
+        encoder.transform(texted)
+    assert "row 4" not in str(info.value) and "not shown" in str(info.value), info.value
     with pytest.raises(UserError, match="frame has no rows"):
         encoder.transform(public.iloc[:0])
     with pytest.raises(UserError, match="names a column twice: age"):
         encoder.transform(pd.concat([public, public[["age"]]], axis=1))
-    numbered = TableEncoder().fit(pd.DataFrame(np.arange(12.0).reshape(4, 3)))
+    numbered = TableEncoder("label").fit(pd.DataFrame(np.arange(12.0).reshape(4, 3)))
     assert numbered.columns_["numeric"] == ["0", "1", "2"]  # as a CSV header reads back
     with pytest.raises(UserError, match="missing 2"):
         numbered.transform(pd.DataFrame(np.zeros((2, 2))))
@@ -92,7 +100,7 @@ def test_a_student_of_a_table_scores_raw_csv_files(tmp_path: Path) -> None:
     from student.rounds import Received
 
     public = _frame(120, 2, 0.0)
-    encoder = TableEncoder().fit(public)  # its label column is left out, unread
+    encoder = TableEncoder("label").fit(public)  # its label column is left out, unread
     x = encoder.transform(public.drop(columns="label"))
     np.testing.assert_array_equal(encoder.transform(public), x)
     # named another, that column is out (ward: 3 values and "other") and label in (2 and "other")
