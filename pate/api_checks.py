@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pate.data.files import shape_said
 from pate.data.preprocessing import as_features, channels_last, channels_last_advice
+from pate.data.task import row_keys
 from pate.devices import device_problem
 from pate.errors import UserError
 
@@ -160,3 +161,15 @@ def warn_if_of_script(path: str | None, whose: str) -> None:
         warnings.warn(f"{whose} network {path!r} is a factory of the running script: only the "
                       "same script can load it again (put it in a module file, mymodels.py, "
                       "to load it anywhere)", stacklevel=_user_stacklevel())
+
+
+def warn_if_private_rows(x: NDArray[np.float32], private: NDArray | None) -> None:
+    """Warn when rows of ``x`` (meant to be the public pool) are among the ``private`` rows
+    (``pate.data.task.row_keys`` of the teachers' data; None: not known here), without saying
+    how many: the student trains on the pool, so a private row there reaches the published
+    student unprotected."""
+    if private is not None and np.isin(row_keys(x), private).any():
+        warnings.warn("x: some of its rows are rows the teachers were trained on: votes are "
+                      "for the public pool, and the student trains on the pool, so those rows "
+                      "would reach the published student without the privacy guarantee "
+                      "(unless they repeat by chance)", stacklevel=_user_stacklevel())

@@ -20,10 +20,11 @@ from pate.api_checks import (
     checked_rate,
     checked_rows,
     warn_if_of_script,
+    warn_if_private_rows,
 )
 from pate.data.files import rows_said
 from pate.data.partitions import PARTITIONS
-from pate.data.task import private_rows_key, rows_content_digest, rows_fingerprint
+from pate.data.task import private_rows_key, row_keys, rows_content_digest, rows_fingerprint
 from pate.errors import UserError
 from pate.rundir import RunDir
 from teachers import checkpoints
@@ -83,6 +84,7 @@ class Teachers:
         self.private_records_: int | None = None
         self.private_fingerprint_: str | None = None
         self.private_rows_fingerprint_: str | None = None
+        self._private_rows: NDArray | None = None
 
     @property
     def encoder_(self) -> dict[str, np.ndarray] | None:
@@ -138,13 +140,17 @@ class Teachers:
                                    for s in shards], device=self.device, encoder=encoder)
         self.private_records_, self.private_fingerprint_ = len(ys), rows_fingerprint(xs, ys)
         self.private_rows_fingerprint_ = private_rows_key(rows_content_digest(xs))
+        self._private_rows = row_keys(xs)  # in memory only: rows of x to warn of in vote
         return self
 
     def vote(self, x: ArrayLike) -> NDArray[np.int32]:
-        """The teachers' vote histograms ``[rows, n_classes]`` on public rows (PRIVATE)."""
+        """The teachers' vote histograms ``[rows, n_classes]`` on public rows (PRIVATE); rows
+        the teachers fitted here were trained on are warned of (without a count)."""
         if self.ensemble_ is None:
             raise UserError("fit the teachers first")
-        return self.ensemble_.vote(checked_rows(x))
+        rows = checked_rows(x)
+        warn_if_private_rows(rows, self._private_rows)
+        return self.ensemble_.vote(rows)
 
     def save(self, directory: str | Path) -> Path:
         """Write the fitted teachers under ``directory/teachers/`` as ``pate teachers train``

@@ -294,10 +294,16 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 6)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-    teachers = Teachers(3, 2, epochs=2, shard_size=3).fit(x, y)
+    teachers = Teachers(3, 2, epochs=2, shard_size=3).fit(x[:200], y[:200])
     assert teachers.config.model == "mlp"
-    votes = teachers.vote(x[:100])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # rows the teachers never saw: no warning
+        votes = teachers.vote(x[200:])
     assert votes.shape == (100, 2) and set(votes.sum(axis=1)) == {3}
+    with pytest.warns(UserWarning, match="some of its rows are rows the teachers were trained "
+                                         r"on") as warned:  # a private row among the pool's
+        teachers.vote(np.concatenate([x[200:], x[:1]]))
+    assert warned[0].filename == __file__ and not re.search(r"\d", str(warned[0].message))
     with pytest.raises(UserError, match=r"^threshold 4 exceeds the number of teachers"):
         PrivateLabels(votes, ConfidentGNMax(4, 1.0, 1.0), epsilon_budget=1000.0, delta=1e-5,
                       ledger=tmp_path / "refused.db")

@@ -315,7 +315,7 @@ def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, 
     return " and ".join(str(wanted[role][0]) for role in others)
 
 
-def _row_keys(x: NDArray) -> NDArray:
+def row_keys(x: NDArray) -> NDArray:
     """Each row's bytes as one value, so that rows compare whole (``np.isin``)."""
     flat = np.ascontiguousarray(x.reshape(len(x), -1))
     return flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
@@ -336,21 +336,22 @@ _SHARED_ROWS = {
 }
 
 
-def _check_apart(keys: dict[str, NDArray], wanted: _Wanted) -> None:
-    """Refuse a public pool or test file whose rows (``keys``: one value per row, by role) are
-    all private rows: the private file given again; warn where some are (rows a table of few
-    columns repeats by chance, or private records copied in). Neither says how many: a count
-    of private rows."""
+def check_apart(keys: dict[str, NDArray], names: dict[str, str], stacklevel: int = 2) -> None:
+    """Refuse a public pool or test data whose rows (``keys``: one value per row, by role:
+    ``private``, ``public``, ``test``; :func:`row_keys`) are all private rows: the private data
+    given again; warn where some are (rows a table of few columns repeats by chance, or private
+    records copied in). ``names`` says what to call each role's data. Neither says how many: a
+    count of private rows."""
     for role, harm in _SHARED_ROWS.items():
         if role not in keys or not len(keys[role]):
             continue
         shared = np.isin(keys[role], keys["private"])
-        path = wanted[role][0]
         if shared.all():
-            raise UserError(f"{path}: its rows are all rows of the private data; {harm}")
+            raise UserError(f"{names[role]}: its rows are all rows of the private data; {harm}")
         if shared.any():
-            warnings.warn(f"{path}: some of its rows are also rows of the private data: "
-                          f"{harm}; unless they repeat by chance, take them out", stacklevel=4)
+            warnings.warn(f"{names[role]}: some of its rows are also rows of the private data: "
+                          f"{harm}; unless they repeat by chance, take them out",
+                          stacklevel=stacklevel + 1)
 
 
 def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[str, ...], str]:
@@ -538,8 +539,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
             raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
                             f"the public data's {list(pool_x.shape[1:])}")
     if "private" in reads:
-        _check_apart(read.row_keys or {role: _row_keys(x) for role, (x, _) in reads.items()},
-                     wanted)
+        check_apart(read.row_keys or {role: row_keys(x) for role, (x, _) in reads.items()},
+                    {role: str(path) for role, (path, _) in wanted.items()}, stacklevel=3)
     test_y_raw = reads["test"][1] if "test" in reads else None
     classes, classes_from = _label_set(source, test_y_raw)
     if len(classes) < 2:
