@@ -280,6 +280,7 @@ def record_problem(record: Any) -> str | None:
         numeric = record.get("numeric")
         categorical = record.get("categorical")
         if not (isinstance(record.get("label"), str) and are_names(numeric)
+                and isinstance(record.get("key", ""), str)
                 and _are_numbers(record.get("means"), len(numeric))
                 and _are_numbers(record.get("stds"), len(numeric), True)
                 and isinstance(categorical, list)
@@ -336,6 +337,7 @@ def encode_new_rows(record: dict[str, Any], path: str | Path
         raise UserError(f"{path}: this student was trained on .{kind} data: give a .{kind} file")
     if kind == "csv":
         frame, _ = files.read_csv(path, record["label"], False)
+        frame = frame.drop(columns=[record.get("key")], errors="ignore")  # whose row: no input
         x = TabularEncoder.from_record(record).transform(frame, str(path))
     else:
         x = as_features(files.read_npz(path, False)[0], str(path))

@@ -470,7 +470,9 @@ def _read_csv(source: DataFiles, wanted: _Wanted) -> _Read:
                  for role, (frame, y) in frames.items()}
     order = list(frames["public"][0].columns)  # every file has them now (transform checked)
     read.row_keys = {role: _frame_keys(frame, order) for role, (frame, _) in frames.items()}
-    read.preprocessing = {"label": source.label, **encoder.describe()}
+    read.preprocessing = {"label": source.label, **encoder.describe(),
+                          # left out of a file to score too (pate student predict)
+                          **({"key": source.key} if source.key is not None else {})}
     return read
 
 

@@ -74,7 +74,9 @@ def test_the_key_column_is_read_from_the_private_file_and_is_no_feature(people_f
     task = load_task(people_files)
     assert task.private_keys is not None and len(task.private_keys) == 240
     assert task.private_x.shape[1] == task.pool_x.shape[1] == 3  # a, b, c: not the id
-    assert "id" not in json.dumps(task.preprocessing)
+    assert "id" not in json.dumps([task.preprocessing["numeric"],
+                                   task.preprocessing["categorical"]])
+    assert task.preprocessing["key"] == "id"  # left out of a file to score, too
     bad = Path(people_files.private)
     bad.write_text(bad.read_text().replace(",7\n", ",\n"))  # a row that says nobody's
     with pytest.raises(UserError, match="the key column 'id' has missing values"):
@@ -101,6 +103,17 @@ def test_pate_teachers_train_deals_by_key(people_files, tmp_path: Path, capsys) 
     verify_partition(recorded, deal_rows("key", task.private_x, task.private_y, 3, 0,
                                          task.private_keys), recorded["dataset"])
     assert recorded["by"] == "key"
+    # a student of these teachers scores rows in the private file's layout: the key left out
+    student = ["student", "train", "--run", str(run), "--private", people_files.private,
+               "--public", people_files.public, "--test", people_files.test, "--label", "y",
+               "--classes", "0", "1", "--key", "id", "--method", "supervised",
+               "--mechanism", "gnmax", "--sigma", "1", "--budget-epsilon", "1000",
+               "--delta", "1e-5", "--queries", "20", "--epochs", "1", "--quiet"]
+    assert main(["teachers", "votes", "--run", str(run), "--quiet"]) == 0
+    assert main(student) == 0
+    capsys.readouterr()
+    assert main(["student", "predict", "--run", str(run), people_files.private, "--quiet"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1 + 240
 
 
 def test_a_config_names_a_key_with_the_key_partition_only() -> None:
