@@ -386,19 +386,31 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
     ``set_from`` says where the set came from, in the refusal of private labels outside it."""
     if not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "OUS"):
         raise UserError(f"{what}: labels must be integers or strings, got dtype {y.dtype}")
-    if indices and np.issubdtype(y.dtype, np.integer):
+    positions = indices and np.issubdtype(y.dtype, np.integer)
+    if positions:
         codes = y.astype(np.int64)
         outside = (codes < 0) | (codes >= len(classes))
+        numbers = [int(c) for c in classes if c.lstrip("-").isdigit()]
+        if len(numbers) == len(classes) and numbers != list(range(len(classes))):
+            warnings.warn(f"{what}: data.classes are numbers ({', '.join(classes[:5])}"
+                          f"{', ...' if len(classes) > 5 else ''}) and the labels integers: a "
+                          f"label is a position in data.classes (label 0 is class "
+                          f"{classes[0]!r}), not a class's name; list the classes in the order "
+                          "of the labels' numbers", stacklevel=4)
     else:
         codes = pd.Index(classes).get_indexer(pd.Series(y).astype(str)).astype(np.int64)
         outside = codes < 0
     if outside.any():
+        as_positions = (f"integer labels are positions in data.classes, 0 to "
+                        f"{len(classes) - 1}" if positions else "")
         if private:  # name no private value, nor how many there are
             raise UserError(f"{what}: labels outside the label set ({', '.join(classes[:10])}"
-                            f"{', ...' if len(classes) > 10 else ''}; from {set_from}): give "
-                            "data.classes (--classes) that hold them all, or mend the data")
+                            f"{', ...' if len(classes) > 10 else ''}; from {set_from}"
+                            f"{'; ' + as_positions if positions else ''}): give data.classes "
+                            "(--classes) that hold them all, or mend the data")
         unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
-        raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}")
+        raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}"
+                        + (f" ({as_positions})" if positions else ""))
     return codes
 
 

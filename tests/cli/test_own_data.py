@@ -9,7 +9,9 @@ import re
 import struct
 import subprocess
 import sys
+import warnings
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -666,3 +668,24 @@ def test_public_or_test_rows_that_are_private_rows_are_refused_or_warned_of(
     with pytest.raises(UserError, match="its rows are all rows of the private data"):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "private.npz"),
                             classes=("0", "1")))
+
+
+def test_integer_labels_against_numbered_classes_say_they_are_positions(tmp_path: Path) -> None:
+    """Given data.classes, integer labels are positions in it: classes named by numbers other
+    than 0, 1, ... are warned of, and a label beyond the list says it is a position."""
+    rng = np.random.default_rng(22)
+    for role in ("private", "public", "test"):
+        x, y = _images(30, rng)
+        np.savez(tmp_path / f"{role}.npz", x=x, y=y + (role == "test"))  # test: 1 and 2
+    source = DataFiles(*(str(tmp_path / f"{r}.npz") for r in ("private", "public", "test")),
+                       classes=("1", "2"))
+    with (pytest.warns(UserWarning, match=r"data.classes are numbers \(1, 2\) and the labels "
+                                          r"integers: a label is a position in data.classes "
+                                          r"\(label 0 is class '1'\)"),
+          pytest.raises(UserError, match=r"label\(s\) unknown to the label set: 2 \(integer "
+                                         r"labels are positions in data.classes, 0 to 1\)")):
+        load_task(source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named as their positions: nothing to say
+        np.savez(tmp_path / "test.npz", x=_images(30, rng)[0], y=rng.integers(0, 2, 30))
+        assert load_task(replace(source, classes=("0", "1"))).classes == ("0", "1")
