@@ -84,8 +84,12 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
         raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
                         "directory")
     if recorded is None and made:  # the separate commands' outputs, settings pate run lacks
-        raise UserError(f"{run} holds what other commands made ({', '.join(sorted(made)[:3])}) "
-                        "and no config.toml: pate run needs a new --run directory")
+        shown = ", ".join(sorted(made)[:3]) + (", ..." if len(made) > 3 else "")
+        if made & run.own_names():
+            raise UserError(f"{run} holds what other commands made ({shown}) and no "
+                            "config.toml: pate run needs a new --run directory")
+        raise UserError(f"{run} is not empty ({shown}) and is no run directory: pate run needs "
+                        "a new or empty --run directory")
     run.create()
     if recorded == config:
         run.config.chmod(0o600)  # written public by a version before config.toml was private

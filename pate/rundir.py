@@ -199,6 +199,13 @@ class RunDir:
         are computed from those distances, a statistic of the private data)."""
         return self.dpsgd / "bayesian.json"
 
+    def own_names(self) -> frozenset[str]:
+        """The names pate gives the entries at the top of a run directory."""
+        return frozenset(p.name for p in (
+            self.config, self.partition, self.labels, self.stages, self.log, self.student,
+            self.dpsgd, self.comparison, self.teachers, self.votes, self.ledger,
+            self.root / LEDGER_RECORD, self.releases, self.token, self.report, self.audit))
+
     # --- creating and recording ---------------------------------------------------------------
     def create(self) -> RunDir:
         """Create the directory 0700 (parents as needed); ``UserError`` when it cannot be

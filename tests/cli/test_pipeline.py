@@ -220,6 +220,13 @@ def test_a_directory_the_separate_commands_made_is_refused(
     err = capsys.readouterr().err
     assert "holds what other commands made (partition.json, teachers)" in err
     assert sorted(p.name for p in run.iterdir()) == ["partition.json", "teachers"]
+    mine = tmp_path / "mine"  # a folder of the user's own files: said so
+    mine.mkdir()
+    (mine / "notes.txt").write_text("hi")
+    assert main(["run", "digits-tiny", "--run", str(mine), "--quiet"]) == 2
+    assert ("mine is not empty (notes.txt) and is no run directory: pate run needs a new or "
+            "empty --run directory") in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_rerun_with_another_config_is_refused(tmp_path: Path,
