@@ -28,17 +28,16 @@ from pate.api_tables import TableEncoder
 from pate.data.augment import AUGMENTATIONS
 from pate.errors import UserError
 from pate.io import write_json_atomic
-from pate.rundir import STUDENT_SCHEMA, RunDir
+from pate.rundir import STUDENT_SCHEMA
 from student.checks import warn_unseen_classes
 from student.defaults import STUDENT
 from student.models import ModelSpec, build_classifier, check_network
-from student.predict import load_schema, score_file
+from student.predict import load_schema, saved_student, score_file
 from student.rounds import Received
 from student.training import (
     FitConfig,
     build_learner,
     fit,
-    load_classifier,
     method_for_data,
     predict_proba,
     save_model,
@@ -192,13 +191,9 @@ def _table_schema(table: TableEncoder, x: NDArray[np.float32], n_classes: int,
 def load_student(path: str | Path) -> Student:
     """The student saved in a run directory (``pate run``, ``pate student train``) or a folder
     written by ``Student.save``; ready to ``predict``."""
-    root = Path(path)
-    folder = RunDir(root).student if (RunDir(root).student / "model.json").is_file() else root
-    loaded = load_classifier(folder)
-    if loaded is None:
-        raise UserError(f"{root}: no saved student (model.safetensors and model.json)")
-    student = Student("supervised", arch=loaded[1].arch)
-    student.model_, student.spec_ = loaded
+    folder, model, spec = saved_student(path)
+    student = Student("supervised", arch=spec.arch)
+    student.model_, student.spec_ = model, spec
     if (folder / STUDENT_SCHEMA).is_file():
-        student.schema_ = load_schema(folder, loaded[1])
+        student.schema_ = load_schema(folder, spec)
     return student

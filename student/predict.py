@@ -20,7 +20,7 @@ from pate.data.preprocessing import are_names, encode_new_rows, record_problem, 
 from pate.data.task import Task
 from pate.errors import UserError
 from pate.io import write_bytes_atomic
-from pate.rundir import STUDENT_SCHEMA
+from pate.rundir import STUDENT_SCHEMA, RunDir
 from student.models import ModelSpec
 from student.training import load_classifier, predict_proba
 
@@ -92,11 +92,23 @@ def _predictions_file(path: Path, data: str | Path) -> bool:
         return False
 
 
-def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = None,
+def saved_student(path: str | Path) -> tuple[Path, nn.Module, ModelSpec]:
+    """The student saved in ``path`` (a run's ``student/``, ``Student.save``'s folder, or a
+    run directory that holds one): its folder, network and spec; ``UserError`` without one."""
+    root = Path(path)
+    folder = RunDir(root).student if (RunDir(root).student / "model.json").is_file() else root
+    loaded = load_classifier(folder)
+    if loaded is None:
+        raise UserError(f"{root}: no saved student (model.safetensors and model.json), nor a "
+                        "run directory that holds one")
+    return folder, *loaded
+
+
+def predict_file(path: str | Path, data: str | Path, out: str | Path | None = None,
                  device: str = "cpu") -> pd.DataFrame:
-    """The student saved in ``folder`` (a run's ``student/`` or ``Student.save``'s) on the rows
-    of ``data`` (``score_file``), written to ``out`` as CSV (atomically) if given."""
-    folder = Path(folder)
+    """The student saved in ``path`` (``saved_student``: a student folder or a run directory)
+    on the rows of ``data`` (``score_file``), written to ``out`` as CSV (atomically) if
+    given."""
     try:
         target = None if out is None else Path(out).resolve()  # a link: its target is written
         if target is not None:
@@ -110,10 +122,7 @@ def predict_file(folder: str | Path, data: str | Path, out: str | Path | None = 
                 raise UserError(f"{out}: no such folder {target.parent}")
     except (OSError, RuntimeError) as exc:  # a name too long, a loop of links
         raise UserError(f"{out}: not a path to write ({exc.__class__.__name__})") from None
-    loaded = load_classifier(folder)
-    if loaded is None:
-        raise UserError(f"{folder}: no saved student (model.safetensors and model.json)")
-    model, spec = loaded
+    folder, model, spec = saved_student(path)
     scored = score_file(model, spec, load_schema(folder, spec), data, device)
     if target is not None:
         try:

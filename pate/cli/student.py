@@ -132,7 +132,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where = pr.add_mutually_exclusive_group(required=True)
     where.add_argument("--run", type=path_arg, metavar="DIR", help="the run whose student scores")
     where.add_argument("--student", type=path_arg, metavar="FOLDER",
-                       help="a student folder (a run's student/, or Student.save's)")
+                       help="a student folder (a run's student/, or Student.save's), or a run "
+                            "directory")
     pr.add_argument("data", type=path_arg, metavar="DATA",
                     help="new rows in the training data's format: a .csv (a label column is "
                          "ignored), a .npz with x, or a folder of images")
@@ -223,7 +224,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     from student.predict import predict_file
 
-    folder = args.student if args.student is not None else RunDir(args.run).student
+    folder = args.student if args.student is not None else args.run  # either form, both
     to_stdout = args.out is None or str(args.out) == "-"
     scored = predict_file(folder, args.data, None if to_stdout else args.out, args.device)
     if to_stdout:

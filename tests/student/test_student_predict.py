@@ -103,6 +103,11 @@ def test_csv_columns_in_any_order_unseen_categories_and_stdout(
     assert len(shuffled) == 50 and (rows["workclass"] == "Never-seen").any()
     assert shuffled["label"].tolist() == ordered["label"].tolist()
     assert np.allclose(shuffled["p_>50K"], ordered["p_>50K"])
+    # --student takes the run directory too, and --run its student folder, as load_student does
+    for flag, path in (("--student", tmp_path / "run"), ("--run", tmp_path / "run" / "student")):
+        assert main(["student", "predict", flag, str(path), str(tmp_path / "new.csv")]) == 0
+        assert pd.read_csv(StringIO(capsys.readouterr().out))["label"].tolist() == (
+            shuffled["label"].tolist())
     # --out through a link writes its target and keeps the link; "-" is standard output
     (tmp_path / "target.csv").write_text("")
     (tmp_path / "link.csv").symlink_to(tmp_path / "target.csv")
