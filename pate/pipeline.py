@@ -24,7 +24,7 @@ from pathlib import Path
 from analysis.costs import realised_rdp_independent, worst_case_queries
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
-from pate.aggregation.budget_registry import other_ledgers
+from pate.aggregation.budget_registry import ledgers_said, other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.ledger_store import canonical_url, ledger_url
 from pate.comparison import dpsgd_settings, run_comparison
@@ -240,7 +240,7 @@ def _other_budgets(config: RunConfig, run: RunDir, task: Task) -> str | None:
     if not others:
         return None
     return (f"this private data is already charged to {len(others)} other ledger(s) "
-            f"({', '.join(others)}): this run's ledger would be another budget for it, and the "
+            f"({ledgers_said(others)}): this run's ledger would be another budget for it, and the "
             "budgets of one body of private data add up; to share one, give it as "
             "aggregator.ledger")
 

@@ -108,3 +108,10 @@ def enter_ledger(private_fingerprint: str, ledger: str) -> tuple[list[str], bool
     except OSError:
         known, new = ledgers_of(private_fingerprint), False
     return [url for url in known if url != ledger], new
+
+
+def ledgers_said(urls: list[str], shown: int = 3) -> str:
+    """``urls`` as a warning says them: the first ``shown``, then how many more (``pate
+    status --run`` lists a run's)."""
+    more = len(urls) - shown
+    return ", ".join(urls[:shown]) + (f", and {more} more" if more > 0 else "")

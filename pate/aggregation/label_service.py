@@ -36,7 +36,7 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import BRANCH_NAMES, Aggregator, check_student_probs
-from pate.aggregation.budget_registry import enter_ledger, other_ledgers
+from pate.aggregation.budget_registry import enter_ledger, ledgers_said, other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -355,7 +355,7 @@ def note_ledger(private_fingerprint: str | None, url: str,
     new = new or (new_rows and len(others) > len(known))
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
-                      f"other ledger(s) ({', '.join(others)}): the budgets of one body of "
+                      f"other ledger(s) ({ledgers_said(others)}): the budgets of one body of "
                       "private data add up; to share one, give it as aggregator.ledger "
                       "(--ledger, ledger=)", stacklevel=3)
 

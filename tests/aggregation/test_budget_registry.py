@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from analysis.mechanisms import GNMax
-from pate.aggregation.budget_registry import REGISTRY_FILE, enter_ledger, state_dir
+from pate.aggregation.budget_registry import REGISTRY_FILE, enter_ledger, ledgers_said, state_dir
 from pate.aggregation.label_service import open_label_service
 from pate.errors import UserError
 
@@ -198,3 +198,11 @@ def test_the_command_line_says_it_in_one_warning_line(
         assert main(["status", "--run", str(tmp_path / folder)]) == 0
         said = [line for line in capsys.readouterr().out.splitlines() if "other ledger" in line]
         assert len(said) == 1 and str(tmp_path / other / "ledger.db") in said[0], said
+
+
+def test_a_warning_names_three_ledgers_and_counts_the_rest() -> None:
+    """However many runs charged the same data, the warning stays one readable line."""
+    urls = [f"sqlite:////runs/r{i}/ledger.db" for i in range(16)]
+    said = ledgers_said(urls)
+    assert said.startswith("sqlite:////runs/r0/ledger.db, ") and said.endswith(", and 13 more")
+    assert ledgers_said(urls[:3]) == ", ".join(urls[:3])
