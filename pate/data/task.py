@@ -246,13 +246,12 @@ class Task:
         (``rows_content_digest``; None without them): a second key of the ledgers that charge
         the data, the same for a built-in dataset, its images saved as an ``.npz`` (integers or
         floats in [0, 1]) or as a folder of image files at their size and mode, a CSV of
-        numbers and its features saved as an ``.npz`` (``numeric_rows_digest``; a CSV with a
-        text or missing cell has none: its ``private_data_fingerprint`` is of its cells in any
-        order already), and the same arrays given to the Python API. PRIVATE."""
+        numbers and its features saved as an ``.npz`` (``numeric_rows_digest``), and the same
+        arrays given to the Python API. A CSV with a text or missing cell has its rows as
+        encoded (with the pool's statistics and vocabularies) instead: those the Python API is
+        given from ``load_task`` or a ``TableEncoder`` fitted on the same pool. PRIVATE."""
         if self.private_x is None:
             return None
-        if (self.preprocessing or {}).get("format") == "csv":  # its rows as read are encoded
-            return None if self.private_rows is None else private_rows_key(self.private_rows)
         return private_rows_key(self.private_rows or rows_content_digest(self.private_x))
 
     @property

@@ -206,3 +206,24 @@ def test_a_warning_names_three_ledgers_and_counts_the_rest() -> None:
     said = ledgers_said(urls)
     assert said.startswith("sqlite:////runs/r0/ledger.db, ") and said.endswith(", and 13 more")
     assert ledgers_said(urls[:3]) == ", ".join(urls[:3])
+
+
+def test_a_csv_with_text_and_the_apis_arrays_of_it_share_the_rows_key(tmp_path: Path) -> None:
+    """A CSV with a text column has its rows as encoded for the ledgers' second key: the arrays
+    the Python API is given from ``load_task`` (or a ``TableEncoder`` on the same pool), so a
+    Python user of the same data is warned of the command line's ledgers, and the reverse."""
+    from pate.api import Teachers
+    from pate.data.task import DataFiles, load_task
+
+    rng = np.random.default_rng(3)
+    for role, n in (("private", 90), ("public", 40)):
+        colour = rng.choice(["red", "blue"], n)
+        size = rng.normal(size=n).round(3)
+        label = np.where(size > 0, "big", "small")
+        (tmp_path / f"{role}.csv").write_text("colour,size,label\n" + "".join(
+            f"{c},{s},{lab}\n" for c, s, lab in zip(colour, size, label, strict=True)))
+    task = load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                               label="label", classes=("big", "small")))
+    teachers = Teachers(2, 2, epochs=1).fit(task.private_x, task.private_y)
+    assert task.private_rows_fingerprint is not None
+    assert teachers.private_rows_fingerprint_ == task.private_rows_fingerprint
