@@ -493,6 +493,8 @@ def test_augmentation_mixup_and_vat_settings_are_used() -> None:
         assert caught[0].filename == __file__  # the caller's line, not the library's
 
 
+@pytest.mark.filterwarnings(  # votes on the teachers' own rows, on purpose
+    "ignore:x. some of its rows are rows the teachers were trained on")
 def test_8_bit_images_are_scaled_as_image_files_are() -> None:
     """uint8 images are read as [0, 1], as the built-in datasets and image files are: the same
     teachers as on the floats (feature rows are taken as they are)."""
@@ -515,6 +517,8 @@ def test_8_bit_images_are_scaled_as_image_files_are() -> None:
     Teachers(2, 3, epochs=1).fit(images.reshape(40, -1).astype(np.float64), labels)
 
 
+@pytest.mark.filterwarnings(  # votes on the teachers' own rows, on purpose
+    "ignore:x. some of its rows are rows the teachers were trained on")
 def test_teachers_saved_and_loaded_vote_the_same_and_stay_private(tmp_path: Path) -> None:
     """``Teachers.save`` writes the weights 0600 in 0700 folders with their digests;
     ``Teachers.load`` gives the same votes, refuses a damaged shard, and reads a ``pate run``

@@ -25,6 +25,8 @@ def _frame(rows: int, seed: int, shift: float) -> pd.DataFrame:
     return frame
 
 
+@pytest.mark.filterwarnings(  # small tables repeat rows by chance
+    "ignore:.*some of its rows are also rows of the private data")
 def test_frames_are_encoded_as_pate_run_encodes_their_csv_files(tmp_path: Path) -> None:
     """The same features as ``pate run``'s own reading of the files, private rows included
     (encoded with the pool's statistics: their own mean, 100 higher, moves nothing)."""

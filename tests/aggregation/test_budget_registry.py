@@ -112,6 +112,8 @@ def test_the_registry_folder_is_made_private_and_no_home_is_no_failure(
     assert enter_ledger(SAME, "sqlite:///y") == ([], False)  # nowhere to keep it: no failure
 
 
+@pytest.mark.filterwarnings(  # votes on the teachers' own rows, on purpose
+    "ignore:x. some of its rows are rows the teachers were trained on")
 def test_the_python_api_enters_its_ledgers_under_the_teachers_data(tmp_path: Path) -> None:
     """``PrivateLabels(teachers=...)``: the teachers' private data, as a run's votes record it;
     a second ledger for it is warned of, the same one is not."""
@@ -208,6 +210,8 @@ def test_a_warning_names_three_ledgers_and_counts_the_rest() -> None:
     assert ledgers_said(urls[:3]) == ", ".join(urls[:3])
 
 
+@pytest.mark.filterwarnings(  # small tables repeat rows by chance
+    "ignore:.*some of its rows are also rows of the private data")
 def test_a_csv_with_text_and_the_apis_arrays_of_it_share_the_rows_key(tmp_path: Path) -> None:
     """A CSV with a text column has its rows as encoded for the ledgers' second key: the arrays
     the Python API is given from ``load_task`` (or a ``TableEncoder`` on the same pool), so a

@@ -643,6 +643,8 @@ def test_dpsgd_learns_feature_rows_and_refuses_an_image_network_before_the_run(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.filterwarnings(  # small tables repeat rows by chance
+    "ignore:.*some of its rows are also rows of the private data")
 def test_public_or_test_rows_that_are_private_rows_are_refused_or_warned_of(
         tmp_path: Path) -> None:
     """The private file given again as the pool or the test data is refused (the pool's rows

@@ -129,6 +129,8 @@ def test_a_config_names_a_key_with_the_key_partition_only() -> None:
     assert config.data.source().key == "id"
 
 
+@pytest.mark.filterwarnings(  # votes on the teachers' own rows, on purpose
+    "ignore:x. some of its rows are rows the teachers were trained on")
 def test_the_python_teachers_deal_by_key() -> None:
     from pate.api import Teachers
 

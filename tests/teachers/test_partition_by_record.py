@@ -124,6 +124,8 @@ def test_pate_run_dealt_by_record_says_what_its_epsilon_covers(tmp_path: Path) -
     assert "both for adding or removing a record" in owner and "not the same" not in owner
 
 
+@pytest.mark.filterwarnings(  # votes on the teachers' own rows, on purpose
+    "ignore:x. some of its rows are rows the teachers were trained on")
 def test_the_python_teachers_deal_by_record_and_keep_it(tmp_path: Path) -> None:
     from pate.api import Teachers
 
