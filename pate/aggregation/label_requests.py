@@ -53,16 +53,17 @@ class Limits:
     labels_per_min: float | None = None
 
     def __post_init__(self) -> None:
+        """Each limit is named as a Python caller gives it, then as ``pate serve``'s flag."""
         if not 1 <= self.max_batch <= MAX_QUERIES:
-            raise UserError(f"--max-batch must be in [1, {MAX_QUERIES}]")
+            raise UserError(f"max_batch (--max-batch) must be in [1, {MAX_QUERIES}]")
         if self.max_body_bytes is not None and self.max_body_bytes < 1024:
-            raise UserError("--max-body-bytes must be >= 1024")
+            raise UserError("max_body_bytes (--max-body-bytes) must be >= 1024")
         if not self.body_timeout_s > 0:
-            raise UserError("--body-timeout must be > 0")
+            raise UserError("body_timeout_s (--body-timeout) must be > 0")
         for name in ("requests_per_s", "labels_per_min"):
             rate = getattr(self, name)
             if rate is not None and not rate > 0:
-                raise UserError(f"--{name.replace('_', '-')} must be > 0")
+                raise UserError(f"{name} (--{name.replace('_', '-')}) must be > 0")
 
     def body_bytes(self, query_bytes: int) -> int:
         """The body limit: ``max_body_bytes`` if set, else what ``max_batch`` queries of
