@@ -24,6 +24,8 @@ maximum over its members; steps add.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
@@ -191,8 +193,11 @@ class EncodedAccountant:
         ``steps``. Gaussian: the sampled Gaussian at noise multiplier sigma (sensitivity 1, an
         upper bound for profiles of norm below 1)."""
         a = self.default_orders() if orders is None else as_orders(orders)
-        if not noise_multiplier > 0 or steps < 0:
-            raise ValueError("noise multiplier must be > 0 and steps >= 0")
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ValueError(f"noise multiplier must be a finite number > 0, got "
+                             f"{noise_multiplier!r}")
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps!r}")
         if self.gaussian:
             return sampled_gaussian_rdp(q, noise_multiplier, a, steps)
         table = log_moments(self.family, self.grid / noise_multiplier, int(a.max()))
@@ -207,8 +212,13 @@ class EncodedAccountant:
                 conversion: Conversion = "improved",
                 orders: ArrayLike | None = None, *, warn_at_edge: bool = True
                 ) -> tuple[float, float]:
-        """(epsilon, optimal order) by ``analysis.rdp.epsilon_from_rdp``."""
+        """(epsilon, optimal order) by ``analysis.rdp.epsilon_from_rdp``. No step, or a
+        sampling rate of 0, releases nothing: epsilon 0 (the conversion of an RDP of 0 would
+        still give log(1/delta) / (a - 1) > 0), at the grid's first order."""
         a = self.default_orders() if orders is None else as_orders(orders)
+        if steps == 0 or q == 0:
+            self.rdp(q, noise_multiplier, steps, a)  # the arguments checked all the same
+            return 0.0, float(a[0])
         return epsilon_from_rdp(self.rdp(q, noise_multiplier, steps, a), a, delta, conversion,
                                 warn_at_edge=warn_at_edge)
 

@@ -55,7 +55,7 @@ def epsilon_from_rdp(rdp: ArrayLike, orders: ArrayLike, delta: float,
     from private votes, where whether it warns would tell something of them."""
     a = np.atleast_1d(np.asarray(orders, np.float64))
     eps = np.atleast_1d(epsilon_curve(rdp, a, delta, conversion))
-    if np.all(np.isnan(eps)):
+    if not np.isfinite(eps).any():  # unbounded at every order: no order to warn of
         return float("inf"), float(a[0])
     idx = int(np.nanargmin(eps))
     if warn_at_edge:

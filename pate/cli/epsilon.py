@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,9 @@ def run_dpsgd(args: argparse.Namespace) -> int:
                   args.conversion)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if not math.isfinite(eps):
+        raise UserError(f"epsilon is unbounded at noise multiplier {args.noise_multiplier:g}: "
+                        "too little noise for any order of the analysis")
     out = {"epsilon": eps, "order": order, "conversion": args.conversion}
     print(json.dumps(out) if args.json
           else f"epsilon = {eps:.6g} at order {order:g} ({args.conversion} conversion, "

@@ -176,6 +176,22 @@ def test_cli_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
                  "--steps", "10", "--delta", "1e-5"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("pate: error:") and err.count("\n") == 1
+    # too little noise: no epsilon (not "Infinity" in the JSON), and no warning about an order
+    for noise, said in (("1e-9", "epsilon is unbounded at noise multiplier 1e-09"),
+                        ("0", "noise multiplier must be a finite number > 0, got 0.0")):
+        assert main(["epsilon", "dpsgd", "--sampling-rate", "0.01", "--noise-multiplier", noise,
+                     "--steps", "10", "--delta", "1e-5", "--json"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+
+
+def test_nothing_released_costs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """No step, or a sampling rate of 0: epsilon 0, not the conversion's log(1/delta)/(a-1)."""
+    for rate, steps in (("0.01", "0"), ("0", "10")):
+        assert main(["epsilon", "dpsgd", "--sampling-rate", rate, "--noise-multiplier", "1.1",
+                     "--steps", steps, "--delta", "1e-5", "--json"]) == 0
+        out = capsys.readouterr()
+        assert json.loads(out.out)["epsilon"] == 0.0 and out.err == ""
 
 
 def test_noise_outside_what_float64_computes_is_bounded_not_an_error() -> None:
