@@ -10,6 +10,7 @@ this one inside the transaction that opens it.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,8 @@ OPEN_HINT = (" (a ledger is an SQLite database file, or a URL such as sqlite:///
 
 def _private_sqlite_file(url: sa.URL) -> None:
     """Create the SQLite file 0600 (its -wal and -shm files inherit the mode) in a directory
-    created 0700 if missing (docs/design.md: the ledger is private)."""
+    created 0700 if missing (docs/design.md: the ledger is private), and say so: votes keep
+    their first ledger for good, so a mistyped path should not pass unseen."""
     if not url.database or url.database == ":memory:":
         raise LedgerError("an SQLite ledger needs a file: one in memory would not last")
     path = Path(url.database)
@@ -123,6 +125,9 @@ def _private_sqlite_file(url: sa.URL) -> None:
         for folder in reversed(missing):  # each new parent private, not only the last
             folder.mkdir(mode=PRIVATE_DIR_MODE)
             folder.chmod(PRIVATE_DIR_MODE)
+        if missing:
+            warnings.warn(f"the ledger's folder {path.absolute().parent} did not exist: "
+                          "created it (0700) for the new ledger", stacklevel=4)
         fd = os.open(path, os.O_CREAT | os.O_RDWR, PRIVATE_FILE_MODE)
         os.close(fd)
         path.chmod(PRIVATE_FILE_MODE)

@@ -50,6 +50,7 @@ def open_ledger(path: Path, budget: float = 2.0) -> Ledger:
 
 def test_records_replays_and_persists(tmp_path: Path, agg: Aggregator) -> None:
     db = tmp_path / "run" / "ledger.db"
+    db.parent.mkdir(mode=0o700)
     ledger = open_ledger(db)
     stored, budget = ledger.record(charge(agg, "r1"))
     assert not stored.retried and budget.queries == 4 and budget.answered == 4

@@ -248,6 +248,9 @@ def test_invalid_elements_are_screened_and_counted(body: dict, shown: list, more
 
 def test_new_ledger_parents_are_private(tmp_path: Path) -> None:
     db = tmp_path / "a" / "b" / "ledger.db"
-    Ledger(f"sqlite:///{db}", default_orders(), 1e-5, 1.0).close()
+    folder = tmp_path / "a" / "b"
+    with pytest.warns(UserWarning, match=f"the ledger's folder {folder} did not exist: created "
+                                         "it"):  # votes keep it for good: said
+        Ledger(f"sqlite:///{db}", default_orders(), 1e-5, 1.0).close()
     for folder in (tmp_path / "a", tmp_path / "a" / "b"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
