@@ -35,7 +35,7 @@ TABLE_COLUMNS = [("method", "Method"), ("student", "Student"),
                  ("epsilon_data_dependent", "ε data-dependent, Table 2 expectation (private)"),
                  ("epsilon_smooth_sensitivity", "ε sanitised (smooth sensitivity), released"),
                  ("epsilon_smooth_sensitivity_expected", "ε sanitised, before noise (private)"),
-                 ("epsilon_spent", "ε charged by the ledger"),
+                 ("epsilon_spent", "ε charged for the student's answers"),
                  ("epsilon_bayesian", "ε Bayesian, data-dependent (private)"), ("delta", "δ"),
                  ("accuracy", "Accuracy")]
 
