@@ -52,6 +52,8 @@ def run_facts(run: RunDir) -> RunFacts:
     """The facts of ``pate run``'s ``config.toml``; without one (a directory the separate
     commands made), the data of the teachers' manifest and the delta of the student's metrics,
     the rounds' parameters being those ``student/rounds.json`` recorded."""
+    if not run.root.is_dir():
+        raise UserError(f"{run}: no such run directory")
     if run.config.is_file():
         config = parse_config(run.config.read_text(), str(run.config))
         a = config.aggregator

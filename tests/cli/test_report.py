@@ -326,6 +326,8 @@ def test_report_of_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "neither a config.toml (pate run) nor a student's metrics" in proc.stderr
+    proc = pate("report", "--run", str(tmp_path / "nonexist"))  # said as pate status says it
+    assert proc.returncode == 2 and "nonexist: no such run directory" in proc.stderr
     # --out is --runs' own: with --run it is refused, not silently ignored
     proc = pate("report", "--run", str(tmp_path), "--out", str(tmp_path / "elsewhere"))
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
