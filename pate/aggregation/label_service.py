@@ -309,6 +309,11 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     if private_records is None and pool is not None:  # the votes' own, wherever they lie
         private_records = pool.private_records
     check_delta(delta, private_records, allow_large_delta, allow_name)
+    if private_records is None and 1e-3 <= delta < 1:  # not checked: said, not passed over
+        warnings.warn(f"delta {delta:g} cannot be checked against 1/n: these votes do not say "
+                      "how many private records the teachers learnt from (those of pate "
+                      "teachers votes do); a delta well below 1/n is the usual choice",
+                      stacklevel=2)
     if pool is not None and check_pool is not None:
         check_pool(pool)
     url, record = _ledger_of_votes(home, ledger, charged_before or (

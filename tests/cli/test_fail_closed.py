@@ -18,7 +18,7 @@ import ray
 import torch
 
 from analysis.costs import realised_rdp_independent
-from analysis.mechanisms import ConfidentGNMax
+from analysis.mechanisms import ConfidentGNMax, GNMax
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.ledger import Ledger
@@ -514,6 +514,16 @@ def test_a_delta_of_one_over_n_or_more_is_refused(tmp_path: Path,
                  str(tmp_path / "tokens"), "--port", "0"]) == 2
     _one_error_line(capsys, "delta 0.01 is at least 1/n, n the number of private records")
     assert not run.ledger.exists()
+    # votes that do not say how many records they protect: a large delta is said unchecked
+    from pate.aggregation.label_service import open_label_service
+
+    plain = tmp_path / "plain" / "votes.npy"
+    plain.parent.mkdir()
+    np.save(plain, rng.multinomial(20, np.full(10, 0.1), size=50))
+    with pytest.warns(UserWarning, match="delta 0.01 cannot be checked against 1/n: these votes "
+                                         "do not say how many private records"):
+        open_label_service(GNMax(sigma=4.0), epsilon_budget=10.0, delta=0.01,
+                           votes_path=plain).close()
 
 
 def test_a_round_refused_before_the_aggregator_opens_makes_no_ledger(

@@ -168,7 +168,7 @@ def test_cli_epsilon_gaussian_is_the_plain_figure(capsys: pytest.CaptureFixture[
     (["--noise", "laplace"], "encoded gradients only"),
     (["--noise", "student-t", "--dof", "2", "--encode", "5"], "dof > 2"),
     (["--noise", "student-t", "--encode", "0"], "at least 1 profile"),
-    (["--noise-multiplier", "inf"], "must be a finite number >= 0, got inf"),  # the last one
+    (["--noise-multiplier", "inf"], "must be a finite number > 0, got inf"),  # the last one
     # refused before allocating: 1e8 profiles of the default CNN's size would take 19 TiB
     (["--noise", "laplace", "--encode", "100000000"], "Psi is limited to 4 GiB"),
 ])
