@@ -15,7 +15,9 @@ from pate.errors import UserError
 MAX_COUNT = 2**31 - 1  # a count above it is no number of teachers, and its sum could overflow
 
 
-def _load_array(path: Path, key: str) -> NDArray:
+def _load_array(path: Path, key: str, not_with: str | None = None) -> NDArray:
+    """The array ``key`` of an ``.npz`` (or its one unnamed array), or a ``.npy``'s; an
+    ``.npz`` that holds ``not_with`` too is another kind of file, refused."""
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     try:
@@ -26,6 +28,9 @@ def _load_array(path: Path, key: str) -> NDArray:
     if isinstance(data, np.lib.npyio.NpzFile):
         with data:
             names = list(data.files)
+            if not_with in names:
+                raise UserError(f"{path}: a file of {not_with} (it holds {not_with!r}), not "
+                                f"one of {key} alone")
             if key in names:
                 return data[key]
             if names == ["arr_0"]:  # np.savez(path, array): an unnamed array
@@ -98,7 +103,7 @@ def load_pool_fingerprint(path: str | Path) -> str | None:
 def load_pool_indices(path: str | Path) -> NDArray[np.int64]:
     """Pool indices, 1-d integers: a ``.npy``, or an ``.npz`` with ``pool_index`` (a student's
     ``labels.npz``)."""
-    indices = _load_array(Path(path), "pool_index")
+    indices = _load_array(Path(path), "pool_index", not_with="votes")  # not a votes file
     if indices.ndim != 1 or indices.size == 0:
         raise UserError(f"{path}: pool indices must be a non-empty 1-d array, got shape "
                         f"{list(indices.shape)}")

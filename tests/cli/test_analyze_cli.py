@@ -195,6 +195,8 @@ def bad_files(tmp: Path) -> dict[str, Path]:
         np.save(out[name], arr)
     np.savez(tmp / "labels-only.npz", labels=np.array([3, 4]))
     out["labels_only"] = tmp / "labels-only.npz"
+    np.savez(tmp / "a-votes.npz", votes=np.load(EXAMPLE), pool_index=np.arange(640))
+    out["votes_npz"] = tmp / "a-votes.npz"  # a run's votes.npz given as the rows asked
     (tmp / "junk.npy").write_bytes(b"not numpy")
     out["junk"] = tmp / "junk.npy"
     return out
@@ -246,6 +248,9 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
           "--asked", str(files["fraction"])], "pool indices must be a non-empty 1-d array"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
           "--asked", str(files["labels_only"])], "expected an array named 'pool_index'"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--asked", str(files["votes_npz"])], "a-votes.npz: a file of votes (it holds "
+                                               "'votes'), not one of pool_index alone"),
     ]
     proc = run_cli(*cases[0][0])  # one in a process of its own, the rest in this one
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
