@@ -88,6 +88,7 @@ ARGMAX_SPAN = 6.0      # largest gap between the top two counts, in noise scales
 THRESHOLD_SPAN = 4.0   # deepest thresholded value below T, in sigma1
 MAX_PAIRS = 20         # neighbouring pairs searched at most (the defaults' ladders are whole)
 DEFAULT_DRAWS = 1_000_000
+POWERED_DRAWS = DEFAULT_DRAWS  # fewer cannot tell sigma from sigma / 2: not powered
 MAX_DRAWS = 10**10     # about 16 s per 10^6 draws on 2 cores: this is days, not a typo's years
 DEFAULT_DELTA = 1e-5
 DEFAULT_CONFIDENCE = 0.95
@@ -372,7 +373,8 @@ def audit_mechanisms(names: Sequence[str] | None = None, *, draws: int = DEFAULT
                      conversion: Conversion = "improved", paper: bool = False
                      ) -> list[MechanismAudit]:
     """Audit the named mechanisms (default: all four) at ``DEFAULT_MECHANISMS``, and with
-    ``paper`` also at ``PAPER_MECHANISMS`` (not powered)."""
+    ``paper`` also at ``PAPER_MECHANISMS`` (not powered); with fewer than ``POWERED_DRAWS``
+    draws none is powered."""
     chosen = list(MECHANISMS) if not names else list(dict.fromkeys(names))
     unknown = [n for n in chosen if n not in DEFAULT_MECHANISMS]
     if unknown:
@@ -382,4 +384,5 @@ def audit_mechanisms(names: Sequence[str] | None = None, *, draws: int = DEFAULT
     if paper:
         cases += [(PAPER_MECHANISMS[n], False) for n in chosen]
     return [audit_mechanism(m, draws=draws, delta=delta, confidence=confidence,
-                            conversion=conversion, powered=powered) for m, powered in cases]
+                            conversion=conversion, powered=powered and draws >= POWERED_DRAWS)
+            for m, powered in cases]

@@ -12,6 +12,7 @@ from pate.audit.mechanism import (
     DEFAULT_CONFIDENCE,
     DEFAULT_DELTA,
     DEFAULT_DRAWS,
+    POWERED_DRAWS,
     MechanismAudit,
     audit_mechanisms,
 )
@@ -121,7 +122,9 @@ def _register_models(sub: argparse._SubParsersAction) -> None:
 def _line(audit: MechanismAudit) -> str:
     verdict = "pass" if audit.passed else "FAIL: " + "; ".join(audit.failures)
     if not audit.powered:
-        verdict += " (papers' parameters: not powered, not relied on)"
+        why = ("too few draws to tell sigma from sigma / 2" if audit.draws < POWERED_DRAWS
+               else "the papers' parameters")
+        verdict += f" (not powered, not relied on: {why})"
     return (f"{audit.mechanism.name:<12} epsilon lower {audit.epsilon_lower:.4f}  upper "
             f"{audit.epsilon_upper:.4f} (data-independent), {audit.epsilon_upper_dependent:.4f} "
             f"(data-dependent at the pair)  {audit.seconds:.1f} s  {verdict}")
