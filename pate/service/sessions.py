@@ -23,11 +23,16 @@ def remote_session(server: str, token_file: str | Path, mechanism: str) -> Aggre
     of its first request)."""
     try:
         client = LabelClient.from_token_file(server, token_file)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # said as pate serve says it of its own token file
+        raise UserError(f"{token_file}: cannot read the token file "
+                        f"({exc.__class__.__name__})") from None
+    except ValueError as exc:
         raise UserError(f"{token_file}: {exc}") from None
     if not client.healthy():
         client.close()
-        raise UserError(f"cannot reach {server}: is a pate serve running there?")
+        hint = (" (give the server's address without /v1: the routes are added to it)"
+                if server.rstrip("/").endswith("/v1") else "")
+        raise UserError(f"cannot reach {server}: is a pate serve running there?{hint}")
     return AggregatorSession(client, mechanism)
 
 

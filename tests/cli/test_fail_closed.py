@@ -241,6 +241,15 @@ def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Pa
                  str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
     _one_error_line(capsys, f"cannot reach http://127.0.0.1:{port}: is a pate serve running")
     assert time.monotonic() - started < 5
+    for server, said in ((f"http://127.0.0.1:{port}/v1", "give the server's address without "
+                                                          "/v1"),
+                         (f"http://127.0.0.1:{port}", "cannot read the token file "
+                                                      "(FileNotFoundError)")):
+        assert main(["student", "train", "--run", str(tmp_path / "run"), "--method",
+                     "supervised", "--dataset", "digits", "--server", server, "--token-file",
+                     str(tmp_path / ("tokens" if "/v1" in server else "no-tokens")),
+                     "--mechanism", "gnmax"]) == 2
+        _one_error_line(capsys, said)
 
 
 def test_a_request_larger_than_the_budget_allows_is_split(
