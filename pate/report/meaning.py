@@ -64,6 +64,15 @@ _NEIGHBOURS = {
            "DP-SGD's ε covers one record)"}
 
 
+_SANITISED = (
+    "The sanitised ε is PATE 2018's data-dependent analysis; it covers the answers and its own "
+    "release, and is smaller when the teachers agree; it carries noise, to which two of its "
+    "standard deviations are added, so that it is at least the analysis' own figure with "
+    "probability 97.7 % (a draw is often well above that figure, seldom below). "
+    "<code>pate run</code> releases it in <code>student/metrics.json</code>, a public file: "
+    "once published, it is the figure that covers everything published. ")
+
+
 def _percent(share: float) -> str:
     """A share as a percentage that does not round a near-certainty up to 100 %."""
     pct = 100 * share
@@ -120,14 +129,12 @@ def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
         "votes or the noise decided, and covers the answers alone: it rests on the fewest "
         "assumptions. The data-independent ε charges the answering step only where the threshold "
         "let a query through, as PATE 2018 and the ledger do: a running total, held strictly "
-        "by the ledger's budget, fixed in advance (docs/privacy-math.md §12). The sanitised ε "
-        "is PATE 2018's data-dependent analysis; it covers the answers and its own release, and "
-        "is smaller when the teachers agree; it carries noise, to which two of its standard "
-        "deviations are added, so that it is at least the analysis' own figure with "
-        "probability 97.7 % (a draw is often well above that figure, seldom below). "
-        "<code>pate run</code> releases it in "
-        "<code>student/metrics.json</code>, a public file: once published, it is the figure "
-        "that covers everything published. Real "
+        "by the ledger's budget, fixed in advance (docs/privacy-math.md §12). "
+        + (_SANITISED if any(m["epsilon"] == "sanitised, released" for m in meaning) else
+           "No sanitised ε was released for these answers (rounds that asked a "
+           "<code>pate serve</code>, or <code>release_sanitised = false</code>): the "
+           "data-independent ε is the one to publish. ")
+        + "Real "
         "attacks usually reach far less than these bounds (<code>pate audit models</code> "
         "measures some). The bounds are the hypothesis-testing reading of differential privacy "
         "(Kairouz, Oh and Viswanath, ICML 2015, Theorem 2.1).</p>")

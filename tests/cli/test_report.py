@@ -163,6 +163,12 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     above = meaning_html(report["epsilon_meaning"], budget=5.0, charged=4.2)
     assert "above the budget (ε = 5), yet the budget was not exceeded: the ledger charged " \
            "ε = 4.2" in above and "release_sanitised = false" in above
+    assert "No sanitised ε was released" not in above
+    # answers with no sanitised release (a pate serve's rounds): the page does not describe one
+    unreleased = meaning_html([m for m in report["epsilon_meaning"]
+                               if m["epsilon"] != "sanitised, released"])
+    assert "No sanitised ε was released for these answers" in unreleased
+    assert "probability 97.7 %" not in unreleased
     assert page.count("(private)</") >= 2  # the private columns; each figure says so too
     # a student that failed to train after its answers were charged: the charge is still said
     (run / "student" / "metrics.json").unlink()
