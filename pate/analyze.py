@@ -35,6 +35,9 @@ def analyze_votes_file(votes_path: str | Path, mechanism: Mechanism, delta: floa
     interactive = steps(mechanism).student_gamma is not None
     if baseline_path is not None and not interactive:
         raise UserError("--baseline is for --mechanism interactive only")
+    if beta is not None and not steps(mechanism).answer.smooth_sensitivity:
+        raise UserError(f"--beta is for the smooth-sensitivity analysis, which "
+                        f"{mechanism.title} has none of")
     if asked_path is None:
         votes, asked = load_votes(votes_path), None
     else:

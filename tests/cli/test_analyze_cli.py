@@ -236,6 +236,9 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
           "--delta", "1e-5"], "--scale is not taken by mechanism gnmax"),
         (["--votes", good, "--mechanism", "lnmax", "--scale", "inf", "--delta", "1e-5"],
          "--scale must be finite"),
+        (["--votes", good, "--mechanism", "lnmax", "--scale", "20", "--delta", "1e-5",
+          "--beta", "0.1"], "--beta is for the smooth-sensitivity analysis, which LNMax has "
+                            "none of"),
         (["--votes", good, "--mechanism", "interactive", "--threshold", "1", "--sigma1", "4",
           "--sigma2", "4", "--delta", "1e-5"], "--baseline"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
