@@ -245,8 +245,9 @@ def create_app(service: LabelService, tokens: TokenStore, docs: bool = False) ->
         yield
         service.close()
 
+    # redirect_slashes off: /v1/budget/ is a JSON 404 like any unknown route, not a bare 307
     app = FastAPI(title="PATE aggregation service", version="1", lifespan=lifespan,
-                  docs_url="/docs" if docs else None, redoc_url=None,
+                  docs_url="/docs" if docs else None, redoc_url=None, redirect_slashes=False,
                   description="Labels for a student from a privately aggregated teacher "
                               "ensemble, every cost recorded in a durable ledger.")
     limits = service.limits

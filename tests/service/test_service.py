@@ -237,6 +237,8 @@ def test_unknown_routes_answer_json(confident: Server) -> None:
     assert r.status_code == 404 and set(r.json()) == {"error", "detail"}
     r = httpx.get(confident.url + "/v1/labels", headers=auth())
     assert r.status_code == 405 and set(r.json()) == {"error", "detail"}
+    r = httpx.get(confident.url + "/v1/budget/", headers=auth())  # no bare redirect either
+    assert r.status_code == 404 and set(r.json()) == {"error", "detail"}
 
 
 def test_retries_are_idempotent(confident: Server) -> None:
