@@ -24,7 +24,7 @@ from pate.aggregation.label_requests import LabelSource
 from pate.aggregation.label_service import BUDGET_SPENT_HINT, LabelService
 from pate.aggregation.vote_pool import VotePool
 from pate.data.task import Task
-from pate.errors import BatchTooLarge, PateError, RemoteServiceError, UserError
+from pate.errors import PateError, RemoteServiceError, UserError
 from pate.progress import Progress, progress_bar
 from pate.rundir import RunDir
 from student.checks import check_votes
@@ -248,9 +248,7 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
                                      on_request=_saving(run, before, rounds_before, record,
                                                         probs, bar))
         except PateError as exc:
-            hint = (" (--request-size, request_size, sets how many a student asks at once)"
-                    if isinstance(exc, BatchTooLarge) else "")
-            raise UserError(f"the aggregator refused: {exc}{hint}") from None
+            raise UserError(f"the aggregator refused: {exc}") from None
         received = before + got
         received.save(run.labels)
         rounds = _with_round(run, rounds_before, record, got)  # as it ended (saved per request)

@@ -42,7 +42,7 @@ from analysis.votes_analysis import (
 from pate.aggregation.aggregators import BRANCH_NAMES, Branch
 from pate.aggregation.label_requests import LabelSource
 from pate.data.votes_file import load_pool_fingerprint
-from pate.errors import BudgetExhausted, UserError
+from pate.errors import BudgetExhausted, PayloadTooLarge, UserError
 from pate.io import write_bytes_atomic
 from pate.rundir import RunDir
 from student.choices import SELECTIONS
@@ -170,7 +170,8 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
     ``on_request`` gets everything received in this round. A request refused at the budget (403:
     its worst case does not fit, and nothing was spent) is asked again in halves, so the round
     gets as many answers as the budget allows; it stops when even one query is refused: returns
-    (received, True)."""
+    (received, True). A request larger than the service takes (413: refused before anything
+    was asked or spent) is asked again in halves too, for the rest of the round."""
     indices = np.asarray(indices, np.int64)
     got = Received.empty()
     start, size = 0, request_size
@@ -182,6 +183,11 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
         except BudgetExhausted:
             if part.size == 1:
                 return got, True
+            size = (part.size + 1) // 2
+            continue
+        except PayloadTooLarge:  # the service's batch or body limit: smaller requests
+            if part.size == 1:
+                raise
             size = (part.size + 1) // 2
             continue
         names, which = np.unique(np.asarray(result.branch, str), return_inverse=True)

@@ -250,6 +250,21 @@ def test_retries_are_idempotent(confident: Server) -> None:
     assert r.status_code == 409 and r.json()["error"] == "request_id_conflict"
 
 
+def test_a_round_asks_in_requests_the_service_takes(workdir: Path) -> None:
+    """A round asking more per request than the service's batch limit (413, refused before
+    anything is asked or spent) asks again in halves, as it does at the budget."""
+    from student.rounds import ask as ask_round
+
+    args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "0.0016",  # its own ledger
+                     extra=("--max-batch", "16"))
+    with serving(args, workdir) as server, LabelClient(server.url, TOKENS[0]) as client:
+        sizes: list[int] = []
+        got, exhausted = ask_round(client, np.arange(50) + POOL_OFFSET, request_size=40,
+                                   on_request=lambda received: sizes.append(len(received)))
+        assert not exhausted and got.pool_index.tolist() == list(range(1000, 1050))
+        assert sizes == [10, 20, 30, 40, 50] and client.budget()["queries"] == 50
+
+
 def test_budget_exhaustion_refuses_and_spends_nothing(workdir: Path) -> None:
     args = base_args(workdir, "--mechanism", "gnmax", "--sigma", "20", budget="1.0")
     with serving(args, workdir) as server, LabelClient(server.url, TOKENS[0]) as client:
