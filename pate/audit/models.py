@@ -410,17 +410,26 @@ def audit_student(run: Run, recipe: StudentRecipe, retrained: RetrainedTeachers,
 
 
 def _run_teachers(run: Run, ids: NDArray[np.int64]) -> dict[str, torch.Tensor]:
-    """The run's own (published to nobody) parameters of teachers ``ids``, stacked."""
-    picked: list[dict[str, torch.Tensor]] = []
-    for t in ids:
-        for shard in run.manifest.shards:
-            if shard.teachers is not None and t in shard.teachers:
-                params = checkpoints.load_shard(run.dir.root, shard.index, shard.sha256)
-                picked.append({k: v[t - shard.teachers.start] for k, v in params.items()})
-                break
-        else:
-            raise UserError(f"teacher {t} is in no shard of {run.dir.manifest}")
-    return {k: torch.stack([p[k] for p in picked]).to(run.recipe.device) for k in picked[0]}
+    """The run's own (published to nobody) parameters of teachers ``ids``, stacked in that
+    order; each shard that holds some of them is read once."""
+    ids = np.asarray(ids, np.int64)
+    shards = sorted((s for s in run.manifest.shards if s.teachers is not None),
+                    key=lambda s: s.teachers.start)  # type: ignore[union-attr]
+    starts = np.array([s.teachers.start for s in shards], np.int64)  # type: ignore[union-attr]
+    stops = np.array([s.teachers.stop for s in shards], np.int64)  # type: ignore[union-attr]
+    where = np.searchsorted(starts, ids, side="right") - 1  # the shard each id falls in
+    held = (where >= 0) & (ids < stops[np.maximum(where, 0)]) if len(shards) else ids < 0
+    if not held.all():
+        raise UserError(f"teacher {ids[~held][0]} is in no shard of {run.dir.manifest}")
+    order, parts = [], []
+    for w in np.unique(where):
+        shard, mine = shards[w], np.flatnonzero(where == w)
+        params = checkpoints.load_shard(run.dir.root, shard.index, shard.sha256)
+        rows = torch.as_tensor(ids[mine] - starts[w])
+        order.append(mine)
+        parts.append({k: v[rows] for k, v in params.items()})
+    back = torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))
+    return {k: torch.cat([p[k] for p in parts])[back].to(run.recipe.device) for k in parts[0]}
 
 
 # -- the audit ---------------------------------------------------------------------------------
