@@ -17,15 +17,11 @@ from analysis.rdp import Conversion
 from analysis.threshold import student_baseline
 from analysis.votes_analysis import EarlierRelease, PrivacyAnalysis, QuerySegment, analyze_segments
 from pate.aggregation.delta_policy import check_delta
-from pate.aggregation.label_service import (
-    BUDGET_SPENT_HINT,
-    InProcessLabels,
-    LabelService,
-    note_ledger,
-)
+from pate.aggregation.label_service import InProcessLabels, LabelService
 from pate.aggregation.ledger import Ledger
 from pate.aggregation.ledger_store import ledger_url
 from pate.aggregation.vote_pool import VotePool
+from pate.aggregation.votes_ledger import BUDGET_SPENT_HINT, note_ledger
 from pate.api_checks import checked_integer, checked_rate
 from pate.api_teachers import Teachers
 from pate.data.votes_file import check_votes

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pate.aggregation.budget_registry import other_ledgers
-from pate.aggregation.label_service import recorded_ledger
-from pate.aggregation.ledger import stored_budget
 from pate.aggregation.ledger_store import canonical_url
+from pate.aggregation.ledger_totals import stored_budget
+from pate.aggregation.votes_ledger import recorded_ledger
 from pate.config import RunConfig, recorded_config
 from pate.data.votes_file import load_private_keys
 from pate.errors import LedgerError, UserError

@@ -21,8 +21,9 @@ from numpy.typing import NDArray
 
 from analysis.mechanisms import mechanism_from_dict, mechanism_to_dict
 from pate.aggregation.label_requests import LabelSource
-from pate.aggregation.label_service import BUDGET_SPENT_HINT, LabelService
+from pate.aggregation.label_service import LabelService
 from pate.aggregation.vote_pool import VotePool
+from pate.aggregation.votes_ledger import BUDGET_SPENT_HINT
 from pate.data.task import Task
 from pate.errors import PateError, RemoteServiceError, UserError
 from pate.progress import Progress, progress_bar

@@ -6,7 +6,7 @@ A votes file records the fingerprint of the private rows its teachers learnt fro
 that fingerprint in one file per user, ``budgets.json`` in ``$PATE_STATE_DIR`` (default
 ``$XDG_STATE_HOME/pate``, else ``~/.local/state/pate``), created 0600 in a 0700 folder and
 written atomically under a lock. A ledger newly used for data that other ledgers already
-charge is warned of (``pate.aggregation.label_service.note_ledger``): the budgets of one body of
+charge is warned of (``pate.aggregation.votes_ledger.note_ledger``): the budgets of one body of
 private data add up.
 """
 

@@ -36,7 +36,6 @@ from analysis.mechanisms import Mechanism, mechanism_to_dict
 from analysis.orders import default_orders
 from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.aggregators import BRANCH_NAMES, Aggregator, check_student_probs
-from pate.aggregation.budget_registry import enter_ledger, ledgers_said, other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import (
     MAX_CLASSES,
@@ -47,9 +46,10 @@ from pate.aggregation.label_requests import (
     labels_body,
     new_request_id,
 )
-from pate.aggregation.ledger import Budget, Charge, Ledger, Stored
-from pate.aggregation.ledger_store import canonical_url, ledger_url, stored_settings
+from pate.aggregation.ledger import Ledger
+from pate.aggregation.ledger_records import Budget, Charge, Stored
 from pate.aggregation.vote_pool import VotePool
+from pate.aggregation.votes_ledger import ledger_of_votes, note_ledger
 from pate.errors import (
     BatchTooLarge,
     MalformedRequest,
@@ -58,7 +58,7 @@ from pate.errors import (
     UserError,
 )
 from pate.io import write_bytes_atomic
-from pate.rundir import LEDGER_FILE, LEDGER_RECORD, RunDir
+from pate.rundir import LEDGER_RECORD, RunDir
 
 NOTHING_TO_SERVE = "nothing to serve: no votes file and no teacher ensemble"
 
@@ -285,7 +285,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); ``ledger``, a URL or an SQLite file's path
     (``ledger_store.ledger_url``), defaults to ``ledger.db`` in the run directory, or next to
-    the votes file, and a votes' ledger is theirs for good (``_ledger_of_votes``).
+    the votes file, and a votes' ledger is theirs for good (``ledger_of_votes``).
     ``check_pool`` may refuse the votes before the ledger exists.
     Where answers were charged before (``charged_before``: a student's ``labels.npz``; a run
     directory's own is looked for), the ledger must exist: a new one would be a second budget.
@@ -316,7 +316,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                       stacklevel=2)
     if pool is not None and check_pool is not None:
         check_pool(pool)
-    url, record = _ledger_of_votes(home, ledger, charged_before or (
+    url, record = ledger_of_votes(home, ledger, charged_before or (
         run_dir is not None and RunDir(home).labels.is_file()))
     service = LabelService.open(mechanism, pool, url, epsilon_budget=epsilon_budget, delta=delta,
                                 conversion=conversion, ensemble=ensemble, limits=limits)
@@ -330,39 +330,6 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         service.close()
         raise
     return service
-
-
-# what a refusal of a spent budget says of a way out: none, as a new ledger would be a second
-# budget for the same data (docs/design.md, privacy rule 5)
-BUDGET_SPENT_HINT = ("this private data's budget is spent: one body of private data has one "
-                     "budget, and a new ledger for it would be a second")
-
-
-def note_ledger(private_fingerprint: str | None, url: str,
-                former_fingerprint: str | None = None,
-                rows_fingerprint: str | None = None) -> None:
-    """Enter the ledger at ``url`` in the registry of the ledgers of the private data whose
-    fingerprint the votes record (``budget_registry``; nothing where none is known), and under
-    ``rows_fingerprint``, the key of its rows in any order and format
-    (``Task.private_rows_fingerprint``), where known; warn when it is new under a key while
-    other ledgers charge the same data: their budgets add up (docs/design.md, privacy rule 5).
-    Those older versions entered under ``former_fingerprint`` (the rows' in order) count as
-    others too. A ledger new only under the rows' key (a run of a version before that key)
-    warns only where that key finds ledgers the first had not: of those, it warned then."""
-    if private_fingerprint is None:
-        return
-    url = canonical_url(url)
-    first, new = enter_ledger(private_fingerprint, url)
-    known = list(dict.fromkeys(first + other_ledgers((former_fingerprint,), url)))
-    by_rows, new_rows = (([], False) if rows_fingerprint is None
-                         else enter_ledger(rows_fingerprint, url))
-    others = list(dict.fromkeys(known + by_rows))
-    new = new or (new_rows and len(others) > len(known))
-    if new and others:
-        warnings.warn(f"the private data of these votes is also charged to {len(others)} "
-                      f"other ledger(s) ({ledgers_said(others)}): the budgets of one body of "
-                      "private data add up; to share one, give it as aggregator.ledger "
-                      "(--ledger, ledger=)", stacklevel=3)
 
 
 def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
@@ -381,48 +348,6 @@ def check_budget(mechanism: Mechanism, epsilon_budget: float, delta: float,
         raise UserError(f"the budget, epsilon {epsilon_budget:g} at delta {delta:g}, does not "
                         "cover even one query of this aggregator: nothing was created (a larger "
                         "budget, or more noise)")
-
-
-def recorded_ledger(home: Path) -> str | None:
-    """The URL of the ledger that charges the votes in ``home`` (a run directory, or a votes
-    file's folder), as ``home/ledger-url.txt`` records it (a URL's password is not kept); where
-    nothing is recorded (votes charged before ledgers were), their own ``ledger.db`` if it is
-    there; else None."""
-    own = canonical_url(f"sqlite:///{home / LEDGER_FILE}")
-    record = home / LEDGER_RECORD
-    if record.is_file():
-        text = record.read_text(encoding="utf-8").strip()
-        return own if text == LEDGER_FILE else text
-    return own if (home / LEDGER_FILE).is_file() else None
-
-
-def _ledger_of_votes(home: Path, ledger: str | Path | None, charged_before: bool
-                     ) -> tuple[str, str | None]:
-    """The ledger for the votes in ``home`` (a run directory, or a votes file's folder) and
-    what to record of it, if it must be: one budget per body of private data, so the votes'
-    first ledger is theirs for good, recorded in ``home/ledger-url.txt`` when first opened:
-    ``ledger.db`` for their own SQLite file beside them (the default; it moves with them),
-    else its URL, password hidden. Refused (``UserError``): another ledger than the one they
-    have, and a ledger that is not there where one was recorded or answers were charged
-    before (a new one would be a second budget)."""
-    own = canonical_url(f"sqlite:///{home / LEDGER_FILE}")
-    url = own if ledger is None else ledger_url(ledger)
-    named = canonical_url(url)
-    record = home / LEDGER_RECORD
-    bound = recorded_ledger(home)
-    if bound is not None and bound != named:
-        raise UserError(f"{bound} already charges these votes: another ledger ({named}) would "
-                        "give the same private data a second budget; use that one (or move it "
-                        "away, knowing what it spent)")
-    if (record.is_file() or charged_before) and stored_settings(url) is None:
-        if record.is_file():
-            raise UserError(f"the ledger that charged these votes ({bound}) is not there: "
-                            "restore it (a new one would give the same private data a second "
-                            "budget)")
-        raise UserError(f"answers received before were charged to a ledger that is not at "
-                        f"{named}: restore it (a new one would give the same private data a "
-                        "second budget)")
-    return url, None if record.is_file() else (LEDGER_FILE if named == own else named)
 
 
 class InProcessLabels:

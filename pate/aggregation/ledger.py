@@ -43,14 +43,15 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from analysis.rdp import CONVERSIONS, Conversion, epsilon_from_rdp
+from pate.aggregation.ledger_records import Budget, Charge, Stored, budget_basis, fresh_mask
+from pate.aggregation.ledger_replays import Replays
 from pate.aggregation.ledger_store import (
     F64,
     I8,
@@ -68,9 +69,9 @@ from pate.aggregation.ledger_store import (
     migrate,
     releases_table,
     requests_table,
-    stored_totals,
     to_blob,
 )
+from pate.aggregation.ledger_totals import check_totals
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict, UserError
 
 _GROUP_LIMIT = 256  # charges per group commit
@@ -93,191 +94,6 @@ _SELECT_ID = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id == sa.bindparam("rid"))
 _SELECT_IDS = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id.in_(sa.bindparam("ids", expanding=True)))
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The public state of the budget (GET /v1/budget)."""
-
-    epsilon_budget: float
-    delta: float
-    epsilon_spent: float
-    basis: str
-    queries: int
-    answered: int
-    ledger: str | None = None  # which ledger: a random name made with it (``LEDGER_ID``)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"epsilon_budget": self.epsilon_budget, "delta": self.delta,
-                "epsilon_spent": self.epsilon_spent, "basis": self.basis,
-                "queries": self.queries, "answered": self.answered, "ledger": self.ledger}
-
-
-def budget_basis(conversion: Conversion, delta: float) -> str:
-    """What a ledger's epsilon spent is (``Budget.basis``)."""
-    return (f"data-independent RDP, {conversion} conversion at delta={delta:g}; a batch is "
-            "refused unless its worst case fits")
-
-
-def _fresh(blob: bytes | None, queries: int) -> NDArray[np.bool_]:
-    """A request row's ``fresh`` column: which of its ``queries`` were answered afresh and
-    charged (all of them in a row written before the column existed, ``None``)."""
-    return np.ones(queries, bool) if blob is None else from_blob(blob, I8).astype(bool)
-
-
-def check_totals(reader: sa.Engine) -> None:
-    """Check that a ledger's budget row equals the sum of its request rows (in commit order, as
-    they were added): every answer ever recorded is covered by the totals. ``LedgerError``
-    otherwise; reads only (``Ledger.verify``, and ``stored_budget`` for ``pate status``)."""
-    requests = queries = answered = 0
-    with reader.connect() as conn:
-        if conn.dialect.name == "postgresql":  # one snapshot for both reads, as SQLite's
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")  # BEGIN gives
-        total = conn.execute(sa.select(budget_table).where(budget_table.c.id == 1)).one()
-        ind = np.zeros_like(from_blob(total.rdp_independent, F64))
-        dep = np.zeros_like(ind)
-        rows = conn.execution_options(yield_per=1000).execute(
-            sa.select(requests_table.c.queries, requests_table.c.answered,
-                      requests_table.c.labels, requests_table.c.fresh,
-                      requests_table.c.rdp_independent,
-                      requests_table.c.rdp_dependent).order_by(requests_table.c.seq))
-        for row in rows:
-            labels = from_blob(row.labels, I32)
-            fresh = _fresh(row.fresh, labels.size)
-            if (labels.size != row.queries or fresh.size != labels.size
-                    or np.count_nonzero(labels[fresh] >= 0) != row.answered):
-                raise LedgerError("the ledger is inconsistent: a request's answers do not "
-                                  "match its counts")
-            ind = ind + from_blob(row.rdp_independent, F64)
-            dep = dep + from_blob(row.rdp_dependent, F64)
-            requests += 1
-            queries += int(fresh.sum())
-            answered += row.answered
-    same = (total.requests == requests and total.queries == queries
-            and total.answered == answered
-            and np.allclose(from_blob(total.rdp_independent, F64), ind, rtol=1e-9, atol=0)
-            and np.allclose(from_blob(total.rdp_dependent, F64), dep, rtol=1e-9, atol=0))
-    if not same:
-        raise LedgerError("the ledger is inconsistent: the budget totals differ from the sum "
-                          "of the recorded requests")
-
-
-def stored_budget(url: str) -> Budget | None:
-    """The budget of the ledger at ``url`` as ``Ledger.budget`` gives it, read without opening
-    the ledger for writing (``ledger_store.stored_totals``: nothing created or migrated), its
-    totals checked against its requests (``check_totals``); None when it holds none yet."""
-    found = stored_totals(url)
-    if found is None:
-        return None
-    _, reader = engines(url)
-    try:
-        check_totals(reader)
-    except sa.exc.SQLAlchemyError as exc:
-        raise LedgerError(f"cannot read the ledger: {exc.__class__.__name__}") from None
-    finally:
-        reader.dispose()
-    return Budget(found["epsilon_budget"], found["delta"], found["epsilon_spent"],
-                  budget_basis(found["conversion"], found["delta"]), found["queries"],
-                  found["answered"], found.get(LEDGER_ID))
-
-
-class CostSource(Protocol):
-    """Each query's RDP on the orders grid, as the ledger reads it
-    (``pate.aggregation.aggregators.QueryCosts`` is one)."""
-
-    def total(self) -> NDArray[np.float64]:
-        """The sum over the queries, ``[orders]``."""
-        ...
-
-    def per_query(self) -> NDArray[np.float64]:
-        """``[queries, orders]``."""
-        ...
-
-
-@dataclass(frozen=True)
-class Charge:
-    """What a request asks the ledger to record: its answers and their realised costs, and the
-    data-independent worst case of its batch on which the budget decision is taken."""
-
-    request_id: str                   # the client's own id
-    body_digest: str
-    client: str
-    mechanism: str                    # the mechanism's public parameters, JSON
-    labels: NDArray[np.int64]
-    branch: NDArray[np.int8]
-    rdp_independent: CostSource
-    rdp_dependent: CostSource              # private
-    worst_case_rdp: NDArray[np.float64]    # one query's data-independent worst case [orders]
-    indices: NDArray[np.int64] | None = None   # the pool indices asked (None: new inputs)
-    replayable: bool = False          # may get and store replays of earlier releases
-    pool: str | None = None           # the digest of the votes answered from (replay scope;
-    #                                   None: not replayable)
-
-    @property
-    def key(self) -> str:
-        """The ledger's key of the request: its id, scoped to its client."""
-        return f"{self.client}/{self.request_id}"
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A request's answer as recorded in the ledger: ``fresh`` marks the queries answered (and
-    charged) by this request, the others replay an earlier release; ``retried`` when the whole
-    request was recorded before (same client and request_id)."""
-
-    request_id: str
-    body_digest: str
-    labels: NDArray[np.int64]
-    branch: NDArray[np.int8]
-    fresh: NDArray[np.bool_]
-    retried: bool = False
-
-    @property
-    def answered(self) -> int:
-        return int(np.count_nonzero(self.labels >= 0))
-
-
-class _Replays:
-    """The outcomes released so far in one scope (a mechanism's parameters and the votes), by
-    pool index, packed as ``label << 8 | branch`` (label -1 = none), ``UNSET`` where none was:
-    sorted arrays of the indices and their outcomes, so that a request's replays are one
-    binary search and its new releases one merge, whatever its size and whatever the indices
-    (a votes file's ``pool_index`` may hold any int64)."""
-
-    UNSET = np.iinfo(np.int64).min
-
-    def __init__(self) -> None:
-        self._index = np.zeros(0, np.int64)
-        self._outcome = np.zeros(0, np.int64)
-
-    def lookup(self, indices: NDArray[np.int64]) -> NDArray[np.int64]:
-        """The outcome released for each index, ``UNSET`` where none was."""
-        out = np.full(indices.shape, self.UNSET, np.int64)
-        if self._index.size:
-            at = np.minimum(np.searchsorted(self._index, indices), self._index.size - 1)
-            found = self._index[at] == indices
-            out[found] = self._outcome[at[found]]
-        return out
-
-    def add(self, indices: NDArray[np.int64], labels: NDArray[np.integer],
-            branch: NDArray[np.integer]) -> None:
-        """Keep the outcomes of indices released for the first time (the first release of an
-        index stands: a later one, by another process, is not replayed)."""
-        index, first = np.unique(indices, return_index=True)
-        new = self.lookup(index) == self.UNSET
-        index, first = index[new], first[new]
-        if not index.size:
-            return
-        packed = (labels[first].astype(np.int64) << 8) | branch[first].astype(np.int64)
-        at = np.searchsorted(self._index, index)
-        self._index = np.insert(self._index, at, index)
-        self._outcome = np.insert(self._outcome, at, packed)
-
-    def forget(self, indices: NDArray[np.int64]) -> None:
-        """Undo ``add`` of ``indices`` (released by a group that could not be recorded)."""
-        keep = ~np.isin(self._index, indices)
-        self._index, self._outcome = self._index[keep], self._outcome[keep]
-
 
 
 class Ledger:
@@ -307,7 +123,7 @@ class Ledger:
         # learn each other's from the request rows after ``_synced_seq``. ``_rows_seen``: the
         # request rows (the budget row's ``requests``) once synced, None before the first sync
         # under the lock; while it holds, no other process has committed and the sync is skipped
-        self._releases: dict[_Scope, _Replays] = {}
+        self._releases: dict[_Scope, Replays] = {}
         self._synced_seq = 0
         self._rows_seen: int | None = None
         try:
@@ -384,8 +200,8 @@ class Ledger:
         process or another); called inside the write transaction, under the lock."""
         for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
             if row.indices is not None and row.pool is not None:  # not inputs, nor schema 2
-                fresh = _fresh(row.fresh, len(row.labels) // I32.itemsize)
-                self._releases.setdefault((row.mechanism, row.pool), _Replays()).add(
+                fresh = fresh_mask(row.fresh, len(row.labels) // I32.itemsize)
+                self._releases.setdefault((row.mechanism, row.pool), Replays()).add(
                     from_blob(row.indices, I64)[fresh], from_blob(row.labels, I32)[fresh],
                     from_blob(row.branch, I8)[fresh])
             self._synced_seq = row.seq  # once its releases are kept
@@ -467,7 +283,7 @@ class Ledger:
     @staticmethod
     def _stored(row: Any, retried: bool) -> Stored:
         labels = from_blob(row.labels, I32).astype(np.int64)
-        fresh = _fresh(row.fresh, labels.size)
+        fresh = fresh_mask(row.fresh, labels.size)
         return Stored(row.request_id.partition("/")[2], row.body_digest, labels,
                       from_blob(row.branch, I8).copy(), fresh, retried)
 
@@ -587,9 +403,9 @@ class Ledger:
                       and charge.pool is not None)
         if replayable:
             asked = np.asarray(charge.indices, np.int64)
-            released = self._releases.setdefault((charge.mechanism, charge.pool), _Replays())
+            released = self._releases.setdefault((charge.mechanism, charge.pool), Replays())
             outcome = released.lookup(asked)
-            fresh = outcome == _Replays.UNSET
+            fresh = outcome == Replays.UNSET
             labels[~fresh], branch[~fresh] = outcome[~fresh] >> 8, outcome[~fresh] & 0xFF
         n_fresh = int(fresh.sum())
         if n_fresh and self.epsilon(ind + n_fresh * charge.worst_case_rdp) > self.epsilon_budget:

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pate.aggregation.label_requests import LabelsRequest, invalid_request
 from pate.aggregation.label_service import LabelService
-from pate.aggregation.ledger import Budget
+from pate.aggregation.ledger_records import Budget
 from pate.errors import (
     AuthenticationError,
     PateError,

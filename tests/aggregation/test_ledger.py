@@ -19,8 +19,10 @@ from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.label_requests import LabelsRequest
-from pate.aggregation.ledger import Charge, Ledger, stored_budget
+from pate.aggregation.ledger import Ledger
+from pate.aggregation.ledger_records import Charge
 from pate.aggregation.ledger_store import SCHEMA_VERSION
+from pate.aggregation.ledger_totals import stored_budget
 from pate.errors import BudgetExhausted, LedgerError, RequestConflict
 
 ORDERS = default_orders()
