@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,83 @@ def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
     return points
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """What ``train_student`` read and checked before a round asks anything."""
+
+    task: Task
+    options: StudentOptions  # ``queries``: what the stage still has to ask
+    spec: ModelSpec
+    given_encoder: Any       # ``_given_encoder``'s, for a pool-feature network
+    before: Received         # the answers in hand
+    pool_recorded: Any       # ``check_answers_pool``'s
+    previous: Any            # the student saved by a previous round (``load_classifier``)
+    rounds_before: list[dict[str, Any]]
+
+
+def _check_before_asking(run: RunDir, options: StudentOptions, data: DataSource, asks: bool,
+                         mechanism: str | None, round_name: str | None) -> _Checked:
+    """Check everything ``train_student`` can before its round opens a session (``asks``):
+    the options, the data against the teachers', the labels so far, the pool encoder, a user's
+    network (rehearsed), and a previous student where the round needs one; a mistake here
+    spends and creates nothing but the run directory. The rounds recorded under ``round_name``
+    count towards ``options.queries``."""
+    task = load_task(data, need_private=False)
+    check_teachers_data(run, task, data)
+    spec = options.method_config(task.kind).spec(task.input_shape, task.num_classes)
+    pool_features = spec.arch in POOL_FEATURE_ARCHS
+    if not pool_features and (options.pool_encoder or options.encoder_epochs):
+        raise UserError("--pool-encoder and --encoder-epochs are for --arch "
+                        f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
+    given = _given_encoder(run, options, task.pool_x.shape[1]) if pool_features else None
+    check_network(spec)
+    if is_import_path(spec.arch) and asks:
+        _rehearse(task, options, spec)
+    run.create()
+    before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
+    pool_recorded = check_answers_pool(run, before, task)
+    if np.any(before.pool_index >= len(task.pool_x)):
+        raise UserError(f"{run.labels} has pool indices beyond the pool's {len(task.pool_x)} "
+                        "rows")
+    previous = load_classifier(run.student)
+    rounds_before = settled_rounds(run, before, read_rounds(run))
+    if asks:
+        if round_name is not None:  # what the stage asked before it was stopped counts
+            asked = sum(r["queries"] for r in rounds_before if r.get("round") == round_name)
+            options = replace(options, queries=max(0, options.queries - asked))
+        needs_previous_student(run, mechanism, options, previous)
+    return _Checked(task, options, spec, given, before, pool_recorded, previous, rounds_before)
+
+
+def _student_metrics(task: Task, options: StudentOptions, spec: ModelSpec, received: Received,
+                     asked_before: int, acc: float | None) -> dict[str, Any]:
+    """What ``student/metrics.json`` says of the data, the answers and the training recipe."""
+    answered = received.answered
+    lab_index, lab_y = received.pool_index[answered], received.label[answered]
+    method = options.method_config(task.kind)
+    eval_y = task.eval_y
+    return {
+        "method": options.method, "arch": spec.arch, "dataset": task.name,
+        "accuracy": acc,  # None: no test data, so not measured (never on private data)
+        "eval_size": 0 if eval_y is None else len(eval_y),
+        # what always guessing the evaluation rows' most frequent class scores (a baseline)
+        "majority_accuracy": (None if eval_y is None or not len(eval_y) else
+                              float(np.bincount(eval_y).max() / len(eval_y))),
+        "pool_size": len(task.pool_x), "pool_fingerprint": task.pool_fingerprint,
+        "classes": list(task.classes),
+        "classes_from": task.classes_from,
+        **received.counts(),
+        "asked_this_round": len(received) - asked_before,
+        "labels_used": int(answered.sum()),
+        # a benchmark's pool labels only: a user's public labels are never read
+        "label_accuracy": (None if task.pool_y is None
+                           else float(np.mean(lab_y == task.pool_y[lab_index]))),
+        "training": {"width": spec.width, **asdict(options.fit_config(method)),
+                     **({"vat_eps": method.vat_eps, "entmin": method.entmin}
+                        if options.method == "vat" else {})},
+    }
+
+
 def train_student(run: RunDir,
                   open_session: Callable[[Callable[[VotePool], None]], AggregatorSession]
                   | None,
@@ -222,42 +299,17 @@ def train_student(run: RunDir,
     ``on_epoch``
     gets (epoch, mean losses) after each training epoch; ``say`` one line of news."""
     started = time.perf_counter()
-    task = load_task(data, need_private=False)
-    check_teachers_data(run, task, data)
-    method = options.method_config(task.kind)
-    fit_config = options.fit_config(method)
-    pool_x, pool_y = task.pool_x, task.pool_y
-    spec = method.spec(task.input_shape, task.num_classes)
-    pool_features = spec.arch in POOL_FEATURE_ARCHS
-    if not pool_features and (options.pool_encoder or options.encoder_epochs):
-        raise UserError("--pool-encoder and --encoder-epochs are for --arch "
-                        f"{', '.join(sorted(POOL_FEATURE_ARCHS))} only")
-    given = _given_encoder(run, options, pool_x.shape[1]) if pool_features else None
-    check_network(spec)
-    if is_import_path(spec.arch) and open_session is not None:
-        _rehearse(task, options, spec)
-    run.create()
-    out = run.student
-    before = Received.load(run.labels) if run.labels.is_file() else Received.empty()
-    pool_recorded = check_answers_pool(run, before, task)
-    if np.any(before.pool_index >= len(pool_x)):
-        raise UserError(f"{run.labels} has pool indices beyond the pool's {len(pool_x)} rows")
-    previous = load_classifier(out)
-    rounds_before = settled_rounds(run, before, read_rounds(run))
-    if open_session is not None:
-        if round_name is not None:  # what the stage asked before it was stopped counts
-            asked = sum(r["queries"] for r in rounds_before if r.get("round") == round_name)
-            options = replace(options, queries=max(0, options.queries - asked))
-        needs_previous_student(run, mechanism, options, previous)
-
+    ready = _check_before_asking(run, options, data, open_session is not None, mechanism,
+                                 round_name)
+    task, options, spec = ready.task, ready.options, ready.spec
     if open_session is None:  # --queries 0 with no aggregator: train on the answers in hand
-        received, rounds, epsilon = answers_in_hand(run, before, rounds_before, task,
-                                                    pool_recorded)
+        received, rounds, epsilon = answers_in_hand(run, ready.before, ready.rounds_before,
+                                                    task, ready.pool_recorded)
     else:
         session = open_session(lambda pool: check_votes(run, pool.describe(), task))
-        received, rounds, epsilon = ask_round(run, session, task, options, before, previous,
-                                               rounds_before, conversion, spent_is_final, say,
-                                               round_name)
+        received, rounds, epsilon = ask_round(run, session, task, options, ready.before,
+                                               ready.previous, ready.rounds_before, conversion,
+                                               spent_is_final, say, round_name)
     answered = received.answered
     if not answered.any():
         raise UserError("no labels received yet: nothing to train on (more queries or a lower "
@@ -265,11 +317,12 @@ def train_student(run: RunDir,
     lab_index = received.pool_index[answered]
     lab_y = received.label[answered]
     warn_unseen_classes(lab_y, task.classes)
+    out, previous = run.student, ready.previous
     continued = previous is not None and previous[1] == spec and (
         load_spec(out, "generator") is not None or options.method != "gan")
     features = None
-    if pool_features:  # continue only on the same encoder
-        features = _pool_features(options, given, previous, pool_x, say)
+    if spec.arch in POOL_FEATURE_ARCHS:  # continue only on the same encoder
+        features = _pool_features(options, ready.given_encoder, previous, task.pool_x, say)
         continued = continued and same_tensors(previous[0].experts[1][0].encoder,
                                                features.encoder)
     try:
@@ -288,29 +341,11 @@ def train_student(run: RunDir,
     run.write_json(run.student_schema, student_schema(task))
     if options.method == "gan":
         save_model(learner.generator_net, spec, out, "generator")
-
     metrics = {
-        "method": options.method, "arch": spec.arch, "dataset": task.name,
-        "accuracy": acc,  # None: no test data, so not measured (never on private data)
-        "eval_size": 0 if task.eval_y is None else len(task.eval_y),
-        # what always guessing the evaluation rows' most frequent class scores (a baseline)
-        "majority_accuracy": (None if task.eval_y is None or not len(task.eval_y) else
-                              float(np.bincount(task.eval_y).max() / len(task.eval_y))),
-        "pool_size": len(pool_x), "pool_fingerprint": task.pool_fingerprint,
-        "classes": list(task.classes),
-        "classes_from": task.classes_from,
-        **received.counts(),
-        "asked_this_round": len(received) - len(before),
-        "labels_used": int(answered.sum()),
-        # a benchmark's pool labels only: a user's public labels are never read
-        "label_accuracy": (None if pool_y is None
-                           else float(np.mean(lab_y == pool_y[lab_index]))),
+        **_student_metrics(task, options, spec, received, len(ready.before), acc),
         "epsilon": epsilon,
         "rounds": rounds,
         "continued_from_previous": continued,
-        "training": {"width": spec.width, **asdict(fit_config),
-                     **({"vat_eps": method.vat_eps, "entmin": method.entmin}
-                        if options.method == "vat" else {})},
         "epochs": options.epochs, "seconds_per_epoch": float(np.mean(result.seconds_per_epoch)),
         "seconds": time.perf_counter() - started,
     }
