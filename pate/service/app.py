@@ -131,7 +131,8 @@ ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]],
 
 class _Guard:
     """ASGI middleware for /v1/: checks the bearer token before anything else (401), then the
-    client's request rate (429), the Content-Type of a POST (415), and reads the body up to the
+    client's request rate (429), the Content-Type and Content-Encoding of a POST
+    (415: plain JSON only), and reads the body up to the
     size limit (413), whether or not it declares its length, within the body timeout (408)."""
 
     def __init__(self, app: ASGIApp, tokens: TokenStore, max_body: int, body_timeout_s: float,
@@ -163,6 +164,13 @@ class _Guard:
             await error_response(UnsupportedMediaType(
                 f"the body must be JSON sent with 'Content-Type: application/json' (got "
                 f"{shown})"))(scope, receive, send)
+            return
+        coding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if scope["method"] == "POST" and coding != b"identity":
+            await error_response(UnsupportedMediaType(
+                f"the body must be sent unencoded (got Content-Encoding "
+                f"{coding.decode('latin-1')[:40]}): the service reads plain JSON"
+                ))(scope, receive, send)
             return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):

@@ -5,6 +5,7 @@ SIGTERM; access log; offline docs; strict token files and types; clear Content-T
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import stat
@@ -161,6 +162,16 @@ def test_a_released_answer_is_replayed_free(server: Server) -> None:
 def test_wrong_content_type_gets_a_clear_reason(server: Server) -> None:
     r = post_raw(server, b'{"request_id": "x", "indices": [1]}', content_type="text/plain")
     assert r.status_code == 415 and "application/json" in r.json()["detail"]
+
+
+def test_an_encoded_body_is_refused_not_read_as_plain(server: Server) -> None:
+    body = gzip.compress(b'{"request_id": "gz", "indices": [1]}')
+    before = httpx.get(f"{server.url}/v1/budget", headers=auth(), timeout=10).json()
+    r = httpx.post(f"{server.url}/v1/labels", content=body, timeout=10,
+                   headers={**auth(), "Content-Type": "application/json",
+                            "Content-Encoding": "gzip"})
+    assert r.status_code == 415 and "Content-Encoding gzip" in r.json()["detail"]
+    assert httpx.get(f"{server.url}/v1/budget", headers=auth(), timeout=10).json() == before
 
 
 def test_rate_limits_answer_429_with_retry_after(workdir: Path) -> None:
