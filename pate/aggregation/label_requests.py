@@ -256,7 +256,8 @@ def labels_body(request_id: str, indices: ArrayLike | None = None,
 @dataclass(frozen=True)
 class LabelResult:
     """An answer: labels (-1 = no answer), each label's branch, which labels replay an earlier
-    release (free), and the public budget after."""
+    release (free), the public budget after, and whether the request was a retry of one
+    recorded before (its stored answer, charged once, when it was first made)."""
 
     request_id: str
     labels: NDArray[np.int64]
@@ -264,13 +265,14 @@ class LabelResult:
     answered: int
     budget: dict[str, Any]
     replayed: NDArray[np.bool_]
+    retried: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LabelResult:
         """The answer of a response body of POST /v1/labels."""
         return cls(data["request_id"], np.asarray(data["labels"], np.int64),
                    list(data["branch"]), int(data["answered"]), data["budget"],
-                   np.asarray(data["replayed"], bool))
+                   np.asarray(data["replayed"], bool), bool(data.get("retried", False)))
 
 
 class LabelSource(Protocol):

@@ -200,13 +200,14 @@ class LabelService:
     def conclude(req: LabelsRequest, recorded: Future[tuple[Stored, Budget]]
                  ) -> dict[str, Any]:
         """The response body once ``recorded`` (from ``submit``) has resolved; raises its
-        refusal (``BudgetExhausted``, ``RequestConflict``) or failure."""
+        refusal (``BudgetExhausted``, ``RequestConflict``) or failure. A retry (``retried``)
+        gets the stored answer as it was first sent, ``replayed`` included: the queries it
+        marks ``False`` were charged then, and nothing is charged again."""
         stored, budget = recorded.result()
-        replayed = np.ones(stored.labels.size, bool) if stored.retried else ~stored.fresh
         return {"request_id": req.request_id, "labels": stored.labels.tolist(),
                 "branch": np.asarray(BRANCH_NAMES)[stored.branch].tolist(),
                 "answered": stored.answered, "budget": budget.as_json(),
-                "replayed": replayed.tolist()}
+                "replayed": (~stored.fresh).tolist(), "retried": stored.retried}
 
     def _check_batch(self, n: int) -> None:
         if n < 1:

@@ -66,6 +66,8 @@ class LabelsResponse(BaseModel):
     budget: Budget
     replayed: list[bool] = Field(description="true where the label replays an earlier release "
                                              "(no new noise, no charge)")
+    retried: bool = Field(description="true when this request_id was recorded before: its stored "
+                                      "answer as first sent, charged nothing again")
 
 
 class PoolDescription(BaseModel):

@@ -244,7 +244,8 @@ def test_unknown_routes_answer_json(confident: Server) -> None:
 def test_retries_are_idempotent(confident: Server) -> None:
     first = ask(confident, list(range(1400, 1420)), "retry-1")
     again = ask(confident, list(range(1400, 1420)), "retry-1")
-    assert again["labels"] == first["labels"]
+    assert again["labels"] == first["labels"] and again["replayed"] == first["replayed"]
+    assert not first["retried"] and again["retried"]
     assert again["budget"]["queries"] == first["budget"]["queries"]
     r = post(confident, {"request_id": "retry-1", "indices": list(range(1400, 1421))})
     assert r.status_code == 409 and r.json()["error"] == "request_id_conflict"
