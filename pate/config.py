@@ -234,6 +234,27 @@ class StudentConfig(_Section):
             raise ValueError(problem)
         return value
 
+    def retrain_flags(self) -> str:
+        """The flags that make ``pate student train --queries 0`` train this student: its
+        method and the training settings that differ from the command's defaults (which the
+        command takes for every flag left out, not the run's ``[student]``)."""
+        usual = StudentConfig(method=self.method)
+        flags = [f"--method {self.method}"]
+        for name in _RETRAIN_FIELDS:
+            value = getattr(self, name)
+            if value == getattr(usual, name):
+                continue
+            flag = "--" + name.replace("_", "-")
+            flags.append(flag if value is True else f"{flag} {value}")
+        return " ".join(flags)
+
+
+# the [student] settings that are training flags of ``pate student train`` (the others set
+# the query rounds)
+_RETRAIN_FIELDS = ("arch", "width", "epochs", "batch_size", "unlabelled_batch_size", "lr",
+                   "augment", "balance_classes", "vat_eps", "entmin", "encoder_epochs", "seed",
+                   "device")
+
 
 class DPSGDConfig(_Section):
     """``pate dpsgd train``'s settings (student.dpsgd.DPSGDConfig), trained to ``epsilon``;

@@ -73,7 +73,8 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
              else fixed_differences(recorded, config, run.finished_stages()))
     if fixed:
         retrain = ("; to train the student again on the answers in hand, at no privacy cost: "
-                   f"pate student train --run {run} --queries 0 with the new settings as flags"
+                   f"pate student train --run {run} --queries 0 "
+                   f"{config.student.retrain_flags()}"
                    if any(key.startswith("student.") for key in fixed) else "")
         raise UserError(f"{run} was started with a different configuration (other "
                         f"{', '.join(fixed)}, on which what it has made depends): "

@@ -103,3 +103,20 @@ def _ask() -> Callable[..., Any]:
 def test_a_default_record_is_frozen(record: object) -> None:
     with pytest.raises(AttributeError):
         record.epochs = 1  # type: ignore[attr-defined]
+
+
+def test_the_retrain_hint_gives_the_flags_of_the_run_s_student() -> None:
+    """A finished run refuses new [student] settings and names the command that trains its
+    student again: its flags, parsed by the real parser, give back every training setting,
+    left-out ones included (the command's defaults are not the run's)."""
+    student = StudentConfig(method="supervised", arch="cnn-hog-scatter", epochs=20, lr=2e-3,
+                            entmin=True, seed=3, augment="shift")
+    flags = student.retrain_flags().split()
+    assert flags[:2] == ["--method", "supervised"] and "--entmin" in flags
+    args = build_parser(["student", "train"]).parse_args(
+        ["student", "train", "--run", "r", "--queries", "0", *flags])
+    for name in ("method", "arch", "width", "epochs", "batch_size", "unlabelled_batch_size",
+                 "lr", "augment", "balance_classes", "vat_eps", "entmin", "encoder_epochs",
+                 "seed", "device"):
+        assert getattr(args, name) == getattr(student, name), name
+    assert StudentConfig(method="vat").retrain_flags() == "--method vat"
