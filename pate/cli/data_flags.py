@@ -1,7 +1,7 @@
 """The command line's data flags: a built-in dataset (``--dataset``, ``--data-dir``,
 ``--pool-size``) or a user's files (``--private``, ``--public``, ``--test``, ``--label``,
-``--classes``, ``--key``), read into one ``pate.data.task.DataSource`` (docs/cli.md, "Your own
-data")."""
+``--classes``, ``--key``, ``--image-size``), read into one ``pate.data.task.DataSource``
+(docs/cli.md, "Your own data")."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def add_data_flags(parser: argparse.ArgumentParser, *, files: bool = True) -> No
     group.add_argument("--label", help="a .csv's label column")
     group.add_argument("--classes", nargs="+", metavar="C",
                        help="the label set (public schema; default: the test labels)")
+    group.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"),
+                       help="folders of images: the height and width every image is resized "
+                            "to (default: the first public image's)")
     group.add_argument("--key", metavar="COLUMN",
                        help="a .csv's column naming whose each row is (a person's id): never a "
                             "feature; the teachers deal the rows by it (--partition key)")
@@ -48,7 +51,7 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
     built-in dataset ``--data-dir`` and ``--pool-size`` apply to it), else the default
     dataset. Mixing a dataset with files is an error."""
     given_files = [getattr(args, k, None) for k in ("private", "public", "test", "label",
-                                                    "classes", "key")]
+                                                    "classes", "key", "image_size")]
     if any(v is not None for v in given_files):
         if args.dataset is not None or args.pool_size is not None:
             raise UserError("give --dataset (a built-in dataset) or --private/--public (your "
@@ -60,6 +63,7 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
                                  for p in (args.private, args.public, args.test))
         source = DataFiles(private, public, test, args.label,
                            None if args.classes is None else tuple(args.classes),
+                           None if args.image_size is None else tuple(args.image_size),
                            key=args.key)
         problem = unused_setting_problem(source)
         if problem:

@@ -149,7 +149,8 @@ def unused_setting_problem(source: DataFiles) -> str | None:
         return (f"a label column (--label, data.label) is for CSV files; {_KIND_NAMES[kind]} "
                 "carry their labels themselves")
     if source.image_size is not None and kind != "folder":
-        return f"an image size (data.image_size) is for folders of images, not {_KIND_NAMES[kind]}"
+        return (f"an image size (--image-size, data.image_size) is for folders of images, "
+                f"not {_KIND_NAMES[kind]}")
     return None
 
 

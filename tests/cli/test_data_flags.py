@@ -44,3 +44,14 @@ def test_a_runs_data_is_the_default_and_a_pool_size_applies_to_it(tmp_path: Path
     assert source_from_flags(parser.parse_args([]), files) == files
     with pytest.raises(UserError, match="are for a built-in dataset"):
         source_from_flags(parser.parse_args(["--pool-size", "150"]), files)
+
+
+def test_folders_of_images_take_an_image_size_and_other_files_refuse_it(tmp_path: Path) -> None:
+    (tmp_path / "public").mkdir()
+    folders = _source(["--private", str(tmp_path / "private"), "--public",
+                       str(tmp_path / "public"), "--image-size", "16", "12"])
+    assert isinstance(folders, DataFiles) and folders.image_size == (16, 12)
+    with pytest.raises(UserError, match=r"an image size \(--image-size, data.image_size\) is "
+                                        "for folders of images, not CSV files"):
+        _source(["--private", "p.csv", "--public", "q.csv", "--label", "y",
+                 "--image-size", "16", "16"])

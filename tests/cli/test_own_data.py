@@ -299,8 +299,8 @@ def test_a_new_runs_setting_its_format_has_no_use_for_is_one_line(
                    + TINY)
     assert main(["run", str(cfg), "--run", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "pate: error: [data]: an image size (data.image_size) is for folders of images, not "
-        "CSV files"]
+        "pate: error: [data]: an image size (--image-size, data.image_size) is for folders of "
+        "images, not CSV files"]
     assert not (tmp_path / "run").exists()
 
 
