@@ -57,8 +57,8 @@ def checked_rows_of(x: ArrayLike, in_shape: tuple[int, ...], fitted: str) -> NDA
     message) was trained on."""
     rows = checked_rows(x)
     if tuple(rows.shape[1:]) != tuple(in_shape):
-        raise UserError(f"x has rows of shape {list(rows.shape[1:])}; {fitted} was trained on "
-                        f"{list(in_shape)}")
+        raise UserError(f"x has rows of shape {list(np.shape(x)[1:])}: {fitted} learnt "
+                        f"from rows of shape {list(in_shape)}")
     return rows
 
 

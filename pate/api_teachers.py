@@ -19,6 +19,7 @@ from pate.api_checks import (
     checked_network,
     checked_rate,
     checked_rows,
+    checked_rows_of,
     warn_if_of_script,
     warn_if_private_rows,
 )
@@ -148,7 +149,7 @@ class Teachers:
         the teachers fitted here were trained on are warned of (without a count)."""
         if self.ensemble_ is None:
             raise UserError("fit the teachers first")
-        rows = checked_rows(x)
+        rows = checked_rows_of(x, self.ensemble_.in_shape, "the teachers")
         warn_if_private_rows(rows, self._private_rows)
         return self.ensemble_.vote(rows)
 

@@ -304,6 +304,9 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
                                          r"on") as warned:  # a private row among the pool's
         teachers.vote(np.concatenate([x[200:], x[:1]]))
     assert warned[0].filename == __file__ and not re.search(r"\d", str(warned[0].message))
+    with pytest.raises(UserError, match=r"^x has rows of shape \[5\]: the teachers learnt "
+                                        r"from rows of shape \[6\]$"):
+        teachers.vote(x[200:, :5])  # not numpy's error from the private-row check
     with pytest.raises(UserError, match=r"^threshold 4 exceeds the number of teachers"):
         PrivateLabels(votes, ConfidentGNMax(4, 1.0, 1.0), epsilon_budget=1000.0, delta=1e-5,
                       ledger=tmp_path / "refused.db")
@@ -317,7 +320,8 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
     student = Student("vat", epochs=2).fit(x[:100], got, 2)
     assert student.spec_ is not None and student.spec_.arch == "mlp"
     assert student.predict(x[:5]).shape == (5,)
-    with pytest.raises(UserError, match="trained on \\[6\\]"):
+    with pytest.raises(UserError, match=r"shape \[4\]: this student learnt from rows of "
+                                        r"shape \[6\]"):
         student.predict(x[:5, :4])
     with pytest.raises(UserError, match=r"class indices in \[0, 2\)"):
         student.score(x[:5], np.full(5, 7))  # not a silent 0.0
