@@ -315,6 +315,20 @@ def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, 
     return " and ".join(str(wanted[role][0]) for role in others)
 
 
+def _check_shapes(rows: _Rows, wanted: _Wanted) -> None:
+    """Refuse files whose rows are not all of one shape, naming the file that differs (the
+    public one where the others agree) and no count of rows."""
+    pool_shape = list(rows["public"][0].shape[1:])
+    shapes = {role: x.shape[1:] for role, (x, _) in rows.items()}
+    if others := _odd_public(shapes, wanted):
+        raise UserError(f"{wanted['public'][0]}: rows of shape {pool_shape} differ from those "
+                        f"of {others}, which agree")
+    for role, (x, _) in rows.items():
+        if list(x.shape[1:]) != pool_shape:
+            raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
+                            f"the public data's {pool_shape}")
+
+
 def row_keys(x: NDArray) -> NDArray:
     """Each row's bytes as one value, so that rows compare whole (``np.isin``)."""
     flat = np.ascontiguousarray(x.reshape(len(x), -1))
@@ -499,6 +513,7 @@ def _read_npz(source: DataFiles, wanted: _Wanted) -> _Read:
                           stacklevel=4)
     read = _Read({role: (as_features(x, str(wanted[role][0])), y)
                   for role, (x, y) in raw.items()}, {})
+    _check_shapes(read.rows, wanted)  # before the pool's statistics are applied to them
     if read.rows["public"][0].ndim == 2:  # features: standardised with the pool's statistics
         if "private" in read.rows:  # the second key is of the rows as given
             read.private_rows = rows_content_digest(read.rows["private"][0])
@@ -544,14 +559,7 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     reads = read.rows
     preprocessing = {"format": kind, "fitted_on": "public", **read.preprocessing}
     pool_x = reads["public"][0]
-    shapes = {role: x.shape[1:] for role, (x, _) in reads.items()}
-    if others := _odd_public(shapes, wanted):
-        raise UserError(f"{source.public}: rows of shape {list(pool_x.shape[1:])} differ from "
-                        f"those of {others}, which agree")
-    for role, (x, _) in reads.items():
-        if x.shape[1:] != pool_x.shape[1:]:
-            raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
-                            f"the public data's {list(pool_x.shape[1:])}")
+    _check_shapes(reads, wanted)
     if "private" in reads:
         check_apart(read.row_keys or {role: row_keys(x) for role, (x, _) in reads.items()},
                     {role: str(path) for role, (path, _) in wanted.items()}, stacklevel=3)

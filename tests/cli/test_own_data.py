@@ -423,6 +423,14 @@ def test_shape_mismatch_and_unknown_test_class(tmp_path: Path) -> None:
                                          "agree")):
         load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz"),
                             str(tmp_path / "test.npz")))
+    features = rng.normal(size=(30, 20))  # feature rows: refused before they are standardised
+    np.savez(tmp_path / "public.npz", x=features)
+    np.savez(tmp_path / "private.npz", x=features[:, :19], y=y)
+    with pytest.raises(UserError, match=r"private\.npz: rows of shape \[19\] differ from the "
+                                        r"public data's \[20\]$"):
+        load_task(DataFiles(str(tmp_path / "private.npz"), str(tmp_path / "public.npz")),
+                  need_private=True)
+    np.savez(tmp_path / "private.npz", x=x, y=y)
     np.savez(tmp_path / "test.npz", x=_images(30, rng)[0], y=np.where(y == 1, "a", "c"))
     np.savez(tmp_path / "public.npz", x=_images(30, rng)[0])
     with pytest.raises(UserError, match="unknown to the label set: c"):
