@@ -11,6 +11,7 @@ import select
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,9 @@ from analysis.mechanisms import ParameterError
 from pate import __version__
 from pate.errors import PateError
 from pate.progress import quiet, set_quiet
+
+# set (to anything) to get the traceback of an unexpected error instead of its one line
+TRACEBACK_VARIABLE = "PATE_TRACEBACK"
 
 COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.teachers",
@@ -156,7 +160,9 @@ def _stdout_to_devnull() -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command's handler: a PateError (or a mechanism's ParameterError) becomes one
     error line and exit status 2, an error of the system (OSError: a full disk, a folder not
-    writable) one line and 74, and a failed command leaves no empty run directory behind."""
+    writable) one line and 74, any other exception one line naming its class and place, not
+    its message (privacy rule 2), and 70; a failed command leaves no empty run directory
+    behind."""
     run = getattr(args, "run", None)
     new_run = run is not None and not Path(run).exists()
     try:
@@ -173,6 +179,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"pate: error: {where}{exc.strerror or exc}", file=sys.stderr)
         status = 74  # EX_IOERR (sysexits.h)
+    except Exception as exc:  # a fault: its message or traceback may hold private values
+        if os.environ.get(TRACEBACK_VARIABLE):
+            raise
+        print(f"pate: internal error: {exc.__class__.__name__} at {_where(exc)}; its message "
+              f"is not shown, as it may hold private values ({TRACEBACK_VARIABLE}=1 shows the "
+              "traceback, for data you may see)", file=sys.stderr)
+        status = 70  # EX_SOFTWARE (sysexits.h)
     except KeyboardInterrupt:
         if _SIGTERM_RECEIVED[0]:
             print("pate: terminated", file=sys.stderr)
@@ -183,6 +196,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if new_run:
         _remove_empty_folders(Path(run))
     return status
+
+
+def _where(exc: BaseException) -> str:
+    """The file name and line where ``exc`` was raised (no folder, no value)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
 
 
 def _remove_empty_folders(root: Path) -> None:

@@ -38,6 +38,27 @@ def test_a_broken_pipe_that_is_not_stdout_stays_an_error(monkeypatch, tmp_path: 
         main(["status", "--run", str(tmp_path)])
 
 
+def test_an_unexpected_error_is_one_line_without_its_message(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An exception the project did not raise on purpose may carry private values in its
+    message (numpy's shapes of private arrays, a user's network printing a row): one line naming
+    its class and place, exit 70; PATE_TRACEBACK lets it through for debugging."""
+    def faulty(run: object) -> None:
+        raise ValueError("operands could not be broadcast together with shapes (2000,19)")
+
+    monkeypatch.setattr("pate.cli.status.run_status", faulty)
+    monkeypatch.delenv("PATE_TRACEBACK", raising=False)
+    assert main(["status", "--run", str(tmp_path)]) == 70
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"pate: internal error: ValueError at test_signals\.py:\d+; its "
+                        r"message is not shown, as it may hold private values "
+                        r"\(PATE_TRACEBACK=1 shows the traceback, for data you may see\)\n",
+                        err), err
+    monkeypatch.setenv("PATE_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="2000"):
+        main(["status", "--run", str(tmp_path)])
+
+
 @pytest.mark.parametrize("workers", [1, 2])  # in this process; on a local Ray
 def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
