@@ -26,7 +26,7 @@ from pate.api_checks import (
 from pate.data.files import rows_said
 from pate.data.partitions import PARTITIONS
 from pate.data.task import private_rows_key, row_keys, rows_content_digest, rows_fingerprint
-from pate.errors import UserError
+from pate.errors import TRACEBACK_VARIABLE, UserError
 from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import DEFAULT_MODEL, MODEL_RECORDS, POOL_ENCODER_MODELS, model_data_problem
@@ -37,7 +37,12 @@ from teachers.manifest import TeachersManifest
 from teachers.models import check_user_model, fit_pool_encoder
 from teachers.partition import deal_rows
 from teachers.rng import SEED_LIMIT
+from teachers.user_models import named_by_class
 from teachers.votes import Ensemble, load_ensemble
+
+# what a failure on private rows says of its message, which it does not show (it may quote them)
+_WITHHELD = (f"; its message is withheld, as it may quote private rows ({TRACEBACK_VARIABLE}=1 "
+             "shows it, for data you may see)")
 
 
 class Teachers:
@@ -130,10 +135,11 @@ class Teachers:
         part = deal_rows(self.partition, xs, ys, self.n_teachers, self.config.seed, whose)
         fitted = (None if pool is None else
                   fit_pool_encoder(self.config.model, pool, self.config.seed, self.device))
-        shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
-                              part.parts(teachers), part.step_rows(teachers), self.device,
-                              torch.get_num_threads(), fitted)
-                  for teachers in shard_ranges(self.n_teachers, self.shard_size)]
+        with named_by_class("the teachers' training on the private rows", _WITHHELD):
+            shards = [train_shard(self.config, xs, ys, self.n_classes, teachers,
+                                  part.parts(teachers), part.step_rows(teachers), self.device,
+                                  torch.get_num_threads(), fitted)
+                      for teachers in shard_ranges(self.n_teachers, self.shard_size)]
         encoder = (None if fitted is None else
                    {k: torch.as_tensor(v, device=self.device) for k, v in fitted.items()})
         self.ensemble_ = Ensemble(self.config.model, xs.shape[1:], self.n_classes,
@@ -151,7 +157,8 @@ class Teachers:
             raise UserError("fit the teachers first")
         rows = checked_rows_of(x, self.ensemble_.in_shape, "the teachers")
         warn_if_private_rows(rows, self._private_rows)
-        return self.ensemble_.vote(rows)
+        with named_by_class("the teachers' vote", _WITHHELD):
+            return self.ensemble_.vote(rows)
 
     def save(self, directory: str | Path) -> Path:
         """Write the fitted teachers under ``directory/teachers/`` as ``pate teachers train``

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from pate.errors import UserError
+from pate.errors import UserError, tracebacks_shown
 from teachers import rng
 from teachers.choices import is_import_path
 
@@ -89,13 +89,16 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
 def named_by_class(what: str, then: str = "") -> Iterator[None]:
     """Work on private rows or weights (training, voting) whose failure is one ``UserError``,
     ``"{what} failed (ValueError){then}"``, naming the exception's class only: its message
-    may quote private rows (a user's network raising on its inputs). ``UserError`` and an
-    interruption (Ctrl-C) go through as they are."""
+    may quote private rows (a user's network raising on its inputs). ``UserError``, an
+    interruption (Ctrl-C), and any error where ``pate.errors.tracebacks_shown``, go through as
+    they are."""
     try:
         yield
     except UserError:
         raise
     except Exception as exc:  # whatever a user's network or the device raises
+        if tracebacks_shown():
+            raise
         raise UserError(f"{what} failed ({type(exc).__name__}){then}") from None
 
 
@@ -142,14 +145,32 @@ def check_trains_on(model: nn.Module, rows: int, in_shape: tuple[int, ...], what
                     remedy: str = "a larger batch size") -> None:
     """Forward a copy of ``model`` in training mode on ``rows`` zero inputs: a network that
     cannot train on batches that small (batch normalisation on one row: "expected more than 1
-    value per channel") fails here in one line, not in the middle of training."""
+    value per channel") fails here in one line, not in the middle of training, with
+    ``remedy``; one that fails on a larger batch too fails in training mode whatever the
+    batch, and is told so instead."""
+    failure = _training_failure(model, rows, in_shape, device)
+    if failure is None:
+        return
+    if _training_failure(model, max(2 * rows, _LARGER_BATCH), in_shape, device) is not None:
+        raise UserError(f"{what} fails in training mode (train(), on zero inputs: "
+                        f"{describe_error(failure)}): fix its forward in training mode")
+    raise UserError(f"{what} cannot train on batches of {rows} row(s) "
+                    f"({describe_error(failure)}): {remedy}")
+
+
+_LARGER_BATCH = 64  # a batch no batch normalisation fails on
+
+
+def _training_failure(model: nn.Module, rows: int, in_shape: tuple[int, ...],
+                      device: torch.device | str) -> Exception | None:
+    """What a copy of ``model`` in training mode raises on ``rows`` zero inputs, or None."""
     probe = copy.deepcopy(model).train()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             probe(torch.zeros((rows, *in_shape), device=device))
     except Exception as exc:  # the user's code, or a built-in's batch norm
-        raise UserError(f"{what} cannot train on batches of {rows} row(s) ({describe_error(exc)}): "
-                        f"{remedy}") from None
+        return exc
+    return None
 
 
 def module_state(model: nn.Module) -> dict[str, torch.Tensor]:

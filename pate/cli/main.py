@@ -18,11 +18,8 @@ from pathlib import Path
 
 from analysis.mechanisms import ParameterError
 from pate import __version__
-from pate.errors import PateError
+from pate.errors import TRACEBACK_VARIABLE, PateError, tracebacks_shown
 from pate.progress import quiet, set_quiet
-
-# set (to anything) to get the traceback of an unexpected error instead of its one line
-TRACEBACK_VARIABLE = "PATE_TRACEBACK"
 
 COMMAND_MODULES: tuple[str, ...] = (
     "pate.cli.teachers",
@@ -180,7 +177,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"pate: error: {where}{exc.strerror or exc}", file=sys.stderr)
         status = 74  # EX_IOERR (sysexits.h)
     except Exception as exc:  # a fault: its message or traceback may hold private values
-        if os.environ.get(TRACEBACK_VARIABLE):
+        if tracebacks_shown():
             raise
         print(f"pate: internal error: {exc.__class__.__name__} at {_where(exc)}; its message "
               f"is not shown, as it may hold private values ({TRACEBACK_VARIABLE}=1 shows the "

@@ -5,6 +5,7 @@ shipped to real Ray workers from a module that is not installed."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import textwrap
@@ -107,6 +108,19 @@ NETS = textwrap.dedent('''
         def forward(self, x):
             if self.training and len(x) > 16:
                 raise ValueError(f"bad row {x[0].flatten()[:3].tolist()}")  # not to be shown
+            return self.out(x)
+
+
+    class AlwaysFailsInTraining(nn.Module):
+        """Predicts, and fails in training mode on any batch (a user's bug)."""
+
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.out = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+        def forward(self, x):
+            if self.training:
+                raise NotImplementedError("training mode")
             return self.out(x)
 
 
@@ -338,6 +352,37 @@ def test_one_worker_trains_a_user_network_in_this_process(tmp_path, digits, ray_
     with pytest.raises(UserError) as failed:
         train_nonprivate(tmp_path / "c", 1, 64, "cpu")
     assert _one_line(failed) == "the non-private model failed (ValueError)"
+
+
+def test_from_python_a_network_failing_on_private_rows_is_named_by_its_class(
+        digits, monkeypatch) -> None:
+    """pate.api.Teachers trains in the caller's process: a failure there is one line naming its
+    class, not its message (which may quote a private row), unless PATE_TRACEBACK asks for it;
+    a network that fails in training mode whatever the batch is not told to take larger
+    batches."""
+    from pate.api import Teachers
+
+    monkeypatch.delenv("PATE_TRACEBACK", raising=False)
+    x, y = digits.train_x, digits.train_y  # 20 steps a teacher an epoch: past the checks'
+    failing = Teachers(4, 10, model=f"{NAME}:FailsInTraining", epochs=2, batch_size=16)
+    importlib.import_module(NAME).FailsInTraining.steps = 0  # earlier tests counted too
+    with pytest.raises(UserError) as failed, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its branch on a value: one at a time
+        failing.fit(x, y)
+    assert _one_line(failed) == (
+        "the teachers' training on the private rows failed (RuntimeError); its message is "
+        "withheld, as it may quote private rows (PATE_TRACEBACK=1 shows it, for data you may "
+        "see)")
+    monkeypatch.setenv("PATE_TRACEBACK", "1")
+    importlib.import_module(NAME).FailsInTraining.steps = 0
+    with pytest.raises(RuntimeError, match="patient 17"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        failing.fit(x, y)
+    with pytest.raises(UserError) as refused:
+        Teachers(4, 10, model=f"{NAME}:AlwaysFailsInTraining", batch_size=16).fit(x, y)
+    assert _one_line(refused) == (
+        f"model '{NAME}:AlwaysFailsInTraining' fails in training mode (train(), on zero inputs: "
+        "NotImplementedError: training mode): fix its forward in training mode")
 
 
 @pytest.mark.slow  # the default suite stays under 5 minutes (docs/benchmarks.md)
