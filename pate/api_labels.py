@@ -33,29 +33,40 @@ from student.sanitised import answers_digest, former_answers_digest, ledger_rele
 
 @dataclass(frozen=True)
 class PublishableEpsilon:
-    """What may be published about the answers given so far, at ``delta``: the
-    data-independent epsilon of the queries asked and of the teachers' answers (their counts,
-    which the answers show anyway; not PATE 2018's Table 2 expectation, a function of the
-    votes), the smooth-sensitivity-sanitised data-dependent one (None for LNMax, or where none
-    was drawn), and what the ledger charged (data-independent, realised, every client of the
-    budget). On few answers the sanitised figure may exceed the data-independent one. The
-    first two cover this object's answers only: a student that also learns from answers other
-    objects or runs received on the ledger is covered by ``ledger_spent``. ``not_sanitised``
-    says why ``smooth_sensitivity`` is None (None where it is not)."""
+    """What may be published about the answers given so far, at ``delta`` (docs/privacy-math.md
+    §12 says what each figure rests on): ``every_answered``, the data-independent epsilon of
+    the queries asked as if the teachers had answered every one (a fixed composition of worst
+    cases: of the three it rests on the least); ``data_independent``, the same of the queries
+    asked and the teachers' answers as the ledger charged them (their counts, which the answers
+    show anyway; a charge within the budget, PATE 2018's figure, not in itself a guarantee);
+    the smooth-sensitivity-sanitised data-dependent one (None for LNMax, or where none was
+    drawn); and what the ledger charged (every client of the budget). ``to_quote`` is the one
+    ``pate run``'s report quotes: the sanitised one where released, else ``every_answered``.
+    On few answers the sanitised figure may exceed the data-independent ones. The first three
+    cover this object's answers only: a student that also learns from answers other objects
+    or runs received on the ledger is covered by ``ledger_spent``. ``not_sanitised`` says why
+    ``smooth_sensitivity`` is None (None where it is not)."""
 
     data_independent: float
     smooth_sensitivity: float | None
     ledger_spent: float
     delta: float
     not_sanitised: str | None = None
+    every_answered: float = 0.0
+
+    @property
+    def to_quote(self) -> float:
+        """The figure to quote, as the report takes it: the sanitised one where it was
+        released, else the data-independent one with every query answered."""
+        return self.every_answered if self.smooth_sensitivity is None else self.smooth_sensitivity
 
 
 # why PublishableEpsilon.smooth_sensitivity is None
 NOT_ASKED = "not asked for (sanitise=False)"
-NO_ANALYSIS = "this mechanism has no smooth-sensitivity analysis (LNMax): publish data_independent"
+NO_ANALYSIS = "this mechanism has no smooth-sensitivity analysis (LNMax): publish every_answered"
 NOT_RELEASED = ("no figure could be released for these answers (the data-dependent analysis "
                 "does not hold for them, or a figure without noise would follow an earlier "
-                "release): publish data_independent")
+                "release): publish every_answered")
 
 
 def _pool_indices(indices: ArrayLike) -> NDArray[np.int64]:
@@ -215,11 +226,13 @@ class PrivateLabels:
         if not len(self.received):
             return PublishableEpsilon(0.0, None if why else 0.0, budget.epsilon_spent,
                                       budget.delta, why)
-        independent = self.ledger.epsilon(realised_rdp_independent(
-            self.mechanism, len(self.received), int(self.received.by_teachers.sum()),
-            self.ledger.orders))
+        asked = len(self.received)
+        independent, every = (self.ledger.epsilon(realised_rdp_independent(
+            self.mechanism, asked, answered, self.ledger.orders))
+            for answered in (int(self.received.by_teachers.sum()), asked))
         if why:
-            return PublishableEpsilon(independent, None, budget.epsilon_spent, budget.delta, why)
+            return PublishableEpsilon(independent, None, budget.epsilon_spent, budget.delta, why,
+                                      every)
 
         def analyse(earlier: list[EarlierRelease]) -> PrivacyAnalysis:  # only for a new release
             votes = self.pool.votes[self.pool.rows(self.received.pool_index)]
@@ -237,7 +250,7 @@ class PrivateLabels:
             sanitised = releases.release(len(self.received), analyse, self.ledger.conversion,
                                          self._answers_digest(), formerly=[former])
         return PublishableEpsilon(independent, sanitised, budget.epsilon_spent, budget.delta,
-                                  None if sanitised is not None else NOT_RELEASED)
+                                  None if sanitised is not None else NOT_RELEASED, every)
 
     def _answers_digest(self) -> str:
         """Which answers a release covers (``student.sanitised.answers_digest``): the

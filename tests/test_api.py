@@ -46,6 +46,9 @@ def test_the_readme_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture,
     assert accuracy > 0.6  # 0.70-0.84 over repeated runs (noisy labels); chance is 0.1
     eps = scope["labels"].epsilon()
     assert eps.smooth_sensitivity > 0 and eps.data_independent > 0 and eps.not_sanitised is None
+    assert eps.to_quote == eps.smooth_sensitivity
+    # every query charged as answered: at least what the answers were charged
+    assert eps.every_answered >= eps.data_independent
     assert eps.ledger_spent == pytest.approx(scope["labels"].ledger.budget().epsilon_spent)
     # one client, one ledger: the publishable data-independent epsilon is what it charged
     assert eps.data_independent == pytest.approx(eps.ledger_spent, rel=1e-9)
@@ -131,6 +134,8 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
         free = labels.epsilon(sanitise=False)
         assert free.smooth_sensitivity is None and free.data_independent > 0
         assert free.not_sanitised == "not asked for (sanitise=False)"
+        # the figure to quote without a release: every query answered, as the report's
+        assert free.to_quote == free.every_answered >= free.data_independent
     with PrivateLabels(votes, LNMax(scale=20.0), epsilon_budget=1e4, delta=1e-5,
                        ledger=tmp_path / "lnmax.db") as labels:
         labels.ask(np.arange(5))
