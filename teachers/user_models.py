@@ -102,6 +102,10 @@ def named_by_class(what: str, then: str = "") -> Iterator[None]:
         raise UserError(f"{what} failed ({type(exc).__name__}){then}") from None
 
 
+# the networks whose forward was said to return probabilities (``build_user_model``)
+_SAID_PROBABILITIES: set[str] = set()
+
+
 def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
                      what: str = "model") -> nn.Module:
     """``factory(in_shape, num_classes)`` of the import path ``name``, checked to be a module
@@ -133,7 +137,9 @@ def build_user_model(name: str, in_shape: tuple[int, ...], num_classes: int,
         raise UserError(f"{what} {name!r}: its forward returns shape {got} for a batch of 2; "
                         f"expected [2, {num_classes}]")
     if out.is_floating_point() and bool((out >= 0).all()) and torch.allclose(
-            out.sum(dim=1), torch.ones(2, dtype=out.dtype), atol=1e-4):
+            out.sum(dim=1), torch.ones(2, dtype=out.dtype), atol=1e-4) and (
+            name not in _SAID_PROBABILITIES):
+        _SAID_PROBABILITIES.add(name)  # once a process: it is built once per teacher and use
         warnings.warn(f"{what} {name!r}: its forward looks to return probabilities (rows of "
                       "non-negative values summing to 1); it must return logits, the losses "
                       "apply the softmax themselves: drop its final softmax", stacklevel=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -107,6 +108,9 @@ def test_user_arch_is_built_by_the_resolver() -> None:
     assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
     with pytest.warns(UserWarning, match=f"arch '{NAME}:probabilities': its forward looks to "
                                          "return probabilities .*drop its final softmax"):
+        build_classifier(ModelSpec(f"{NAME}:probabilities", (1, 8, 8), 10))
+    with warnings.catch_warnings():  # said once: a network is built once per teacher and use
+        warnings.simplefilter("error")
         build_classifier(ModelSpec(f"{NAME}:probabilities", (1, 8, 8), 10))
 
 
