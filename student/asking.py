@@ -12,6 +12,7 @@ needs the student a previous round left."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -205,12 +206,11 @@ def check_same_ledger(rounds_before: list[dict[str, Any]], ledger: str | None) -
 def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: StudentOptions,
                before: Received, previous: tuple[Any, ModelSpec] | None,
                rounds_before: list[dict[str, Any]], conversion: str, spent_is_final: bool,
-               say: Callable[[str], None], name: str | None = None
-               ) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
+               name: str | None = None) -> tuple[Received, list[dict[str, Any]], dict[str, Any]]:
     """One query round against ``session`` (closed at the end; ``train_student``): every
     answer so far, saved as it arrives, every round so far, and the epsilons of the answers
     (the ledger's data-independent one, the sanitised release). ``labels.npz`` records the
-    pool's fingerprint."""
+    pool's fingerprint. A round cut short (the budget, the pool's rows left) is warned of."""
     interactive = session.mechanism == "interactive"
     before = replace(before, pool_fingerprint=task.pool_fingerprint)
     try:
@@ -259,15 +259,16 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
         if options.queries > candidates.size:
-            say(f"{options.queries} queries asked for, {candidates.size} pool rows were left "
-                "to ask: asked those")
+            warnings.warn(f"{options.queries} queries asked for, {candidates.size} pool rows "
+                          "were left to ask: asked those", stacklevel=3)
         budget = session.source.budget()
         sanitised = (_sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                        conversion) if session.release_sanitised else None)
     finally:
         session.close()
     if exhausted:
-        say(f"budget exhausted after {len(got)} of {chosen.size} queries")
+        warnings.warn(f"budget exhausted after {len(got)} of {chosen.size} queries",
+                      stacklevel=3)
 
     if not received.answered.any() and exhausted:
         queries = "query" if len(received) == 1 else "queries"

@@ -14,7 +14,6 @@ Interactive-GNMax, which its analysis needs) and ``student/metrics.json``.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -28,6 +27,7 @@ from numpy.typing import NDArray
 from pate.aggregation.vote_pool import VotePool
 from pate.data.task import DataSource, Task, load_task
 from pate.errors import UserError
+from pate.progress import say
 from pate.rundir import RunDir
 from student.asking import (
     AggregatorSession,
@@ -111,7 +111,7 @@ def _pool_features(options: StudentOptions, given: Any, previous: Any,
 
 
 def _stderr_line(text: str) -> None:
-    print(f"pate student: {text}", file=sys.stderr, flush=True)
+    say(f"pate student: {text}")  # news: silent when quiet
 
 
 def _fit_on_answers(task: Task, options: StudentOptions, spec: ModelSpec,
@@ -309,7 +309,7 @@ def train_student(run: RunDir,
         session = open_session(lambda pool: check_votes(run, pool.describe(), task))
         received, rounds, epsilon = ask_round(run, session, task, options, ready.before,
                                                ready.previous, ready.rounds_before, conversion,
-                                               spent_is_final, say, round_name)
+                                               spent_is_final, round_name)
     answered = received.answered
     if not answered.any():
         raise UserError("no labels received yet: nothing to train on (more queries or a lower "
