@@ -142,6 +142,9 @@ def unused_setting_problem(source: DataFiles) -> str | None:
     back: an older version ignored such a setting, and its runs still load."""
     if source.label is None and source.image_size is None and source.key is None:
         return None
+    kinds = {files.kind_named(p) for p in (source.private, source.public, source.test) if p}
+    if len(kinds) > 1:  # files of several formats: load_task says so, the setting is not at fault
+        return None
     kind = files.kind_named(source.public)  # the files may not exist yet
     if source.key is not None and kind != "csv":
         return (f"a key column (--key, data.key) is for CSV files, not {_KIND_NAMES[kind]}")
@@ -417,15 +420,28 @@ def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: st
     if outside.any():
         as_positions = (f"integer labels are positions in data.classes, 0 to "
                         f"{len(classes) - 1}" if positions else "")
+        decimals = ("; the labels are written as decimals (as 1.0 for 1): write them as the "
+                    "label set does" if _written_as_decimals(y[outside], classes) else "")
         if private:  # name no private value, nor how many there are
             raise UserError(f"{what}: labels outside the label set ({', '.join(classes[:10])}"
                             f"{', ...' if len(classes) > 10 else ''}; from {set_from}"
-                            f"{'; ' + as_positions if positions else ''}): give data.classes "
-                            "(--classes) that hold them all, or mend the data")
+                            f"{'; ' + as_positions if positions else ''}{decimals}): give "
+                            "data.classes (--classes) that hold them all, or mend the data")
         unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
         raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}"
-                        + (f" ({as_positions})" if positions else ""))
+                        + (f" ({as_positions})" if positions else "") + decimals)
     return codes
+
+
+def _written_as_decimals(labels: NDArray, classes: tuple[str, ...]) -> bool:
+    """Whether text ``labels`` outside the set are whole numbers written with decimals
+    ("3.0"), and the set's names are whole numbers ("3"): a CSV written from floats."""
+    if labels.dtype.kind not in "OUS" or not all(c.lstrip("-").isdigit() for c in classes):
+        return False
+    text = pd.Series(labels).astype(str)
+    numbers = pd.to_numeric(text, errors="coerce")
+    return bool(text.str.contains(".", regex=False).all() and numbers.notna().all()
+                and (numbers == numbers.round()).all())
 
 
 def _without_key(frames: dict[str, tuple[pd.DataFrame, NDArray | None]], key: str,

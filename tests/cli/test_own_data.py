@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -709,3 +710,38 @@ def test_integer_labels_against_numbered_classes_say_they_are_positions(tmp_path
         warnings.simplefilter("error")  # named as their positions: nothing to say
         np.savez(tmp_path / "test.npz", x=_images(30, rng)[0], y=rng.integers(0, 2, 30))
         assert load_task(replace(source, classes=("0", "1"))).classes == ("0", "1")
+
+
+def test_labels_written_as_decimals_are_said_to_be(tmp_path: Path) -> None:
+    """A CSV written from floats spells its labels 1.0: refused with the reason, not only as
+    labels outside the set (which the test file's integer labels make 0 and 1)."""
+    rng = np.random.default_rng(6)
+    for role, as_float in (("private", True), ("test", False), ("public", None)):
+        x = rng.normal(size=(40, 2))
+        frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1]})
+        if as_float is not None:
+            frame["y"] = (x[:, 0] > 0).astype(float if as_float else int)
+        frame.to_csv(tmp_path / f"{role}.csv", index=False)
+    with pytest.raises(UserError, match=r"private\.csv: labels outside the label set \(0, 1; "
+                                        r"from the test data's labels; the labels are written "
+                                        r"as decimals \(as 1\.0 for 1\): write them as the "
+                                        r"label set does\)"):
+        load_task(DataFiles(*(str(tmp_path / f"{r}.csv") for r in ("private", "public", "test")),
+                            label="y"), need_private=True)
+
+
+def test_files_of_several_formats_are_said_to_be_whatever_else_is_set(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A label column beside a private CSV and a public .npz: the formats are at fault, not
+    the label column (which the public file's format alone would make look unused)."""
+    rng = np.random.default_rng(7)
+    (tmp_path / "private.csv").write_text(census(60, rng))
+    np.savez(tmp_path / "public.npz", x=rng.normal(size=(30, 4)))
+    cfg = tmp_path / "my.toml"
+    cfg.write_text('name = "mine"\n[data]\nprivate = "private.csv"\npublic = "public.npz"\n'
+                   'label = "income"\nclasses = ["<=50K", ">50K"]\n' + TINY)
+    assert main(["run", str(cfg), "--run", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "pate: error: data.private, public and test must be of one format, got csv (private), "
+        "npz (public)"]
+    assert not (tmp_path / "run").exists()
