@@ -37,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run) if args.run else Path("runs") / config.name
     start = time.monotonic()
     report = run_pipeline(config, run_dir)
-    summary = public_rows(RunDir(run_dir).read_json(RunDir(run_dir).report_json)["table"])
+    written = RunDir(run_dir).read_json(RunDir(run_dir).report_json)
     print(json.dumps({"run": str(run_dir), "report": str(report),
-                      "seconds": round(time.monotonic() - start, 1), "summary": summary}))
+                      "seconds": round(time.monotonic() - start, 1),
+                      "summary": public_rows(written["table"]),
+                      # which figure the rows' epsilon_to_quote is (docs/privacy-math.md §12)
+                      "epsilon_to_quote": written.get("epsilon_to_quote")}))
     return 0

@@ -39,6 +39,8 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
                                   and "epsilon_data_independent_expected" not in r
                                   for r in out["summary"])
     assert "epsilon_smooth_sensitivity" in out["summary"][0]
+    assert out["epsilon_to_quote"] == {"epsilon": out["summary"][0]["epsilon_to_quote"],
+                                       "delta": 1e-5, "figure": "sanitised, released"}
     for name in ("config.toml", "partition.json", "votes.npz", "labels.npz", "ledger.db",
                  "student/metrics.json", "student/schema.json", "report/report.json",
                  "report/report.html", "stages.json"):
