@@ -189,7 +189,8 @@ class PrivateLabels:
         if exhausted and not len(got):
             raise BudgetExhausted("the privacy budget does not cover even one more query: "
                                   f"nothing was asked or spent ({BUDGET_SPENT_HINT})")
-        got = replace(got, pool_size=len(self.pool.votes))  # Student.fit checks its pool
+        got = replace(got, pool_size=len(self.pool.votes),  # Student.fit checks its pool
+                      classes=int(self.pool.votes.shape[1]))
         self.received = self.received + got
         if probs is not None:
             self._probs.append(probs[:len(got)])

@@ -101,6 +101,9 @@ class Student:
             raise UserError(f"x_public has {len(x)} rows, the votes these labels answer were "
                             f"cast on {labels.pool_size}: give the pool they were cast on, in "
                             "their order")
+        if labels.classes is not None and labels.classes != n_classes:
+            raise UserError(f"n_classes is {n_classes}, the votes these labels answer hold "
+                            f"{labels.classes} classes")
         if labels.pool_index.max() >= len(x) or labels.label.max() >= n_classes:
             raise UserError(f"the labels are of pool rows up to {labels.pool_index.max()} and "
                             f"classes up to {labels.label.max()}: x_public has {len(x)} rows "

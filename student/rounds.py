@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,16 @@ from student.defaults import STUDENT
 @dataclass(frozen=True)
 class Received:
     """Answers received so far, one row per asked pool index; ``pool_fingerprint``: the pool's
-    ``Task.pool_fingerprint`` where known (public); ``pool_size``: how many rows the votes
-    asked of hold, where known (``pate.api.PrivateLabels``'; in memory only, not saved)."""
+    ``Task.pool_fingerprint`` where known (public); ``pool_size`` and ``classes``: how many
+    rows and classes the votes asked of hold, where known (``pate.api.PrivateLabels``'; in
+    memory only, not saved)."""
 
     pool_index: NDArray[np.int64]
     label: NDArray[np.int64]
     branch: NDArray[np.int8]
     pool_fingerprint: str | None = None
     pool_size: int | None = None
+    classes: int | None = None
 
     @classmethod
     def empty(cls) -> Received:
@@ -95,27 +97,27 @@ class Received:
     def __add__(self, other: Received) -> Received:
         if np.intersect1d(self.pool_index, other.pool_index).size:
             raise ValueError("a pool index was asked twice")
-        pools = {self.pool_fingerprint, other.pool_fingerprint} - {None}
-        sizes = {self.pool_size, other.pool_size} - {None}
-        if len(pools) > 1 or len(sizes) > 1:
+        known = [{getattr(r, name) for r in (self, other)} - {None}
+                 for name in ("pool_fingerprint", "pool_size", "classes")]
+        if any(len(values) > 1 for values in known):
             raise ValueError("answers about two different pools")
         return Received(np.concatenate([self.pool_index, other.pool_index]),
                         np.concatenate([self.label, other.label]),
-                        np.concatenate([self.branch, other.branch]), next(iter(pools), None),
-                        next(iter(sizes), None))
+                        np.concatenate([self.branch, other.branch]),
+                        *(next(iter(values), None) for values in known))
 
     def __len__(self) -> int:
         return int(self.pool_index.size)
 
     def first(self, n: int) -> Received:
         """The first ``n`` rows asked (a prefix in asking order)."""
-        return Received(self.pool_index[:n], self.label[:n], self.branch[:n],
-                        self.pool_fingerprint, self.pool_size)
+        return replace(self, pool_index=self.pool_index[:n], label=self.label[:n],
+                       branch=self.branch[:n])
 
     def since(self, n: int) -> Received:
         """The rows asked after the first ``n``."""
-        return Received(self.pool_index[n:], self.label[n:], self.branch[n:],
-                        self.pool_fingerprint, self.pool_size)
+        return replace(self, pool_index=self.pool_index[n:], label=self.label[n:],
+                       branch=self.branch[n:])
 
     @property
     def answered(self) -> NDArray[np.bool_]:
