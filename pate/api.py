@@ -16,7 +16,13 @@ whose mean and spread would be a statistic of the private data; ``TableEncoder``
 images are 8-bit pixels, divided by 255 (give another range as floats in [0, 1]).
 
 Privacy: the votes, the ledger and the private arrays stay private; publish the student and
-the data-independent or smooth-sensitivity-sanitised epsilon only (docs/design.md).
+``PrivateLabels.epsilon().to_quote`` (docs/design.md; docs/privacy-math.md §12 says what each
+epsilon rests on). A failure while training on private rows names its exception's class only
+(its message may quote a row); ``PATE_TRACEBACK=1`` in the environment shows it whole.
+
+Speed: training runs in this process on torch's threads; ``torch.set_num_threads(n)`` sets
+them as the commands' ``--threads`` does (1 is often fastest on a busy machine). Nothing here
+prints progress.
 
 Errors: every error raised on purpose is a :class:`pate.errors.PateError` with a one-line
 message: ``UserError`` for input you can fix, ``BudgetExhausted`` where the budget cannot cover
