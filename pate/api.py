@@ -20,6 +20,10 @@ Privacy: the votes, the ledger and the private arrays stay private; publish the 
 epsilon rests on). A failure while training on private rows names its exception's class only
 (its message may quote a row); ``PATE_TRACEBACK=1`` in the environment shows it whole.
 
+PATE 2018's Table 2 analysis of votes in memory (private: the data-dependent figures are not
+for publication): ``np.save("votes.npy", votes)``, then ``pate analyze --votes votes.npy
+--delta D --mechanism M ...``. The HTML report is ``pate run``'s.
+
 Speed: training runs in this process on torch's threads; ``torch.set_num_threads(n)`` sets
 them as the commands' ``--threads`` does (1 is often fastest on a busy machine). Nothing here
 prints progress.
