@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pate.data.files import shape_said
 from pate.data.preprocessing import as_features, channels_last, channels_last_advice
-from pate.data.task import row_keys
+from pate.data.row_identity import row_keys
 from pate.devices import device_problem
 from pate.errors import UserError
 
@@ -165,7 +165,7 @@ def warn_if_of_script(path: str | None, whose: str) -> None:
 
 def warn_if_private_rows(x: NDArray[np.float32], private: NDArray | None) -> None:
     """Warn when rows of ``x`` (meant to be the public pool) are among the ``private`` rows
-    (``pate.data.task.row_keys`` of the teachers' data; None: not known here), without saying
+    (``pate.data.row_identity.row_keys`` of the teachers' data; None: not known here), without saying
     how many: the student trains on the pool, so a private row there reaches the published
     student unprotected."""
     if private is not None and np.isin(row_keys(x), private).any():

@@ -25,7 +25,12 @@ from pate.api_checks import (
 )
 from pate.data.files import rows_said
 from pate.data.partitions import PARTITIONS
-from pate.data.task import private_rows_key, row_keys, rows_content_digest, rows_fingerprint
+from pate.data.row_identity import (
+    private_rows_key,
+    row_keys,
+    rows_content_digest,
+    rows_fingerprint,
+)
 from pate.errors import TRACEBACK_VARIABLE, UserError
 from pate.rundir import RunDir
 from teachers import checkpoints

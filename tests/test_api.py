@@ -322,8 +322,8 @@ def test_feature_rows_get_the_tabular_defaults_and_bad_input_is_one_error(
         got = labels.ask(np.arange(40))
     finally:
         labels.close()
-    with pytest.raises(UserError, match="^n_classes is 3, the votes these labels answer "
-                                        "hold 2 classes$"):
+    with pytest.raises(UserError, match=r"^n_classes is 3, the votes these labels answer "
+                                        r"hold 2 classes$"):
         Student("vat", epochs=2).fit(x[:100], got, 3)
     student = Student("vat", epochs=2).fit(x[:100], got, 2)
     assert student.spec_ is not None and student.spec_.arch == "mlp"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import warnings
 from collections.abc import Hashable
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from numpy.typing import NDArray
 
 from pate.data import files
 from pate.data.datasets import load_dataset, public_split
+from pate.data.label_sets import SET_FROM, encode_labels, label_set
 from pate.data.preprocessing import (
     Standardiser,
     TabularEncoder,
@@ -43,56 +43,17 @@ from pate.data.preprocessing import (
     channels_last,
     channels_last_advice,
 )
+from pate.data.row_identity import (
+    check_apart,
+    frame_keys,
+    numeric_rows_digest,
+    private_rows_key,
+    row_keys,
+    rows_content_digest,
+    rows_fingerprint,
+    table_digest,
+)
 from pate.errors import UserError
-
-MANY_NUMBER_CLASSES = 20  # more classes than this, all numbers: perhaps a numeric column
-DIGEST_ROWS = 4096  # rows copied at a time into rows_content_digest's hash
-
-
-def rows_fingerprint(x: NDArray, y: NDArray) -> str:
-    """sha256 (hex) of rows ``x`` (their shape, dtype and values) and labels ``y`` (as int64),
-    in order: ``Task.private_fingerprint``, and the Python API's teachers'."""
-    digest = hashlib.sha256(str((x.shape, x.dtype.str)).encode())
-    digest.update(np.ascontiguousarray(x).data)
-    digest.update(np.ascontiguousarray(y, np.int64).data)
-    return digest.hexdigest()
-
-
-def rows_content_digest(x: NDArray) -> str:
-    """sha256 (hex) of the rows ``x`` as a set with repeats: their shape and dtype, then each
-    row's bytes, the rows in the order of their bytes. The same in any order of the rows, and
-    without the labels: a second key of the ledgers of one body of private data
-    (``Task.private_rows_fingerprint``), under which its copies in other formats meet. Sorted by
-    index and hashed ``DIGEST_ROWS`` rows at a time, so no second copy of the data is made.
-    PRIVATE for private rows."""
-    rows = np.ascontiguousarray(x).reshape(len(x), math.prod(x.shape[1:]))
-    digest = hashlib.sha256(str((x.shape[1:], x.dtype.str)).encode())
-    if rows.size:
-        order = np.argsort(rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel(),
-                           kind="stable")
-        for start in range(0, len(order), DIGEST_ROWS):
-            digest.update(rows[order[start:start + DIGEST_ROWS]].tobytes())
-    return digest.hexdigest()
-
-
-def numeric_rows_digest(frame: pd.DataFrame) -> str | None:
-    """``rows_content_digest`` of a table's cells as float32 rows, its columns in their order,
-    where every cell is a finite number (None where one is text or missing): the rows an
-    ``.npz`` of the same features holds (``x``, one row per line, the label apart), so that a
-    CSV and its conversion share the ledgers' second key. PRIVATE for the private file."""
-    try:
-        numbers = frame.apply(pd.to_numeric)
-    except (ValueError, TypeError):
-        return None
-    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
-        rows = numbers.to_numpy(np.float32)
-    return rows_content_digest(rows) if np.isfinite(rows).all() else None
-
-
-def private_rows_key(digest: str) -> str:
-    """The registry's key of private rows whose ``rows_content_digest`` is ``digest``: the
-    same for a run's data and the Python API's arrays. PRIVATE."""
-    return hashlib.sha256(f"private rows {digest}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -290,24 +251,6 @@ def _benchmark(source: Benchmark, need_private: bool) -> Task:
 
 # --- a user's files -------------------------------------------------------------------------
 
-def table_digest(frame: pd.DataFrame, labels: NDArray | None = None,
-                 label: str | None = None) -> str:
-    """sha256 (hex) of a table's cells as read (text, missing as such), its ``labels`` column
-    ``label`` among them, whatever the order of its rows and columns, whichever column is the
-    label and however the file was written (line ends, quotes, spaces around values): the
-    rows, each its cells in the order of the sorted column names, sorted. PRIVATE for the
-    private file."""
-    if labels is not None and label is not None:
-        frame = frame.assign(**{label: pd.Series(labels, index=frame.index).astype(str)})
-    columns = sorted(frame.columns)
-    cells = [frame[c].astype(str).where(frame[c].notna(), "\x00") for c in columns]
-    rows = (cells[0].str.cat(cells[1:], sep="\x1f")  # cells between unit separators
-            if len(cells) > 1 else cells[0])
-    digest = hashlib.sha256(json.dumps(columns).encode())
-    digest.update("\x1e".join(np.sort(rows.to_numpy(dtype=str))).encode())
-    return digest.hexdigest()
-
-
 def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, bool]]) -> str:
     """The files of the other roles (``wanted[role][0]``, joined) where both agree on what
     ``found`` holds of each (its columns, its rows' shape) and the public file alone differs:
@@ -330,118 +273,6 @@ def _check_shapes(rows: _Rows, wanted: _Wanted) -> None:
         if list(x.shape[1:]) != pool_shape:
             raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
                             f"the public data's {pool_shape}")
-
-
-def row_keys(x: NDArray) -> NDArray:
-    """Each row's bytes as one value, so that rows compare whole (``np.isin``)."""
-    flat = np.ascontiguousarray(x.reshape(len(x), -1))
-    return flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
-
-
-def _frame_keys(frame: pd.DataFrame, columns: list[str]) -> NDArray[np.uint64]:
-    """Each row of a table as read, its ``columns`` in that order, as one 64-bit hash (pandas'
-    ``hash_pandas_object``): rows compare as the file gives them, not as encoded (an encoding
-    maps the categories the pool lacks alike)."""
-    return pd.util.hash_pandas_object(frame[columns], index=False).to_numpy()
-
-
-# What a public role's rows found among the private rows would do.
-_SHARED_ROWS = {
-    "public": ("the student trains on the pool, so they would reach the published student "
-               "without the privacy guarantee"),
-    "test": "the student's accuracy would be measured on rows the teachers learnt from",
-}
-
-
-def check_apart(keys: dict[str, NDArray], names: dict[str, str], stacklevel: int = 2) -> None:
-    """Refuse a public pool or test data whose rows (``keys``: one value per row, by role:
-    ``private``, ``public``, ``test``; :func:`row_keys`) are all private rows: the private data
-    given again; warn where some are (rows a table of few columns repeats by chance, or private
-    records copied in). ``names`` says what to call each role's data. Neither says how many: a
-    count of private rows."""
-    for role, harm in _SHARED_ROWS.items():
-        if role not in keys or not len(keys[role]):
-            continue
-        shared = np.isin(keys[role], keys["private"])
-        if shared.all():
-            raise UserError(f"{names[role]}: its rows are all rows of the private data; {harm}")
-        if shared.any():
-            warnings.warn(f"{names[role]}: some of its rows are also rows of the private data: "
-                          f"{harm}; unless they repeat by chance, take them out",
-                          stacklevel=stacklevel + 1)
-
-
-def _label_set(source: DataFiles, test_labels: NDArray | None) -> tuple[tuple[str, ...], str]:
-    if source.classes:
-        return tuple(str(c) for c in source.classes), "config"
-    if test_labels is not None:
-        classes = tuple(sorted({str(v) for v in test_labels.tolist()}))
-        if len(classes) > MANY_NUMBER_CLASSES and pd.to_numeric(
-                pd.Series(classes), errors="coerce").notna().all():
-            # a numeric column taken for the label: every value a class, and a run would
-            # spend its budget on queries no teachers' majority answers (fail closed)
-            raise UserError(f"the test labels{f' ({source.label})' if source.label else ''} "
-                            f"hold {len(classes)} distinct numbers, each would be a class: if "
-                            "that is not the label you meant, give data.label (--label); if it "
-                            "is, give the label set as data.classes (--classes)")
-        return classes, "test"
-    if files.kind_of(source.private) == "folder":
-        return tuple(files.image_folder_classes(source.private)), "folders"
-    raise UserError("the label set is unknown: give data.classes (--classes) or labelled test "
-                    "data (the label set is public schema, never read from the private labels)")
-
-
-# where the label set came from, as an error about the private labels says it
-_SET_FROM = {"config": "data.classes", "test": "the test data's labels",
-             "folders": "the private folder's class subfolders"}
-
-
-def _encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: str,
-                   private: bool, set_from: str = "") -> NDArray[np.int64]:
-    """Labels as indices into ``classes``: integer labels are indices themselves when the set
-    came from the config (``indices``), otherwise every label is matched by its name;
-    ``set_from`` says where the set came from, in the refusal of private labels outside it."""
-    if not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "OUS"):
-        raise UserError(f"{what}: labels must be integers or strings, got dtype {y.dtype}")
-    positions = indices and np.issubdtype(y.dtype, np.integer)
-    if positions:
-        codes = y.astype(np.int64)
-        outside = (codes < 0) | (codes >= len(classes))
-        numbers = [int(c) for c in classes if c.lstrip("-").isdigit()]
-        if len(numbers) == len(classes) and numbers != list(range(len(classes))):
-            warnings.warn(f"{what}: data.classes are numbers ({', '.join(classes[:5])}"
-                          f"{', ...' if len(classes) > 5 else ''}) and the labels integers: a "
-                          f"label is a position in data.classes (label 0 is class "
-                          f"{classes[0]!r}), not a class's name; list the classes in the order "
-                          "of the labels' numbers", stacklevel=4)
-    else:
-        codes = pd.Index(classes).get_indexer(pd.Series(y).astype(str)).astype(np.int64)
-        outside = codes < 0
-    if outside.any():
-        as_positions = (f"integer labels are positions in data.classes, 0 to "
-                        f"{len(classes) - 1}" if positions else "")
-        decimals = ("; the labels are written as decimals (as 1.0 for 1): write them as the "
-                    "label set does" if _written_as_decimals(y[outside], classes) else "")
-        if private:  # name no private value, nor how many there are
-            raise UserError(f"{what}: labels outside the label set ({', '.join(classes[:10])}"
-                            f"{', ...' if len(classes) > 10 else ''}; from {set_from}"
-                            f"{'; ' + as_positions if positions else ''}{decimals}): give "
-                            "data.classes (--classes) that hold them all, or mend the data")
-        unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
-        raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}"
-                        + (f" ({as_positions})" if positions else "") + decimals)
-    return codes
-
-
-def _written_as_decimals(labels: NDArray, classes: tuple[str, ...]) -> bool:
-    """Whether text ``labels`` outside the set are whole numbers written with decimals
-    ("3.0"), and the set's names are whole numbers ("3"): a CSV written from floats."""
-    if labels.dtype.kind not in "OUS" or not all(c.lstrip("-").isdigit() for c in classes):
-        return False
-    text = pd.Series(labels).astype(str)
-    numbers = pd.to_numeric(text, errors="coerce")
-    return bool(text.str.contains(".", regex=False).all() and numbers.notna().all()
-                and (numbers == numbers.round()).all())
 
 
 def _without_key(frames: dict[str, tuple[pd.DataFrame, NDArray | None]], key: str,
@@ -511,7 +342,7 @@ def _read_csv(source: DataFiles, wanted: _Wanted) -> _Read:
     read.rows = {role: (encoder.transform(frame, str(wanted[role][0]), role == "private"), y)
                  for role, (frame, y) in frames.items()}
     order = list(frames["public"][0].columns)  # every file has them now (transform checked)
-    read.row_keys = {role: _frame_keys(frame, order) for role, (frame, _) in frames.items()}
+    read.row_keys = {role: frame_keys(frame, order) for role, (frame, _) in frames.items()}
     read.preprocessing = {"label": source.label, **encoder.describe(),
                           # left out of a file to score too (pate student predict)
                           **({"key": source.key} if source.key is not None else {})}
@@ -580,18 +411,19 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         check_apart(read.row_keys or {role: row_keys(x) for role, (x, _) in reads.items()},
                     {role: str(path) for role, (path, _) in wanted.items()}, stacklevel=3)
     test_y_raw = reads["test"][1] if "test" in reads else None
-    classes, classes_from = _label_set(source, test_y_raw)
+    classes, classes_from = label_set(source.classes, source.label, source.private,
+                                      test_y_raw)
     if len(classes) < 2:
         raise UserError(f"the label set has {len(classes)} class(es); a task needs at least 2")
     indices = classes_from == "config"
     eval_x = eval_y = private_x = private_y = None
     if "test" in reads:
         eval_x = reads["test"][0]
-        eval_y = _encode_labels(reads["test"][1], classes, indices, str(source.test), False)
+        eval_y = encode_labels(reads["test"][1], classes, indices, str(source.test), False)
     if "private" in reads:
         private_x = reads["private"][0]
-        private_y = _encode_labels(reads["private"][1], classes, indices, str(source.private),
-                                   True, _SET_FROM[classes_from])
+        private_y = encode_labels(reads["private"][1], classes, indices, str(source.private),
+                                   True, SET_FROM[classes_from])
     return Task(name, "image" if pool_x.ndim == 4 else "tabular", classes, classes_from,
                 source.public, pool_x, None, eval_x, eval_y, private_x, private_y,
                 preprocessing, read.private_content or private_content, read.private_keys,

@@ -21,14 +21,8 @@ from PIL import Image
 
 from pate.cli.main import main
 from pate.data.files import read_image_folder
-from pate.data.task import (
-    DataFiles,
-    Task,
-    load_task,
-    private_rows_key,
-    rows_content_digest,
-    unused_setting_problem,
-)
+from pate.data.row_identity import private_rows_key, rows_content_digest
+from pate.data.task import DataFiles, Task, load_task, unused_setting_problem
 from pate.errors import UserError
 
 TINY = """
