@@ -165,9 +165,9 @@ def warn_if_of_script(path: str | None, whose: str) -> None:
 
 def warn_if_private_rows(x: NDArray[np.float32], private: NDArray | None) -> None:
     """Warn when rows of ``x`` (meant to be the public pool) are among the ``private`` rows
-    (``pate.data.row_identity.row_keys`` of the teachers' data; None: not known here), without saying
-    how many: the student trains on the pool, so a private row there reaches the published
-    student unprotected."""
+    (``pate.data.row_identity.row_keys`` of the teachers' data; None: not known here), without
+    saying how many: the student trains on the pool, so a private row there reaches the
+    published student unprotected."""
     if private is not None and np.isin(row_keys(x), private).any():
         warnings.warn("x: some of its rows are rows the teachers were trained on: votes are "
                       "for the public pool, and the student trains on the pool, so those rows "

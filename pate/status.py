@@ -4,7 +4,8 @@ seconds), running (started in ``log.txt``, and a command holds the directory), s
 report missing or older than its sources), or pending (for a directory the stage commands built,
 each command's output, there or not); and the privacy budget
 of the run's ledger, with the settings it was created with: epsilon spent (data-independent, the
-only figure that may be shown) and left. Reads only public records and the ledger's settings and
+only figure of the ledger that may be shown) and left; and the epsilon to quote of a current
+report. Reads only public records and the ledger's settings and
 running totals; works while a run is going on (SQLite in WAL mode lets a reader in beside the
 writer)."""
 
@@ -107,4 +108,13 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     last = run.log.read_text().splitlines()[-1] if run.log.is_file() else None
     return {"run": str(run), "name": None if config is None else config.name,
             "stages": _stages_by_hand(run) if config is None else _stages(run, config),
-            "budget": _budget(run), "answers_in_hand": run.labels.is_file(), "last_log": last}
+            "budget": _budget(run), "answers_in_hand": run.labels.is_file(), "last_log": last,
+            "epsilon_to_quote": _to_quote(run)}
+
+
+def _to_quote(run: RunDir) -> dict[str, Any] | None:
+    """The report's ``epsilon_to_quote`` (``{"epsilon", "delta", "figure"}``: a public figure,
+    docs/privacy-math.md §12) where the report is current; None where there is none, or it is
+    out of date. The report's other figures stay where they are."""
+    report = current_report(run.root)
+    return None if report is None else report.get("epsilon_to_quote")

@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  the same private data is also charged to {len(b['other_ledgers'])} other "
                   f"ledger(s), whose budgets add up with this one: "
                   f"{', '.join(b['other_ledgers'])}")
+    quoted = status["epsilon_to_quote"]
+    if quoted:
+        print(f"  epsilon to quote: {quoted['epsilon']:.4g} at delta {quoted['delta']:g} "
+              f"({quoted['figure']}; the report says what it rests on)")
     if status["last_log"]:
         print(f"  last: {status['last_log']}")
     return 0

@@ -108,13 +108,18 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
 
     (run / "report").mkdir()
     report = run / "report" / "report.json"
-    report.write_text(json.dumps({"report_format": REPORT_FORMAT}))
+    quoted = {"epsilon": 3.25, "delta": 1e-6, "figure": "sanitised, released"}
+    report.write_text(json.dumps({"report_format": REPORT_FORMAT, "epsilon_to_quote": quoted}))
     metrics = run / "student" / "metrics.json"
     os.utime(report, ns=(metrics.stat().st_mtime_ns + 10**9,) * 2)
-    for expected in ("done", "out of date"):
+    assert main(["status", "--run", str(run)]) == 0  # a current report's figure to quote
+    assert ("  epsilon to quote: 3.25 at delta 1e-06 (sanitised, released; the report says "
+            "what it rests on)") in capsys.readouterr().out.splitlines()
+    for expected, said in (("done", quoted), ("out of date", None)):
         assert main(["status", "--run", str(run), "--json"]) == 0
-        states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
-        assert states["report"] == expected
+        status = json.loads(capsys.readouterr().out)
+        states = {s["stage"]: s["state"] for s in status["stages"]}
+        assert states["report"] == expected and status["epsilon_to_quote"] == said
         os.utime(metrics, ns=(report.stat().st_mtime_ns + 10**9,) * 2)
     # votes in the run directory charged to a ledger elsewhere (recorded beside them)
     other = tmp_path / "other"
