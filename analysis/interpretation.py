@@ -22,11 +22,19 @@ def _check(epsilon: float, delta: float) -> None:
                          f"{delta!r}")
 
 
+def _exp(epsilon: float) -> float:
+    """e^epsilon, infinite past the largest float (epsilon above about 709.78)."""
+    try:
+        return math.exp(epsilon)
+    except OverflowError:
+        return math.inf
+
+
 def likelihood_factor(epsilon: float) -> float:
     """e^epsilon: the most one person's record can multiply the probability of any outcome of
-    what is published (beyond delta)."""
+    what is published (beyond delta); infinite where it is past the largest float."""
     _check(epsilon, 0.0)
-    return math.exp(epsilon)
+    return _exp(epsilon)
 
 
 def max_true_positive_rate(epsilon: float, delta: float, fpr: float) -> float:
@@ -36,8 +44,8 @@ def max_true_positive_rate(epsilon: float, delta: float, fpr: float) -> float:
     _check(epsilon, delta)
     if not 0 <= fpr <= 1:
         raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
-    return min(1.0, math.exp(epsilon) * fpr + delta,
-               1.0 - math.exp(-epsilon) * max(0.0, 1.0 - delta - fpr))
+    scaled = _exp(epsilon) * fpr if fpr else 0.0  # not inf * 0
+    return min(1.0, scaled + delta, 1.0 - math.exp(-epsilon) * max(0.0, 1.0 - delta - fpr))
 
 
 def max_membership_accuracy(epsilon: float, delta: float) -> float:
@@ -46,4 +54,4 @@ def max_membership_accuracy(epsilon: float, delta: float) -> float:
     (1 + e^eps), so the accuracy 1 - (alpha + beta) / 2 is at most (e^eps + delta) /
     (1 + e^eps)."""
     _check(epsilon, delta)
-    return (math.exp(epsilon) + delta) / (1.0 + math.exp(epsilon))
+    return 1.0 - (1.0 - delta) / (1.0 + _exp(epsilon))  # the same, finite for any epsilon

@@ -43,7 +43,7 @@ def figure_epsilon_vs_answered(data: RunData) -> Figure:
                 label=f"{label}: data-dependent")
         if isinstance(mechanism, ConfidentGNMax):
             ax.plot(cost.answered, cost.epsilon_independent, color=colour, ls=":", lw=1.5,
-                    label=f"{label}: data-independent")
+                    label=f"{label}: data-independent, expected")
     ax.set_xlabel("Queries answered (expected, over the whole pool's votes)")
     ax.set_ylabel(f"Privacy cost ε at δ = {data.delta:g}")
     ax.set_title("Privacy cost against queries answered (private)")
@@ -104,7 +104,8 @@ def figure_epsilon_split(data: RunData) -> Figure:
 
 
 def figure_accuracy(report: dict[str, Any], teacher_acc: NDArray[np.float64] | None) -> Figure:
-    """Teacher accuracy spread, and label / ensemble / student / DP-SGD accuracy."""
+    """Teacher accuracy spread, and label / ensemble / student accuracy (DP-SGD's is the
+    owner-only page's: it is a model of the private data without PATE)."""
     fig = Figure(figsize=(10, 4.2))
     left, right = fig.subplots(1, 2)
     if teacher_acc is not None:
@@ -118,8 +119,7 @@ def figure_accuracy(report: dict[str, Any], teacher_acc: NDArray[np.float64] | N
     left.set_title("Teacher accuracy spread (private)")
     bars = {"answered labels\n(pool)": report["queries"]["label_accuracy"],
             "ensemble plurality\n(pool, no noise)": report["ensemble"]["plurality_accuracy"],
-            "student\n(evaluation)": (report["student"] or {}).get("accuracy"),
-            "DP-SGD\n(evaluation)": (report["dpsgd"] or {}).get("accuracy")}
+            "student\n(evaluation)": (report["student"] or {}).get("accuracy")}
     bars = {k: v for k, v in bars.items() if v is not None}
     right.bar(list(bars), list(bars.values()), color="tab:cyan")
     for i, v in enumerate(bars.values()):

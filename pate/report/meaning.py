@@ -65,18 +65,30 @@ _NEIGHBOURS = {
 
 
 _SANITISED = (
-    "The sanitised ε is PATE 2018's data-dependent analysis; it covers the answers and its own "
-    "release, and is smaller when the teachers agree; it carries noise, to which two of its "
-    "standard deviations are added, so that it is at least the analysis' own figure with "
-    "probability 97.7 % (a draw is often well above that figure, seldom below). "
-    "<code>pate run</code> releases it in <code>student/metrics.json</code>, a public file: "
-    "once published, it is the figure that covers everything published. ")
+    "The sanitised ε is PATE 2018's data-dependent analysis, as its authors publish it; it "
+    "covers the answers and its own release, and is smaller when the teachers agree. It is one "
+    "noisy draw: the analysis' own figure plus noise plus two standard deviations of that "
+    "noise, so it is at least the analysis' figure with probability 97.7 % (a draw is often "
+    "well above it, seldom below). That analysis is not a proven bound on each query's "
+    "Rényi divergence (docs/privacy-math.md §12). <code>pate run</code> releases it in "
+    "<code>student/metrics.json</code>, a public file; once it is published, the "
+    "data-independent ε no longer covers everything published, since that release reads the "
+    "votes. ")
 
 
 def _percent(share: float) -> str:
     """A share as a percentage that does not round a near-certainty up to 100 %."""
     pct = 100 * share
-    return f"{pct:.1f} %" if pct < 99.9 else f"{min(pct, 99.9999):.4g} %"
+    if pct < 99.9:
+        return f"{pct:.1f} %"
+    return f"{pct:.2f} %" if pct < 99.99 else "over 99.99 %"
+
+
+def _factor(value: float) -> str:
+    """e^ε as a reader takes it in: three digits, or its power of ten past a million."""
+    if value < 1e6:
+        return f"{value:.3g}"
+    return f"over 10<sup>{math.floor(math.log10(value))}</sup>" if math.isfinite(value) else "∞"
 
 
 def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
@@ -108,19 +120,21 @@ def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
     fpr = f"{100 * FALSE_POSITIVE_RATE:g} %"
     rows = "".join(
         f"<tr><td>{html.escape(m['epsilon'])}</td><td>{m['value']:.3g}</td>"
-        f"<td>{m['likelihood_factor']:.3g}</td><td>{_percent(m['membership_accuracy'])}</td>"
+        f"<td>{_factor(m['likelihood_factor'])}</td><td>{_percent(m['membership_accuracy'])}</td>"
         f"<td>{_percent(m['true_positive_rate'])}</td></tr>" for m in meaning)
     return (
         f'<p><b>The figure to quote: ε = {held["value"]:.3g} at δ = {delta:g}</b> (the '
         f"{html.escape(held['epsilon'])} ε, resting on "
-        f"{html.escape(_RESTS_ON[held['epsilon']])}), for everything published from this run."
-        f"</p>{above}"
-        "<p>Each ε bounds, on what it rests on (below, and docs/privacy-math.md §12), "
-        "everything published from this run together (the student, the labels it received "
-        f"and that ε): for any one person, {_NEIGHBOURS[partition]} makes "
-        "anything those outputs show at most e<sup>ε</sup> times as likely, plus at most "
-        f"δ = {delta:g}. Smaller is stronger. Against an attacker who knows every other record "
-        "and how the run was made, that means:</p>"
+        f"{html.escape(_RESTS_ON[held['epsilon']])}), for everything published from this run"
+        + ("; that analysis is not a proven bound (below)"
+           if held["epsilon"] == "sanitised, released" else "")
+        + f".</p>{above}"
+        "<p>An ε bounds what it covers (the student and the labels it received; the sanitised "
+        "one its own release too), on what it rests on (below, and docs/privacy-math.md §12): "
+        f"for any one person, {_NEIGHBOURS[partition]} makes anything those outputs show at "
+        f"most e<sup>ε</sup> times as likely, plus at most δ = {delta:g}. Smaller is stronger. "
+        "Against an attacker who knows every other record and how the run was made, that "
+        "means (the figures in the order they are preferred for quoting):</p>"
         "<table><thead><tr><th>ε</th><th>value</th><th>e<sup>ε</sup>: the most one record "
         "multiplies the chance of any outcome</th><th>best accuracy of a guess which of two "
         "records a person's is (even odds; 50 % is chance)</th><th>best share of people "

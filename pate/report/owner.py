@@ -124,8 +124,9 @@ def owner_sections(rows: list[dict[str, Any]], dpsgd_choice: str, partition: str
                    ) -> list[tuple[str, str]]:
     """The page's sections: the note (:func:`owner_note`), the table, and how DP-SGD's
     settings were chosen."""
-    head = "".join(f"<th>{t}</th>" for t in ("Model", "Accuracy", "ε (δ of the run)",
-                                             "Training", "Student ÷ this"))
+    head = "".join(f"<th>{t}</th>" for t in (
+        "Model", "Accuracy", "ε (δ of the run)", "Training",
+        "Student ÷ this (above 1: the student is the more accurate)"))
     body = "".join(
         f"<tr><td>{html.escape(r['model'])}</td><td>{format_value(r.get('accuracy'))}</td>"
         f"<td>{html.escape(str(r.get('epsilon') or '–'))}</td>"

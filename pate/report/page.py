@@ -64,16 +64,19 @@ img{max-width:100%;border:1px solid #ddd;margin:.5em 0}code{background:#f4f4f4}"
 
 # what each figure shows, as its caption and its image's text (a screen reader's)
 FIGURE_CAPTIONS = {
-    "epsilon_vs_answered.png": "ε against the queries answered over the whole pool's votes: "
-                               "the run's mechanism, and LNMax and GNMax on the same votes "
-                               "(PATE 2018, Figure 4). Private.",
+    "epsilon_vs_answered.png": "ε against the queries answered over the whole pool's votes, "
+                               "in expectation over the noise, not the rows the student asked "
+                               "(the tables' figures): the run's mechanism, and LNMax and GNMax "
+                               "on the same votes, their cost only (PATE 2018, Figure 4). "
+                               "Private.",
     "plurality_histogram.png": "How many teachers voted for the plurality, for the queries "
                                "asked and those answered (PATE 2018, Figure 5, left). Private.",
     "epsilon_split.png": "Each round's data-dependent ε, split between selecting the queries, "
                          "answering them and the conversion's δ term (PATE 2018, Figure 5, "
-                         "right). Private.",
-    "accuracy.png": "The teachers' accuracies, and the answered labels', the plurality's, the "
-                    "student's and DP-SGD's. Private, except the student's.",
+                         "right); each round is converted on its own, with its own δ term, so "
+                         "the rounds' bars add up to more than the run's ε. Private.",
+    "accuracy.png": "The teachers' accuracies, and the answered labels', the plurality's and "
+                    "the student's. Private, except the student's.",
     "privacy_utility.png": "Accuracy against ε: the student, students on parts of its answers, "
                            "and DP-SGD trained to the student's ε. Owner only.",
     "tradeoff.png": "Each run's accuracy against its ε (sanitised, else data-independent).",
@@ -114,7 +117,7 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
                      f"their number is private; δ = {delta:g} was checked against 1/n"))
     aggregator = (report.get("config") or {}).get("aggregator")
     if aggregator and aggregator.get("budget_epsilon") is not None:
-        rows.append(("Budget of the private data", f"ε = {aggregator['budget_epsilon']:g} at "
+        rows.append(("This ledger's budget", f"ε = {aggregator['budget_epsilon']:g} at "
                      f"δ = {delta:g}, data-independent: the ledger refuses a batch whose worst "
                      "case would pass it"))
     if aggregator:

@@ -50,3 +50,13 @@ def test_bad_arguments_are_refused(args):
         max_membership_accuracy(*args)
     with pytest.raises(ValueError, match="fpr"):
         max_true_positive_rate(1, 0, 1.5)
+
+
+def test_an_epsilon_past_the_largest_exponential_gives_the_limits_not_an_overflow():
+    """A toy run's ε of several hundred: e^ε overflows a float past 709.78; the report still
+    reads (the factor infinite, the best guesses certain, no test at no false alarm)."""
+    assert likelihood_factor(800) == math.inf
+    assert max_membership_accuracy(800, 1e-5) == 1.0
+    assert max_true_positive_rate(800, 1e-5, 0.01) == 1.0
+    assert max_true_positive_rate(800, 1e-5, 0.0) == pytest.approx(1e-5)
+    assert max_membership_accuracy(700, 0) == pytest.approx(1.0)  # still finite there

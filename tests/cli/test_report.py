@@ -155,6 +155,9 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert ("<b>The figure to quote: ε = 6.5 at δ = 1e-05</b> (the sanitised, released ε, "
             "resting on PATE 2018&#x27;s data-dependent analysis") in page
     assert "ε = 1000 at δ = 1e-05, data-independent" in page
+    assert "This ledger&#x27;s budget" in page or "This ledger's budget" in page
+    assert "everything published from this run; that analysis is not a proven bound" in page
+    assert "100 %" not in page  # a near-certainty is said as over 99.99 %, not rounded up
     assert "budget was not exceeded" not in page  # 6.5 of 1000
     assert row["epsilon_to_quote"] == 6.5 and report["epsilon_to_quote"] == {
         "epsilon": 6.5, "delta": a.delta, "figure": "sanitised, released"}
