@@ -21,8 +21,9 @@ epsilon rests on). A failure while training on private rows names its exception'
 (its message may quote a row); ``PATE_TRACEBACK=1`` in the environment shows it whole.
 
 PATE 2018's Table 2 analysis of votes in memory (private: the data-dependent figures are not
-for publication): ``np.save("votes.npy", votes)``, then ``pate analyze --votes votes.npy
---delta D --mechanism M ...``. The HTML report is ``pate run``'s.
+for publication): ``np.save(folder / "votes.npy", votes)`` into a folder only you can read
+(``chmod 700``; the votes are private), then ``pate analyze --votes .../votes.npy --delta D
+--mechanism M ...``. The HTML report is ``pate run``'s.
 
 Speed: training runs in this process on torch's threads; ``torch.set_num_threads(n)`` sets
 them as the commands' ``--threads`` does (1 is often fastest on a busy machine). Nothing here

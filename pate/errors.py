@@ -37,14 +37,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# set (to anything) in the environment to let an unexpected error through whole: its message may
-# quote private values, so the commands, and training on private rows, name its class only
+# set to 1 (or true, yes) in the environment to let an unexpected error through whole: its
+# message may quote private values, so the commands, and training on private rows, name its
+# class only; any other value (0, false, empty) keeps them hidden
 TRACEBACK_VARIABLE = "PATE_TRACEBACK"
 
 
 def tracebacks_shown() -> bool:
-    """Whether ``TRACEBACK_VARIABLE`` asks for unexpected errors whole (for data you may see)."""
-    return bool(os.environ.get(TRACEBACK_VARIABLE))
+    """Whether ``TRACEBACK_VARIABLE`` asks for unexpected errors whole (for data you may see):
+    only an explicit yes, so that a value meant as "off" does not show them."""
+    return os.environ.get(TRACEBACK_VARIABLE, "").strip().lower() in ("1", "true", "yes")
 
 _MESSAGE: Any = object()  # the default detail: the message itself
 

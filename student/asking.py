@@ -258,17 +258,15 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
                     else BUDGET_SPENT_HINT)
             raise UserError("the privacy budget does not cover even one more query: nothing "
                             f"was asked or spent ({hint})")
-        if options.queries > candidates.size:
-            warnings.warn(f"{options.queries} queries asked for, {candidates.size} pool rows "
-                          "were left to ask: asked those", stacklevel=3)
+        short = ([f"{options.queries} queries asked for, {candidates.size} pool rows were "
+                  "left to ask: asked those"] if options.queries > candidates.size else [])
         budget = session.source.budget()
         sanitised = (_sanitised_epsilon(run, session, received, rounds, budget["delta"],
                                        conversion) if session.release_sanitised else None)
     finally:
         session.close()
     if exhausted:
-        warnings.warn(f"budget exhausted after {len(got)} of {chosen.size} queries",
-                      stacklevel=3)
+        short.append(f"budget exhausted after {len(got)} of {chosen.size} queries")
 
     if not received.answered.any() and exhausted:
         queries = "query" if len(received) == 1 else "queries"
@@ -276,6 +274,8 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
                         f"none of the {len(received)} {queries} asked was answered: nothing to "
                         "train on, and nothing more can be asked of this ledger (a new run with "
                         "a larger budget or a lower threshold)")
+    for said in short:  # once the round's answers, records and release are kept
+        warnings.warn(said, stacklevel=3)
     return received, rounds, {
         "delta": budget["delta"],
         "data_independent": budget["epsilon_spent"],  # the ledger's, all its clients

@@ -152,12 +152,13 @@ def check_trains_on(model: nn.Module, rows: int, in_shape: tuple[int, ...], what
     """Forward a copy of ``model`` in training mode on ``rows`` zero inputs: a network that
     cannot train on batches that small (batch normalisation on one row: "expected more than 1
     value per channel") fails here in one line, not in the middle of training, with
-    ``remedy``; one that fails on a larger batch too fails in training mode whatever the
-    batch, and is told so instead."""
+    ``remedy``; one that fails on a larger batch too (not for want of memory) fails in training
+    mode whatever the batch, and is told so instead."""
     failure = _training_failure(model, rows, in_shape, device)
     if failure is None:
         return
-    if _training_failure(model, max(2 * rows, _LARGER_BATCH), in_shape, device) is not None:
+    larger = _training_failure(model, max(2 * rows, _LARGER_BATCH), in_shape, device)
+    if larger is not None and not isinstance(larger, MemoryError | torch.OutOfMemoryError):
         raise UserError(f"{what} fails in training mode (train(), on zero inputs: "
                         f"{describe_error(failure)}): fix its forward in training mode")
     raise UserError(f"{what} cannot train on batches of {rows} row(s) "

@@ -16,6 +16,7 @@ import pytest
 import torch
 from student_support import released
 
+from analysis.costs import worst_case_queries
 from analysis.mechanisms import ConfidentGNMax, GNMax, InteractiveGNMax, LNMax, mechanism_to_dict
 from pate.api import PrivateLabels, Student, load_student
 from pate.errors import BudgetExhausted, LedgerError, UserError
@@ -136,6 +137,12 @@ def test_a_sanitised_epsilon_is_drawn_once_per_set_of_answers_whoever_asks(
         assert free.not_sanitised == "not asked for (sanitise=False)"
         # the figure to quote without a release: every query answered, as the report's
         assert free.to_quote == free.every_answered >= free.data_independent
+        # what a budget of exactly that figure covers, every query answered: the 10 asked
+        orders = labels.ledger.orders
+        assert worst_case_queries(mechanism, free.every_answered * (1 + 1e-9), 1e-5,
+                                  orders) == 10
+        assert worst_case_queries(mechanism, free.every_answered * (1 - 1e-6), 1e-5,
+                                  orders) == 9
     with PrivateLabels(votes, LNMax(scale=20.0), epsilon_budget=1e4, delta=1e-5,
                        ledger=tmp_path / "lnmax.db") as labels:
         labels.ask(np.arange(5))

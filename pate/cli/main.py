@@ -195,10 +195,23 @@ def _dispatch(args: argparse.Namespace) -> int:
     return status
 
 
+# the project's packages: the line of theirs that a fault went through is the one to name
+_PACKAGES = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep
+                  for name in ("analysis", "pate", "teachers", "student"))
+
+
 def _where(exc: BaseException) -> str:
-    """The file name and line where ``exc`` was raised (no folder, no value)."""
+    """The file name and line where ``exc`` was raised, and the project's own line it was
+    raised under where that is another (a library's function it called): no folder, no
+    value."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+    if not frames:
+        return "?"
+    said = [f"{Path(f.filename).name}:{f.lineno}" for f in frames]
+    ours = [i for i, f in enumerate(frames) if f.filename.startswith(_PACKAGES)]
+    if not ours or ours[-1] == len(frames) - 1:
+        return said[-1]
+    return f"{said[-1]}, under {said[ours[-1]]}"
 
 
 def _remove_empty_folders(root: Path) -> None:

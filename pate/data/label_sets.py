@@ -72,23 +72,30 @@ def encode_labels(y: NDArray, classes: tuple[str, ...], indices: bool, what: str
     if outside.any():
         as_positions = (f"integer labels are positions in data.classes, 0 to "
                         f"{len(classes) - 1}" if positions else "")
-        decimals = ("; the labels are written as decimals (as 1.0 for 1): write them as the "
-                    "label set does" if _written_as_decimals(y[outside], classes) else "")
-        if private:  # name no private value, nor how many there are
+        if private:  # name no private value, nor how many there are, nor read them for a hint
+            decimals = ("; if they are written as decimals (1.0 for 1), write them as the label "
+                        "set does" if y.dtype.kind in "OUS" and _whole_numbers(classes) else "")
             raise UserError(f"{what}: labels outside the label set ({', '.join(classes[:10])}"
                             f"{', ...' if len(classes) > 10 else ''}; from {set_from}"
                             f"{'; ' + as_positions if positions else ''}{decimals}): give "
                             "data.classes (--classes) that hold them all, or mend the data")
+        decimals = ("; the labels are written as decimals (as 1.0 for 1): write them as the "
+                    "label set does" if _written_as_decimals(y[outside], classes) else "")
         unknown = sorted({str(v) for v in np.asarray(y)[outside].tolist()})[:5]
         raise UserError(f"{what}: label(s) unknown to the label set: {', '.join(unknown)}"
                         + (f" ({as_positions})" if positions else "") + decimals)
     return codes
 
 
+def _whole_numbers(classes: tuple[str, ...]) -> bool:
+    """Whether every class of the set is named by a whole number ("3", "-1")."""
+    return all(c.lstrip("-").isdigit() for c in classes)
+
+
 def _written_as_decimals(labels: NDArray, classes: tuple[str, ...]) -> bool:
     """Whether text ``labels`` outside the set are whole numbers written with decimals
     ("3.0"), and the set's names are whole numbers ("3"): a CSV written from floats."""
-    if labels.dtype.kind not in "OUS" or not all(c.lstrip("-").isdigit() for c in classes):
+    if labels.dtype.kind not in "OUS" or not _whole_numbers(classes):
         return False
     text = pd.Series(labels).astype(str)
     numbers = pd.to_numeric(text, errors="coerce")

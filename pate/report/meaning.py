@@ -38,7 +38,9 @@ def epsilon_meaning(row: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         found.append({
             "epsilon": name, "value": epsilon, "delta": delta,
-            "likelihood_factor": likelihood_factor(epsilon),
+            # None past the largest float (JSON has no infinity): e^ε said as "∞"
+            "likelihood_factor": (factor if math.isfinite(factor := likelihood_factor(epsilon))
+                                  else None),
             "membership_accuracy": max_membership_accuracy(epsilon, delta),
             "false_positive_rate": FALSE_POSITIVE_RATE,
             "true_positive_rate": max_true_positive_rate(epsilon, delta, FALSE_POSITIVE_RATE)})
@@ -84,11 +86,14 @@ def _percent(share: float) -> str:
     return f"{pct:.2f} %" if pct < 99.99 else "over 99.99 %"
 
 
-def _factor(value: float) -> str:
-    """e^ε as a reader takes it in: three digits, or its power of ten past a million."""
-    if value < 1e6:
+def _factor(value: float | None) -> str:
+    """e^ε as a reader takes it in: three digits, or its power of ten from a million on; None
+    (past the largest float) as ∞."""
+    if value is None or not math.isfinite(value):
+        return "∞"
+    if value < 999_500:  # what rounds to three digits below a million
         return f"{value:.3g}"
-    return f"over 10<sup>{math.floor(math.log10(value))}</sup>" if math.isfinite(value) else "∞"
+    return f"over 10<sup>{math.floor(math.log10(value))}</sup>"
 
 
 def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,

@@ -167,8 +167,10 @@ class _Guard:
                 f"the body must be JSON sent with 'Content-Type: application/json' (got "
                 f"{shown})"))(scope, receive, send)
             return
-        coding = headers.get(b"content-encoding", b"identity").strip().lower()
-        if scope["method"] == "POST" and coding != b"identity":
+        codings = [c.strip().lower() for name, value in scope["headers"]
+                   if name == b"content-encoding" for c in value.split(b",")]  # every one given
+        coding = next((c for c in codings if c not in (b"identity", b"")), None)
+        if scope["method"] == "POST" and coding is not None:
             await error_response(UnsupportedMediaType(
                 f"the body must be sent unencoded (got Content-Encoding "
                 f"{coding.decode('latin-1')[:40]}): the service reads plain JSON"

@@ -717,9 +717,9 @@ def test_labels_written_as_decimals_are_said_to_be(tmp_path: Path) -> None:
             frame["y"] = (x[:, 0] > 0).astype(float if as_float else int)
         frame.to_csv(tmp_path / f"{role}.csv", index=False)
     with pytest.raises(UserError, match=r"private\.csv: labels outside the label set \(0, 1; "
-                                        r"from the test data's labels; the labels are written "
-                                        r"as decimals \(as 1\.0 for 1\): write them as the "
-                                        r"label set does\)"):
+                                        r"from the test data's labels; if they are written as "
+                                        r"decimals \(1\.0 for 1\), write them as the label set "
+                                        r"does\)"):
         load_task(DataFiles(*(str(tmp_path / f"{r}.csv") for r in ("private", "public", "test")),
                             label="y"), need_private=True)
 

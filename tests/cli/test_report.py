@@ -172,6 +172,12 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
                                if m["epsilon"] != "sanitised, released"])
     assert "No sanitised ε was released for these answers" in unreleased
     assert "probability 97.7 %" not in unreleased
+    # a toy's ε past e^ε's largest float: strict JSON (no Infinity), said as ∞ on the page
+    from pate.report.meaning import epsilon_meaning
+    huge = epsilon_meaning({"delta": 1e-5, "epsilon_data_independent": 800.0})
+    json.dumps(huge, allow_nan=False)
+    assert huge[0]["likelihood_factor"] is None and huge[0]["membership_accuracy"] == 1.0
+    assert "<td>∞</td><td>over 99.99 %</td>" in meaning_html(huge)
     assert page.count("(private)</") >= 2  # the private columns; each figure says so too
     # a student that failed to train after its answers were charged: the charge is still said
     (run / "student" / "metrics.json").unlink()

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pate.cli.main import main
@@ -47,16 +48,29 @@ def test_an_unexpected_error_is_one_line_without_its_message(
         raise ValueError("operands could not be broadcast together with shapes (2000,19)")
 
     monkeypatch.setattr("pate.cli.status.run_status", faulty)
-    monkeypatch.delenv("PATE_TRACEBACK", raising=False)
+    monkeypatch.setenv("PATE_TRACEBACK", "0")  # meant as off: hidden, as when it is not set
     assert main(["status", "--run", str(tmp_path)]) == 70
     err = capsys.readouterr().err
-    assert re.fullmatch(r"pate: internal error: ValueError at test_signals\.py:\d+; its "
+    assert re.fullmatch(r"pate: internal error: ValueError at test_signals\.py:\d+, under "
+                        r"status\.py:\d+; its "
                         r"message is not shown, as it may hold private values "
                         r"\(PATE_TRACEBACK=1 shows the traceback, for data you may see\)\n",
                         err), err
     monkeypatch.setenv("PATE_TRACEBACK", "1")
     with pytest.raises(ValueError, match="2000"):
         main(["status", "--run", str(tmp_path)])
+
+    def in_numpy(run: object) -> None:  # the project's line that called numpy is named too
+        from pate.api_checks import warn_if_private_rows
+        from pate.data.row_identity import row_keys
+
+        warn_if_private_rows(np.zeros((2, 19), np.float32),
+                             row_keys(np.zeros((2, 20), np.float32)))
+
+    monkeypatch.setattr("pate.cli.status.run_status", in_numpy)
+    monkeypatch.delenv("PATE_TRACEBACK")
+    assert main(["status", "--run", str(tmp_path)]) == 70
+    assert re.search(r"at \w+\.py:\d+, under api_checks\.py:\d+;", capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("workers", [1, 2])  # in this process; on a local Ray

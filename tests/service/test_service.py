@@ -242,8 +242,10 @@ def test_unknown_routes_answer_json(confident: Server) -> None:
 
 
 def test_retries_are_idempotent(confident: Server) -> None:
+    ask(confident, list(range(1400, 1405)), "retry-0")  # released: replayed to retry-1
     first = ask(confident, list(range(1400, 1420)), "retry-1")
     again = ask(confident, list(range(1400, 1420)), "retry-1")
+    assert first["replayed"] == [True] * 5 + [False] * 15  # the stored answer, as first sent
     assert again["labels"] == first["labels"] and again["replayed"] == first["replayed"]
     assert not first["retried"] and again["retried"]
     assert again["budget"]["queries"] == first["budget"]["queries"]

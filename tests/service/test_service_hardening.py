@@ -171,7 +171,17 @@ def test_an_encoded_body_is_refused_not_read_as_plain(server: Server) -> None:
                    headers={**auth(), "Content-Type": "application/json",
                             "Content-Encoding": "gzip"})
     assert r.status_code == 415 and "Content-Encoding gzip" in r.json()["detail"]
+    # said twice, the second identity: every coding given counts
+    r = httpx.post(f"{server.url}/v1/labels", content=body, timeout=10,
+                   headers=[*auth().items(), ("Content-Type", "application/json"),
+                            ("Content-Encoding", "gzip"), ("Content-Encoding", "identity")])
+    assert r.status_code == 415
     assert httpx.get(f"{server.url}/v1/budget", headers=auth(), timeout=10).json() == before
+    plain = httpx.post(f"{server.url}/v1/labels", timeout=10,  # identity is no encoding
+                       content=b'{"request_id": "plain-identity", "indices": [3]}',
+                       headers={**auth(), "Content-Type": "application/json",
+                                "Content-Encoding": "identity"})
+    assert plain.status_code == 200, plain.text
 
 
 def test_rate_limits_answer_429_with_retry_after(workdir: Path) -> None:

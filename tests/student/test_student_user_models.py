@@ -31,6 +31,7 @@ from student.training import (
     save_model,
     seed_everything,
 )
+from teachers import user_models
 
 NAME = "user_nets_student"
 ARCH = f"{NAME}:small"
@@ -106,6 +107,7 @@ def test_user_arch_is_built_by_the_resolver() -> None:
     model = build_classifier(spec)
     assert type(model).__name__ == "Small" and type(model).__module__ == NAME
     assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    user_models._SAID_PROBABILITIES.discard(f"{NAME}:probabilities")  # said once a process
     with pytest.warns(UserWarning, match=f"arch '{NAME}:probabilities': its forward looks to "
                                          "return probabilities .*drop its final softmax"):
         build_classifier(ModelSpec(f"{NAME}:probabilities", (1, 8, 8), 10))
