@@ -242,12 +242,12 @@ def test_unknown_routes_answer_json(confident: Server) -> None:
 
 
 def test_retries_are_idempotent(confident: Server) -> None:
-    ask(confident, list(range(1400, 1405)), "retry-0")  # released: replayed to retry-1
-    first = ask(confident, list(range(1400, 1420)), "retry-1")
-    again = ask(confident, list(range(1400, 1420)), "retry-1")
-    assert first["replayed"] == [True] * 5 + [False] * 15  # the stored answer, as first sent
-    assert again["labels"] == first["labels"] and again["replayed"] == first["replayed"]
-    assert not first["retried"] and again["retried"]
+    ask(confident, list(range(1400, 1405)), "retry-0")  # released before, but asked afresh:
+    body = {"request_id": "retry-1", "indices": list(range(1400, 1420)), "fresh": True}
+    first = post(confident, body).json()
+    again = post(confident, body).json()  # the stored answer, as first sent: nothing replayed
+    assert first["replayed"] == again["replayed"] == [False] * 20
+    assert again["labels"] == first["labels"] and not first["retried"] and again["retried"]
     assert again["budget"]["queries"] == first["budget"]["queries"]
     r = post(confident, {"request_id": "retry-1", "indices": list(range(1400, 1421))})
     assert r.status_code == 409 and r.json()["error"] == "request_id_conflict"
