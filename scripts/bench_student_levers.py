@@ -25,6 +25,11 @@ the answers already paid for and the public pool.
   (1 - p_y^q) / q with q = ``--q``, a loss bounded in the probability of the label, so a wrong
   answer the network cannot fit pulls less than under cross-entropy (q -> 0 is cross-entropy,
   q = 1 the mean absolute error); the pool unused, as ``none``.
+- ``mixup``: mixup of the labelled batch (H. Zhang et al., "mixup: Beyond Empirical Risk
+  Minimization", ICLR 2018, §2, whose §3.4 finds it robust to corrupted labels): each step
+  trains on lam x_i + (1 - lam) x_j with the loss lam CE(y_i) + (1 - lam) CE(y_j), lam drawn
+  from Beta(``--alpha``, ``--alpha``), j a permutation of the batch; the pool unused, as
+  ``none``.
 - ``self-train``: ``--rounds`` rounds of self-training: the pool rows the last student predicts
   with confidence >= ``--st-tau`` join the answers with its labels, and a fresh student trains
   on both (a classic of semi-supervised learning; Q. Xie et al., "Self-training with Noisy
@@ -165,6 +170,29 @@ class GCELearner:
         return {"supervised": float(loss.detach())}
 
 
+class MixupLearner:
+    """Adam on the mixup of the labelled batch (Zhang et al. 2018, §2): the cross-entropy of a
+    convex combination of two rows against both labels, weighted alike."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, alpha: float, seed: int) -> None:
+        self.model = model
+        self.optimizers = [torch.optim.Adam(model.parameters(), lr=lr)]
+        self.beta = torch.distributions.Beta(alpha, alpha)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def step(self, x_lab: torch.Tensor, y_lab: torch.Tensor, x_unl: torch.Tensor
+             ) -> dict[str, float]:
+        (opt,) = self.optimizers
+        lam = float(self.beta.sample())
+        perm = torch.randperm(len(x_lab), generator=self.gen).to(x_lab.device)
+        logits = self.model(lam * x_lab + (1 - lam) * x_lab[perm])
+        loss = lam * cross_entropy(logits, y_lab) + (1 - lam) * cross_entropy(logits, y_lab[perm])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return {"supervised": float(loss.detach())}
+
+
 class MeanTeacherLearner:
     """Cross-entropy on the labelled batch plus ``lam * ramp(t)`` times the squared distance
     between the student's probabilities on the unlabelled batch and its moving average's on a
@@ -223,6 +251,8 @@ def train(args: argparse.Namespace, spec: ModelSpec, seed: int, pool_x: np.ndarr
         model = learner.average
     elif args.lever == "gce":
         learner = GCELearner(model, method.learning_rate, args.q)
+    elif args.lever == "mixup":
+        learner = MixupLearner(model, method.learning_rate, args.alpha, seed)
     else:
         learner = build_learner(method, model, spec)
 
@@ -255,8 +285,8 @@ def plurality(args: argparse.Namespace, ap: argparse.ArgumentParser,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--labels", type=Path, required=True, help="a run's labels.npz")
-    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "gce", "self-train"),
-                    default="none")
+    ap.add_argument("--lever", choices=("none", "fixmatch", "mean-teacher", "gce", "mixup",
+                                        "self-train"), default="none")
     ap.add_argument("--labels-from", choices=("answers", "true", "plurality"),
                     default="answers")
     ap.add_argument("--method", choices=("supervised", "vat"), default="supervised")
@@ -277,6 +307,7 @@ def main() -> int:
                     help="fixmatch, mean-teacher: consistency weight")
     ap.add_argument("--ema", type=float, default=0.99, help="mean-teacher: the average's decay")
     ap.add_argument("--q", type=float, default=0.7, help="gce: the loss's exponent")
+    ap.add_argument("--alpha", type=float, default=0.4, help="mixup: Beta(alpha, alpha)")
     ap.add_argument("--rounds", type=int, default=1, help="self-train: rounds")
     ap.add_argument("--st-tau", type=float, default=0.9, help="self-train: confidence")
     ap.add_argument("--true-rows", type=int, default=0,
