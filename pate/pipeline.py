@@ -223,11 +223,16 @@ def _report(run: RunDir) -> None:
     say(f"pate run: report: {write_run_report(run.root)}")
 
 
+# the start of the votes' own warning of other ledgers (``votes_ledger.note_ledger``), which a
+# run that gave ``_other_budgets``'s does not repeat
+_VOTES_OTHER_LEDGERS = "the private data of these votes is also charged to"
+
+
 def _other_budgets(config: RunConfig, run: RunDir, task: Task) -> str | None:
     """The warning, given before anything trains (once the run is not refused), where other
     ledgers (the registry's) charge the same private data and this run's ledger is not one of
     them: its budget would be another (docs/design.md, privacy rule 5); None where none does.
-    The votes' own warning comes once the ledger opens."""
+    Given, it stands for the votes' own warning when the ledger opens (not said again)."""
     private = task.private_data_fingerprint
     if private is None:
         return None
@@ -339,7 +344,10 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
             say(f"pate run: the budget (epsilon {a.budget_epsilon:g} at delta {a.delta:g}) "
                 f"covers at least {covered} queries, answered or declined, whatever the votes "
                 "(a declined one costs less)")
-        _run_stages(config, run, _stage_actions(config, run))
+        with warnings.catch_warnings():
+            if other_budgets is not None:  # said above: not again when the ledger opens
+                warnings.filterwarnings("ignore", message=_VOTES_OTHER_LEDGERS)
+            _run_stages(config, run, _stage_actions(config, run))
     return run.report / "report.html"
 
 

@@ -479,3 +479,9 @@ def test_runs_on_one_private_dataset_can_share_one_budget(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "teachers.count 1000000 is more than" in err[0], err
     assert not (tmp_path / "run2").exists()
+    # and a run it does not refuse says so once, not again when its ledger opens for the votes
+    (tmp_path / "c3.toml").write_text(dump_config(tiny.model_copy(update={
+        "aggregator": tiny.aggregator.model_copy(update={"ledger": None})})))
+    assert main(["--quiet", "run", str(tmp_path / "c3.toml"), "--run", str(tmp_path / "run3")]
+                ) == 0
+    assert capsys.readouterr().err.count("other ledger(s)") == 1
