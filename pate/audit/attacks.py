@@ -71,7 +71,8 @@ class TargetAudit:
     def caveats(self) -> list[str]:
         """What makes the bound say little, without failing the audit: a model near chance
         (trained too briefly, say) is not the model the run publishes."""
-        if self.accuracy is None or self.chance is None or not self.accuracy < 2 * self.chance:
+        if (self.accuracy is None or self.chance is None or not self.accuracy < 2 * self.chance
+                or self.target == "control"):  # learns its mislabelled canaries, not the task
             return []
         return [f"its accuracy {self.accuracy:.3f} is near chance ({self.chance:.3f}): a bound "
                 "on it says little of the run's own model (train it longer)"]

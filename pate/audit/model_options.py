@@ -43,17 +43,24 @@ class ModelsAuditOptions:
             raise UserError(f"targets must be among {', '.join(TARGETS)}, got "
                             f"{', '.join(unknown) or 'none'}")
         if not 0.0 < self.canary_fraction < 1.0:
-            raise UserError("--canary-fraction must be in (0, 1)")
-        if min(self.teachers, self.nonprivate_canaries, self.control_canaries,
-               self.control_epochs) < 1 or min(self.nonprivate_rows, self.control_rows,
-                                              self.references, self.student_references) < 0:
-            raise UserError("--teachers, the canary counts and --control-epochs must be >= 1; "
-                            "--nonprivate-rows, --control-rows and the reference counts >= 0")
+            raise UserError(f"--canary-fraction must be in (0, 1), got {self.canary_fraction!r}")
+        for flag, value, least in (
+                ("--teachers", self.teachers, 1),
+                ("--nonprivate-canaries", self.nonprivate_canaries, 1),
+                ("--control-canaries", self.control_canaries, 1),
+                ("--control-epochs", self.control_epochs, 1),
+                ("--nonprivate-rows", self.nonprivate_rows, 0),
+                ("--control-rows", self.control_rows, 0),
+                ("--references", self.references, 0),
+                ("--student-references", self.student_references, 0),
+                ("--seed", 0 if self.seed is None else self.seed, 0)):
+            if value < least:
+                raise UserError(f"{flag} must be >= {least}, got {value}")
         if self.control_labels not in CONTROL_LABELS:
             raise UserError(f"--control-labels must be one of {', '.join(CONTROL_LABELS)}")
         if self.student_epochs is not None and self.student_epochs < 1:
             raise UserError("--student-epochs must be >= 1")
         if not 0.0 < self.confidence < 1.0:
-            raise UserError("--confidence must be in (0, 1)")
+            raise UserError(f"--confidence must be in (0, 1), got {self.confidence!r}")
         if self.delta is not None and not 0.0 < self.delta < 1.0:
-            raise UserError("--delta must be in (0, 1)")
+            raise UserError(f"--delta must be in (0, 1), got {self.delta!r}")

@@ -40,7 +40,8 @@ student's method on the true labels of the rows it asked), never on a private ro
 are used only to count correct guesses (``analysis.membership``).
 
 Everything about private records (canary rows, coin flips, per-record scores) is written 0600 to
-``DIR/audit/`` (``models-<UTC time>-records.npz``), with the summary (``models-<UTC time>.json``);
+``DIR/audit/`` (``models-<UTC time>-<tag>-records.npz``), with the summary
+(``models-<UTC time>-<tag>.json``; the tag random, so that no audit overwrites another's);
 what is returned and printed are aggregate figures only (AUC, TPR at low FPR, the epsilon lower
 bound). The models trained here are discarded.
 """
@@ -48,6 +49,7 @@ bound). The models trained here are discarded.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -133,6 +135,9 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """The run's teachers' manifest and recipe, its data and its partition (recomputed and
     checked against ``partition.json``); UserError when the run is not trained."""
     run = RunDir(run_dir)
+    if not run.root.is_dir():
+        raise UserError(f"{run}: " + ("a file, not a run directory" if run.root.exists()
+                                      else "no such run directory"))
     manifest = TeachersManifest.trained(run.root)
     config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
               else None)
@@ -457,8 +462,8 @@ def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
 def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
                  ) -> ModelsAudit:
     """Audit the models of ``options.targets`` (module docstring); write the per-record results
-    and the summary 0600 to ``run_dir/audit/`` (``models-<UTC time>-records.npz`` and
-    ``models-<UTC time>.json``) and return the summary."""
+    and the summary 0600 to ``run_dir/audit/`` (``models-<UTC time>-<tag>-records.npz`` and
+    ``models-<UTC time>-<tag>.json``) and return the summary."""
     started, stamped = time.perf_counter(), time.time()
     options = ModelsAuditOptions() if options is None else options
     run = load_run(run_dir, options.device)
@@ -507,7 +512,8 @@ def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
     audits = sorted((replace(a, chance=1.0 / run.recipe.num_classes) for a in audits),
                     key=lambda a: TARGETS.index(a.target))
     folder = ensure_dir(run.dir.audit, private=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(stamped))
+    # the time, and a random tag: two audits started in the same second keep both their files
+    stamp = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(stamped))}-{secrets.token_hex(3)}"
     result = ModelsAudit(str(run.dir), delta, options.confidence, audits, options,
                          time.perf_counter() - started, folder / RECORDS_FILE.format(stamp=stamp),
                          folder / SUMMARY_FILE.format(stamp=stamp))

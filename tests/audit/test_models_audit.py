@@ -120,7 +120,7 @@ def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixt
     # Nothing per record: no list longer than the targets', no canary row printed.
     assert max(len(x) for x in _lists(summary)) <= 4
     (records_file,) = (digits_run / "audit").glob("models-*-records.npz")
-    (summary_file,) = (digits_run / "audit").glob("models-*Z.json")
+    (summary_file,) = (digits_run / "audit").glob("models-*.json")
     with np.load(records_file) as records:
         assert records["teacher_rows"].size == teacher["canaries"]
         assert records["teacher_lira_scores"].size == teacher["canaries"]
@@ -128,6 +128,8 @@ def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixt
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[1].startswith("teacher")
+    # a second audit, in the same second or not, keeps its own files beside the first's
+    assert len(list((digits_run / "audit").glob("models-*.json"))) == 2
     assert lines[2].startswith("nonprivate")
 
 
@@ -157,7 +159,9 @@ def test_on_a_users_files_the_audit_says_it_has_no_reference_models(tmp_path: Pa
 @pytest.mark.parametrize(("extra", "message"), [
     (["--control-canaries", "5000"], "private rows"),
     (["--teachers", "11"], "the run has 10 teachers"),
-    (["--canary-fraction", "1.5"], "--canary-fraction"),
+    (["--canary-fraction", "1.5"], "--canary-fraction must be in (0, 1), got 1.5"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--references", "-1"], "--references must be >= 0, got -1"),
 ])
 def test_cli_refuses_in_one_line(digits_run: Path, capsys: pytest.CaptureFixture,
                                  extra: list[str], message: str) -> None:
@@ -169,6 +173,9 @@ def test_cli_refuses_in_one_line(digits_run: Path, capsys: pytest.CaptureFixture
 
 def test_cli_needs_trained_teachers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["audit", "models", "--run", str(tmp_path / "none")]) == 2
+    assert "none: no such run directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["audit", "models", "--run", str(tmp_path / "empty")]) == 2
     assert "no fully trained teachers" in capsys.readouterr().err
 
 
@@ -211,3 +218,5 @@ def test_a_model_near_chance_passes_with_a_caveat() -> None:
     assert audit(0.108).caveats == ["its accuracy 0.108 is near chance (0.100): a bound on it "
                                     "says little of the run's own model (train it longer)"]
     assert audit(0.9).caveats == []
+    control = TargetAudit("control", "", 10, 5, 100, 0, 0.008, None, None, [], 1.0, chance=0.1)
+    assert control.caveats == []  # it learns mislabelled canaries: never the run's model
