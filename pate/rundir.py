@@ -188,6 +188,11 @@ class RunDir:
         """``audit/``: the empirical audits' per-record results (private)."""
         return self.root / "audit"
 
+    def models_audits(self) -> list[Path]:
+        """The ``pate audit models`` summaries (``audit/models-<UTC time>-<tag>.json``; older
+        versions wrote no tag), oldest first: their names begin with their time."""
+        return sorted(self.audit.glob("models-*.json")) if self.audit.is_dir() else []
+
     @property
     def dpsgd_distances(self) -> Path:
         """The Bayesian accountant's sampled gradient-pair distances (private)."""

@@ -96,3 +96,23 @@ def test_a_run_directory_made_read_only_stays_so(tmp_path: Path) -> None:
         assert stat.S_IMODE(run.root.stat().st_mode) == 0o500
     finally:
         run.root.chmod(0o700)
+
+
+def test_the_newest_models_audit_is_found_by_its_time_with_or_without_a_tag(
+        tmp_path: Path) -> None:
+    """``pate audit models`` names its summary by its UTC time and a random tag (older versions
+    wrote no tag): the report reads the newest, and is made again when one is added."""
+    from pate.report.freshness import report_inputs
+    from pate.report.run_report import latest_models_audit
+
+    run = RunDir(tmp_path)
+    assert run.models_audits() == [] and latest_models_audit(run) is None
+    run.audit.mkdir()
+    (run.audit / "models-20261128T101010Z.json").write_text('{"passed": true}')
+    (run.audit / "models-20261128T101010Z-records.npz").write_bytes(b"")
+    (run.audit / "models-20261129T090000Z-3fa2c1.json").write_text('{"passed": false}')
+    assert [p.name for p in run.models_audits()] == ["models-20261128T101010Z.json",
+                                                     "models-20261129T090000Z-3fa2c1.json"]
+    assert latest_models_audit(run) == {"passed": False,
+                                        "file": "audit/models-20261129T090000Z-3fa2c1.json"}
+    assert report_inputs(run)[-1].name == "models-20261129T090000Z-3fa2c1.json"

@@ -22,7 +22,7 @@ REPORT_FORMAT = 7
 
 def report_inputs(run: RunDir) -> list[Path]:
     """The files a run's report is made from."""
-    audits = sorted(run.audit.glob("models-*Z.json")) if run.audit.is_dir() else []
+    audits = run.models_audits()
     return [run.config, run.manifest, run.votes, run.labels, run.rounds, run.probs,
             run.student_metrics, run.dpsgd_metrics, run.dpsgd_bayesian, run.comparison_metrics,
             run.releases,

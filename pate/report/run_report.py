@@ -182,9 +182,9 @@ def _eval_plurality(run: RunDir) -> float | None:
 
 
 def latest_models_audit(run: RunDir) -> dict[str, Any] | None:
-    """The newest ``pate audit models`` summary of the run (``audit/models-<UTC time>.json``,
-    private), with its file name; None when no audit ran."""
-    found = sorted(run.audit.glob("models-*Z.json")) if run.audit.is_dir() else []
+    """The newest ``pate audit models`` summary of the run (``RunDir.models_audits``, private),
+    with its file name; None when no audit ran."""
+    found = run.models_audits()
     if not found:
         return None
     try:
