@@ -224,6 +224,12 @@ class RunDir:
             raise UserError(f"the run directory {self.root} is not writable")
         return self
 
+    def require_dir(self) -> None:
+        """``UserError`` unless the run directory is there: a file of its name, or nothing."""
+        if not self.root.is_dir():
+            raise UserError(f"{self}: " + ("a file, not a run directory" if self.root.exists()
+                                           else "no such run directory"))
+
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Hold the directory for one command (an advisory ``flock`` on the directory itself,

@@ -96,9 +96,7 @@ def _other_ledgers(run: RunDir, url: str) -> list[str]:
 def run_status(run_dir: str | Path) -> dict[str, Any]:
     """The stages and the budget of a run directory."""
     run = RunDir(run_dir)
-    if not run.root.is_dir():
-        raise UserError(f"{run}: " + ("a file, not a run directory" if run.root.exists()
-                                      else "no such run directory"))
+    run.require_dir()
     if not any(p.exists() for p in (run.config, run.log, run.stages, run.partition, run.teachers,
                                     run.votes, run.ledger, run.labels, run.student, run.dpsgd,
                                     run.comparison, run.report, run.audit)):

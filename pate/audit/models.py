@@ -135,9 +135,7 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """The run's teachers' manifest and recipe, its data and its partition (recomputed and
     checked against ``partition.json``); UserError when the run is not trained."""
     run = RunDir(run_dir)
-    if not run.root.is_dir():
-        raise UserError(f"{run}: " + ("a file, not a run directory" if run.root.exists()
-                                      else "no such run directory"))
+    run.require_dir()
     manifest = TeachersManifest.trained(run.root)
     config = (parse_config(run.config.read_text(), str(run.config)) if run.config.is_file()
               else None)
