@@ -261,20 +261,6 @@ def _odd_public(found: dict[str, Hashable], wanted: dict[str, tuple[str | None, 
     return " and ".join(str(wanted[role][0]) for role in others)
 
 
-def _check_shapes(rows: _Rows, wanted: _Wanted) -> None:
-    """Refuse files whose rows are not all of one shape, naming the file that differs (the
-    public one where the others agree) and no count of rows."""
-    pool_shape = list(rows["public"][0].shape[1:])
-    shapes = {role: x.shape[1:] for role, (x, _) in rows.items()}
-    if others := _odd_public(shapes, wanted):
-        raise UserError(f"{wanted['public'][0]}: rows of shape {pool_shape} differ from those "
-                        f"of {others}, which agree")
-    for role, (x, _) in rows.items():
-        if list(x.shape[1:]) != pool_shape:
-            raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
-                            f"the public data's {pool_shape}")
-
-
 def _without_key(frames: dict[str, tuple[pd.DataFrame, NDArray | None]], key: str,
                  wanted: dict[str, tuple[str | None, bool]]
                  ) -> tuple[dict[str, tuple[pd.DataFrame, NDArray | None]], NDArray | None]:
@@ -349,6 +335,22 @@ def _read_csv(source: DataFiles, wanted: _Wanted) -> _Read:
     return read
 
 
+def _check_shapes(rows: _Rows, wanted: _Wanted) -> None:
+    """Refuse files whose rows are not all of one shape, naming the file that differs (the
+    public one where the others agree) and no count of rows. Only ``.npz`` files can differ:
+    a CSV's columns are checked as read and its rows encoded alike, and images are brought to
+    the public folder's size and mode."""
+    pool_shape = list(rows["public"][0].shape[1:])
+    shapes = {role: x.shape[1:] for role, (x, _) in rows.items()}
+    if others := _odd_public(shapes, wanted):
+        raise UserError(f"{wanted['public'][0]}: rows of shape {pool_shape} differ from those "
+                        f"of {others}, which agree")
+    for role, (x, _) in rows.items():
+        if list(x.shape[1:]) != pool_shape:
+            raise UserError(f"{wanted[role][0]}: rows of shape {list(x.shape[1:])} differ from "
+                            f"the public data's {pool_shape}")
+
+
 def _read_npz(source: DataFiles, wanted: _Wanted) -> _Read:
     """``.npz`` files: images as they are, feature rows standardised with the pool's
     statistics."""
@@ -406,7 +408,6 @@ def _files(source: DataFiles, need_private: bool) -> Task:
     reads = read.rows
     preprocessing = {"format": kind, "fitted_on": "public", **read.preprocessing}
     pool_x = reads["public"][0]
-    _check_shapes(reads, wanted)
     if "private" in reads:
         check_apart(read.row_keys or {role: row_keys(x) for role, (x, _) in reads.items()},
                     {role: str(path) for role, (path, _) in wanted.items()}, stacklevel=3)
