@@ -98,9 +98,10 @@ _KIND_NAMES = {"csv": "CSV files", "npz": ".npz files", "folder": "folders of im
 
 def unused_setting_problem(source: DataFiles) -> str | None:
     """Why a setting of new input has no use for its files' format (a label column for data
-    that carries its labels, an image size for data that is not images), or None. Checked
-    where input comes in (flags, a new run's config), not when a run's recorded source is read
-    back: an older version ignored such a setting, and its runs still load."""
+    that carries its labels, an image size for data that is not images), or None. Refused
+    where input comes in (flags, a new run's config); ``load_task`` ignores such a setting with
+    a warning (a source built in Python; a run an older version recorded with one, which still
+    loads)."""
     if source.label is None and source.image_size is None and source.key is None:
         return None
     kinds = {files.kind_named(p) for p in (source.private, source.public, source.test) if p}
@@ -397,6 +398,8 @@ def _files(source: DataFiles, need_private: bool) -> Task:
         raise UserError("data.private, public and test must be of one format, got "
                         + ", ".join(f"{kind} ({role})" for role, kind in of.items()))
     kind = next(iter(of.values()))
+    if problem := unused_setting_problem(source):  # refused where input comes in (flags, configs)
+        warnings.warn(f"{problem}: ignored", UserWarning, stacklevel=3)
     name = Path(source.public).stem  # the public file's name: the private one's may say too much
     wanted: _Wanted = {"public": (source.public, False), "test": (source.test, True),
                        "private": (source.private, True)}

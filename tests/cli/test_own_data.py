@@ -216,8 +216,9 @@ def test_a_csv_of_numbers_and_its_npz_share_the_second_key(tmp_path: Path) -> No
     np.savez(tmp_path / "public.npz", x=public)
 
     def task(private: str, public: str = "public.csv", key: str | None = None) -> Task:
+        label = "label" if private.endswith(".csv") else None  # .npz files carry their labels
         return load_task(DataFiles(str(tmp_path / private), str(tmp_path / public),
-                                   label="label", classes=("0", "1"), key=key))
+                                   label=label, classes=("0", "1"), key=key))
 
     csv, npz = task("private.csv", key="person"), task("private.npz", "public.npz")
     assert csv.private_rows_fingerprint is not None
@@ -552,13 +553,14 @@ def test_image_folders_skip_hidden_entries_and_refuse_a_mix(
         DataFiles("p", "q", classes=("a", "b", "a"))
     with pytest.raises(UserError, match="must be positive"):
         DataFiles("p", "q", image_size=(0, 16))
-    # settings a format has no use for are refused where they come in (here the flags), but a
-    # run an older version recorded with one (then ignored) still loads
+    # settings a format has no use for are refused where they come in (here the flags); from
+    # Python, and for a run an older version recorded with one, they are ignored with a warning
     images = DataFiles(str(tmp_path / "private"), str(tmp_path / "public"), label="y")
     assert unused_setting_problem(images) == (
         "a label column (--label, data.label) is for CSV files; folders of images carry their "
         "labels themselves")
-    assert len(load_task(images).pool_x) == 40
+    with pytest.warns(UserWarning, match=r"^a label column .* themselves: ignored$"):
+        assert len(load_task(images).pool_x) == 40
     assert main(["teachers", "train", "--run", str(tmp_path / "r"), "--private",
                  str(tmp_path / "private"), "--public", str(tmp_path / "public"), "--label",
                  "y"]) == 2
