@@ -100,9 +100,10 @@ class PrivateLabels:
     charge the same data is warned of, as their budgets add up.
 
     A pool row asked again of the same ledger, mechanism and votes, by a later object or
-    another process, gets its first answer again, free (a release is a release); other votes
-    (teachers trained again, on the same budget) answer it afresh, charged. This object refuses
-    a row it has asked already (its answer is in ``received``).
+    another process, gets its first answer again, free (a release is a release), and is marked
+    in the answers' ``replayed``; other votes (teachers trained again, on the same budget)
+    answer it afresh, charged. This object refuses a row it has asked already (its answer is in
+    ``received``).
 
     The sanitised epsilons released (``epsilon``) are kept in the ledger, under its write
     lock: each is drawn once per set of answers, whichever object or process of the ledger
@@ -173,6 +174,7 @@ class PrivateLabels:
             request_size: int = STUDENT.request_size) -> Received:
         """Labels for the pool rows ``indices`` (-1 where the aggregator declined), as many as
         the budget allows (a warning says when that is fewer than asked, the first ones);
+        ``.replayed`` marks those that were earlier releases of the ledger, given again free.
         Interactive-GNMax also takes the student's probabilities. A budget that covers not one
         of them is ``BudgetExhausted``: nothing was asked or spent."""
         index = _pool_indices(indices)

@@ -54,7 +54,9 @@ class Received:
     """Answers received so far, one row per asked pool index; ``pool_fingerprint``: the pool's
     ``Task.pool_fingerprint`` where known (public); ``pool_size`` and ``classes``: how many
     rows and classes the votes asked of hold, where known (``pate.api.PrivateLabels``'; in
-    memory only, not saved)."""
+    memory only, not saved). ``replayed``: the rows whose answer was an earlier release of the
+    ledger given again, free (the service's ``replayed`` marks; in memory only: False for rows
+    loaded from ``labels.npz`` or given without marks)."""
 
     pool_index: NDArray[np.int64]
     label: NDArray[np.int64]
@@ -62,6 +64,12 @@ class Received:
     pool_fingerprint: str | None = None
     pool_size: int | None = None
     classes: int | None = None
+    replayed: NDArray[np.bool_] = None  # None: no marks, all False (__post_init__)
+
+    def __post_init__(self) -> None:
+        marks = (np.zeros(len(self.pool_index), bool) if self.replayed is None
+                 else np.asarray(self.replayed, bool))
+        object.__setattr__(self, "replayed", marks)
 
     @classmethod
     def empty(cls) -> Received:
@@ -104,7 +112,8 @@ class Received:
         return Received(np.concatenate([self.pool_index, other.pool_index]),
                         np.concatenate([self.label, other.label]),
                         np.concatenate([self.branch, other.branch]),
-                        *(next(iter(values), None) for values in known))
+                        *(next(iter(values), None) for values in known),
+                        replayed=np.concatenate([self.replayed, other.replayed]))
 
     def __len__(self) -> int:
         return int(self.pool_index.size)
@@ -112,12 +121,12 @@ class Received:
     def first(self, n: int) -> Received:
         """The first ``n`` rows asked (a prefix in asking order)."""
         return replace(self, pool_index=self.pool_index[:n], label=self.label[:n],
-                       branch=self.branch[:n])
+                       branch=self.branch[:n], replayed=self.replayed[:n])
 
     def since(self, n: int) -> Received:
         """The rows asked after the first ``n``."""
         return replace(self, pool_index=self.pool_index[n:], label=self.label[n:],
-                       branch=self.branch[n:])
+                       branch=self.branch[n:], replayed=self.replayed[n:])
 
     @property
     def answered(self) -> NDArray[np.bool_]:
@@ -194,7 +203,8 @@ def ask(source: LabelSource, indices: NDArray[np.int64],
             continue
         names, which = np.unique(np.asarray(result.branch, str), return_inverse=True)
         branch = np.array([BRANCH_NAMES.index(n) for n in names], np.int8)[which]  # by name, once
-        got = got + Received(part, np.asarray(result.labels, np.int64), branch)
+        got = got + Received(part, np.asarray(result.labels, np.int64), branch,
+                             replayed=result.replayed)
         start += part.size
         if on_request is not None:
             on_request(got)

@@ -206,15 +206,20 @@ def test_new_votes_on_a_ledger_are_answered_afresh_not_replayed(tmp_path: Path) 
     ledger = tmp_path / "ledger.db"
     mechanism = GNMax(sigma=1.0)
     with PrivateLabels(votes, mechanism, epsilon_budget=1e6, delta=1e-5, ledger=ledger) as old:
-        assert old.ask(np.arange(10)).label.tolist() == [0] * 10
+        got = old.ask(np.arange(10))
+        assert got.label.tolist() == [0] * 10 and not got.replayed.any()
     retrained = np.tile([5, 5, 40], (20, 1))
     with PrivateLabels(retrained, mechanism, epsilon_budget=1e6, delta=1e-5,
                        ledger=ledger) as new:
-        assert new.ask(np.arange(5, 15)).label.tolist() == [2] * 10
+        got = new.ask(np.arange(5, 15))
+        assert got.label.tolist() == [2] * 10 and not got.replayed.any()
         assert new.ledger.budget().queries == 20
     with PrivateLabels(votes, mechanism, epsilon_budget=1e6, delta=1e-5, ledger=ledger) as same:
-        assert same.ask(np.arange(10)).label.tolist() == [0] * 10
-        assert same.ledger.budget().queries == 20  # replayed, free
+        got = same.ask(np.arange(8, 12), request_size=3)  # two requests, both marks kept
+        assert got.replayed.tolist() == [True, True, False, False]
+        assert same.received.replayed.tolist() == got.replayed.tolist()
+        assert same.ask(np.arange(8)).replayed.all()
+        assert same.ledger.budget().queries == 22  # 0-9 replayed, free; 10 and 11 charged
 
 
 def test_labels_hold_the_delta_rule_before_the_ledger_exists(tmp_path: Path) -> None:
