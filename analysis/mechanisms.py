@@ -171,3 +171,9 @@ def mechanism_to_dict(mechanism: Mechanism) -> dict[str, Any]:
     """The public record of a mechanism: ``{"mechanism": name, **parameters}``."""
     return {"mechanism": mechanism.name,
             **{f.name: getattr(mechanism, f.name) for f in parameters(type(mechanism))}}
+
+
+def parameters_text(mechanism: Mechanism) -> str:
+    """A mechanism's parameters as a line says them: ``threshold=150, sigma1=40, sigma2=20``."""
+    return ", ".join(f"{f.name}={getattr(mechanism, f.name):g}"
+                     for f in parameters(type(mechanism)))

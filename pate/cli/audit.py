@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from analysis.mechanisms import MECHANISMS
+from analysis.mechanisms import MECHANISMS, parameters_text
 from analysis.rdp import CONVERSIONS
 from pate.audit.mechanism import (
     DEFAULT_CONFIDENCE,
@@ -122,12 +122,13 @@ def _register_models(sub: argparse._SubParsersAction) -> None:
 def _line(audit: MechanismAudit) -> str:
     verdict = "pass" if audit.passed else "FAIL: " + "; ".join(audit.failures)
     if not audit.powered:
-        why = ("too few draws to tell sigma from sigma / 2" if audit.draws < POWERED_DRAWS
+        why = ("too few draws to tell the noise from half of it" if audit.draws < POWERED_DRAWS
                else "the papers' parameters")
         verdict += f" (not powered, not relied on: {why})"
-    return (f"{audit.mechanism.name:<12} epsilon lower {audit.epsilon_lower:.4f}  upper "
-            f"{audit.epsilon_upper:.4f} (data-independent), {audit.epsilon_upper_dependent:.4f} "
-            f"(data-dependent at the pair)  {audit.seconds:.1f} s  {verdict}")
+    return (f"{audit.mechanism.name} ({parameters_text(audit.mechanism)}): epsilon lower "
+            f"{audit.epsilon_lower:.4f}, upper {audit.epsilon_upper:.4f} (data-independent), "
+            f"{audit.epsilon_upper_dependent:.4f} (data-dependent at the pair); "
+            f"{audit.seconds:.1f} s; {verdict}")
 
 
 def run_mechanism(args: argparse.Namespace) -> int:

@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.mechanisms import mechanism_to_dict
+    from analysis.mechanisms import parameters_text
     from pate.aggregation.label_requests import Limits
     from pate.rundir import RunDir
     from pate.service.server import open_server
@@ -91,10 +91,9 @@ def run(args: argparse.Namespace) -> int:
     budget = service.ledger.budget()
     modes = [m for m, on in (("indices", service.pool is not None),
                              ("inputs", service.ensemble is not None)) if on]
-    shown = ", ".join(f"{k}={v}" for k, v in mechanism_to_dict(mechanism).items()
-                      if k != "mechanism")
     print(f"pate serve: listening on {server.url} (OpenAPI schema at /openapi.json)\n"
-          f"pate serve: {mechanism.name} ({shown}); requests by {' and '.join(modes)}\n"
+          f"pate serve: {mechanism.name} ({parameters_text(mechanism)}); requests by "
+          f"{' and '.join(modes)}\n"
           f"pate serve: budget epsilon {budget.epsilon_budget:g} at delta {budget.delta:g}, "
           f"{budget.epsilon_spent:.4g} spent; basis: {budget.basis}\n"
           f"pate serve: ledger {service.ledger.url}", flush=True)

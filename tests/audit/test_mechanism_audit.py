@@ -109,6 +109,22 @@ def test_cli_json(capsys: pytest.CaptureFixture) -> None:
         assert np.abs(a - b).sum() == 2 and a.sum() == b.sum()
 
 
+
+def test_cli_text_names_each_mechanism_with_its_parameters(capsys: pytest.CaptureFixture
+                                                           ) -> None:
+    """With ``--paper`` a mechanism is audited twice: each line says which parameters it ran."""
+    assert main(["audit", "mechanism", "--mechanism", "gnmax", "--draws", "20000", "--paper",
+                 "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("delta = 1e-05, confidence 0.95, 20000 draws per histogram, improved "
+                        "conversion")
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        f"gnmax (sigma={m.sigma:g})" for m in (DEFAULT_MECHANISMS["gnmax"],
+                                               PAPER_MECHANISMS["gnmax"])]
+    assert all(line.endswith("(not powered, not relied on: too few draws to tell the noise "
+                             "from half of it)") for line in lines[1:])
+
+
 @pytest.mark.parametrize("args", [["--draws", "10"], ["--draws", str(10**20)], ["--delta", "2"],
                                   ["--confidence", "1"]])
 def test_cli_bad_input(capsys: pytest.CaptureFixture, args: list[str]) -> None:
