@@ -66,16 +66,23 @@ class TargetAudit:
     attacks: list[AttackResult]
     seconds: float
     chance: float | None = None  # 1 / the number of classes
+    references_asked: int | None = None
 
     @property
     def caveats(self) -> list[str]:
         """What makes the bound say little, without failing the audit: a model near chance
-        (trained too briefly, say) is not the model the run publishes."""
-        if (self.accuracy is None or self.chance is None or not self.accuracy < 2 * self.chance
-                or self.target == "control"):  # learns its mislabelled canaries, not the task
-            return []
-        return [f"its accuracy {self.accuracy:.3f} is near chance ({self.chance:.3f}): a bound "
-                "on it says little of the run's own model (train it longer)"]
+        (trained too briefly, say) is not the model the run publishes; fewer reference models
+        than asked (the labelled public pool held no more) make the reference attack weaker."""
+        out = []
+        if (self.accuracy is not None and self.chance is not None
+                and self.accuracy < 2 * self.chance
+                and self.target != "control"):  # learns its mislabelled canaries, not the task
+            out.append(f"its accuracy {self.accuracy:.3f} is near chance ({self.chance:.3f}): a "
+                       "bound on it says little of the run's own model (train it longer)")
+        if self.references_asked is not None and self.references < self.references_asked:
+            out.append(f"{self.references} reference models of the {self.references_asked} "
+                       "asked: the public pool holds no more disjoint sets of their rows")
+        return out
 
     @property
     def epsilon_lower(self) -> float:

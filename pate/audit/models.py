@@ -457,6 +457,14 @@ def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
                         f"has {len(run.train_y)}: ask for fewer")
 
 
+def _references_asked(target: str, run: Run, options: ModelsAuditOptions) -> int | None:
+    """How many reference models ``target``'s audit asked for (None where the public pool's
+    labels are unknown: none could be trained, which a warning says)."""
+    if run.pool_y is None:
+        return None
+    return options.student_references if target == "student" else options.references
+
+
 def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
                  ) -> ModelsAudit:
     """Audit the models of ``options.targets`` (module docstring); write the per-record results
@@ -507,8 +515,9 @@ def audit_models(run_dir: str | Path, options: ModelsAuditOptions | None = None
             options.references, rng, used, delta, options.confidence, records,
             time.perf_counter(), mislabel=options.control_labels == "mislabelled")
         audits.append(audit)
-    audits = sorted((replace(a, chance=1.0 / run.recipe.num_classes) for a in audits),
-                    key=lambda a: TARGETS.index(a.target))
+    audits = sorted((replace(a, chance=1.0 / run.recipe.num_classes,
+                             references_asked=_references_asked(a.target, run, options))
+                     for a in audits), key=lambda a: TARGETS.index(a.target))
     folder = ensure_dir(run.dir.audit, private=True)
     # the time, and a random tag: two audits started in the same second keep both their files
     stamp = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(stamped))}-{secrets.token_hex(3)}"

@@ -7,7 +7,7 @@ import json
 import stat
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +103,7 @@ def _lists(obj) -> list[list]:
 def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixture) -> None:
     args = ["audit", "models", "--run", str(digits_run), "--targets", "teacher", "nonprivate",
             "--teachers", "2", "--nonprivate-rows", "100", "--nonprivate-canaries", "100",
-            "--references", "1", "--seed", "2"]
+            "--references", "5", "--seed", "2"]  # the pool's 250 rows hold fewer reference sets
     assert main([*args, "--json"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out)
@@ -113,7 +113,10 @@ def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixt
     assert 128 <= teacher["canaries"] <= 130    # half of two partitions of 129 or 130 rows
     assert nonprivate["canaries"] == 100 and nonprivate["training_rows"] == 100 + \
         nonprivate["members"]
-    assert teacher["epsilon_analytic"] is None and teacher["reference_models"] == 1
+    refs = teacher["reference_models"]
+    assert teacher["epsilon_analytic"] is None and 1 <= refs < 5
+    assert teacher["caveats"] == [f"{refs} reference models of the 5 asked: the public pool "
+                                  "holds no more disjoint sets of their rows"]
     assert {a["attack"] for a in teacher["attacks"]} == {"loss", "lira"}
     for a in teacher["attacks"]:
         assert 0.0 <= a["auc"] <= 1.0 and set(a["tpr_at_fpr"]) == {"0.001", "0.01"}
@@ -128,6 +131,8 @@ def test_cli_prints_aggregates_only(digits_run: Path, capsys: pytest.CaptureFixt
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[1].startswith("teacher")
+    assert lines[1].endswith(f"(but {refs} reference models of the 5 asked: the public pool "
+                             "holds no more disjoint sets of their rows)")
     # a second audit, in the same second or not, keeps its own files beside the first's
     assert len(list((digits_run / "audit").glob("models-*.json"))) == 2
     assert lines[2].startswith("nonprivate")
@@ -218,5 +223,6 @@ def test_a_model_near_chance_passes_with_a_caveat() -> None:
     assert audit(0.108).caveats == ["its accuracy 0.108 is near chance (0.100): a bound on it "
                                     "says little of the run's own model (train it longer)"]
     assert audit(0.9).caveats == []
+    assert replace(audit(0.9), references_asked=0).caveats == []  # as many as asked: none
     control = TargetAudit("control", "", 10, 5, 100, 0, 0.008, None, None, [], 1.0, chance=0.1)
     assert control.caveats == []  # it learns mislabelled canaries: never the run's model
