@@ -26,6 +26,8 @@ def sorted_profiles(count: int, dimension: int, seed: int) -> NDArray[np.float64
     if count < 1 or dimension < 1:
         raise ValueError(f"encoding needs at least 1 profile of at least 1 coordinate (the "
                          f"model's parameters), got {count} profiles of {dimension}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"the profiles' seed (encode_seed) must be in [0, 2^63), got {seed}")
     size = count * dimension * np.dtype(np.float64).itemsize
     if size > MAX_PROFILE_BYTES:
         raise ValueError(f"{count} profiles of {dimension} coordinates would take "

@@ -307,7 +307,13 @@ def _check_data(config: RunConfig, run: RunDir) -> tuple[int, str | None]:
                         f"epsilon {two:.3g} at delta {a.delta:g} (a larger budget, or larger "
                         "sigma1 and sigma2)")
     st = config.student
-    asked = st.queries + st.active_queries + st.interactive_queries
+    asked = 0
+    for key in ("queries", "active_queries", "interactive_queries"):  # the rounds' order
+        if getattr(st, key) and asked >= len(task.pool_x):
+            raise UserError(f"student.{key} {getattr(st, key)}: the rounds before it ask for "
+                            f"all {len(task.pool_x)} pool rows, and no row is asked twice, so "
+                            f"it would find none left (fewer queries before it, or {key} = 0)")
+        asked += getattr(st, key)
     if asked > len(task.pool_x):
         warnings.warn(f"student: {asked} queries in all (queries, active_queries, "
                       f"interactive_queries) for a pool of {len(task.pool_x)} rows: no row is "

@@ -68,6 +68,10 @@ def test_dumped_config_names_every_key() -> None:
      "aggregator.interactive_threshold 6 exceeds the number of teachers"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nmodel = 'resnet'\n", "dpsgd.model: model must be one of"),
+    # refused when the config is read, not after the teachers and the rounds' budget
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
+     "delta = 1e-5\n[dpsgd]\nencode = 10\nencode_seed = -5\n",
+     "dpsgd.encode_seed: Input should be greater than or equal to 0"),
     ("name = \n", "invalid TOML"),
     # a seed is an int64, or training would stop with an overflow after the budget is spent
     ("name = 'x'\n[student]\nseed = 9223372036854775808\n[aggregator]\nthreshold = 1\n"

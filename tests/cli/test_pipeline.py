@@ -397,12 +397,24 @@ def test_a_budget_of_fewer_queries_than_classes_is_warned_of_before_training(
         _check_data(budget(100.0), RunDir(tmp_path / "run"))
 
 
-def test_more_queries_than_pool_rows_is_warned_of_before_training(tmp_path: Path) -> None:
+def test_more_queries_than_pool_rows_is_warned_of_or_refused_before_training(
+        tmp_path: Path) -> None:
     tiny = load_config("digits-tiny")  # a pool of 250 rows
     many = tiny.model_copy(update={"student": tiny.student.model_copy(
         update={"queries": 200, "active_queries": 100})})
     with pytest.warns(UserWarning, match="300 queries in all .* for a pool of 250 rows"):
         _check_data(many, RunDir(tmp_path / "run"))
+    # a round after the whole pool was asked for would find nothing left: refused up front,
+    # before any budget is spent on the rounds that can run
+    for queries, later in ((250, {"active_queries": 10}),
+                           (200, {"active_queries": 50, "interactive_queries": 5})):
+        none_left = tiny.model_copy(update={"student": tiny.student.model_copy(
+            update={"queries": queries, **later})})
+        key = list(later)[-1]
+        with pytest.raises(UserError, match=rf"^student\.{key} {later[key]}: the rounds before it "
+                                            r"ask for all 250 pool rows, .* or \w+ = 0\)$"):
+            _check_data(none_left, RunDir(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_run_directory_in_use_is_refused(tmp_path: Path,

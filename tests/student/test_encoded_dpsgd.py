@@ -168,6 +168,8 @@ def test_cli_epsilon_gaussian_is_the_plain_figure(capsys: pytest.CaptureFixture[
     (["--noise", "laplace"], "encoded gradients only"),
     (["--noise", "student-t", "--dof", "2", "--encode", "5"], "dof > 2"),
     (["--noise", "student-t", "--encode", "0"], "at least 1 profile"),
+    (["--noise", "laplace", "--encode", "5", "--encode-seed", "-1"],
+     "the profiles' seed (encode_seed) must be in [0, 2^63), got -1"),
     (["--noise-multiplier", "inf"], "must be a finite number > 0, got inf"),  # the last one
     # refused before allocating: 1e8 profiles of the default CNN's size would take 19 TiB
     (["--noise", "laplace", "--encode", "100000000"], "Psi is limited to 4 GiB"),
@@ -186,3 +188,8 @@ def test_cli_train_refuses_in_one_line(tmp_path: Path,
                  "--noise-multiplier", "1", "--noise", "laplace"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "encoded gradients only" in err
+    assert main(["dpsgd", "train", "--run", str(tmp_path / "r"), "--dataset", "digits",
+                 "--noise-multiplier", "1", "--noise", "laplace", "--encode", "5",
+                 "--encode-seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "encode_seed must be in [0, 2^63)" in err
