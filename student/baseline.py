@@ -20,6 +20,7 @@ from pate.io import write_with_atomic
 from pate.rundir import RunDir
 from student.dpsgd import DPSGDConfig, DPSGDResult, train_dpsgd
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
+from teachers.manifest import TeachersManifest
 
 # The Bayesian accountant's figures: computed from the private gradients' distances, so kept
 # apart from the public metrics.json (in the private bayesian.json).
@@ -78,6 +79,11 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
         raise UserError("the DP-SGD baseline is evaluated on test data: give data.test "
                         "(--test)")
     assert task.private_x is not None and task.private_y is not None
+    manifest = TeachersManifest.read(run.root)
+    if manifest is not None and (manifest.private_changed(task) or manifest.pool_changed(task)):
+        raise UserError("the run's teachers learnt other data than the data flags name: DP-SGD "
+                        "in a run directory learns its teachers' private data, beside their "
+                        "student (give no data flag, or another --run directory)")
     if allow_large_delta is not None:
         check_delta(config.delta, len(task.private_y), allow_large_delta)
     norm = public_norm(task.pool_x)

@@ -15,6 +15,7 @@ import torch
 from analysis.sampled_gaussian import dpsgd_epsilon
 from pate.cli.main import main
 from pate.data.datasets import load_dataset, public_split
+from pate.data.task import Benchmark, load_task
 from student.dpsgd import (
     DPSGDConfig,
     dpsgd_network,
@@ -307,14 +308,22 @@ def test_cli_trains_on_the_runs_data_and_checks_its_input_first(
     that cannot be one are each one line, before any training."""
     run = tmp_path / "run"
     (run / "teachers").mkdir(parents=True)
+    digits = load_task(Benchmark("digits"))
     (run / "teachers" / "manifest.json").write_text(json.dumps(
-        {"data": {"kind": "benchmark", "name": "digits", "data_dir": None, "pool_size": None}}))
+        {"data": {"kind": "benchmark", "name": "digits", "data_dir": None, "pool_size": None},
+         "pool_fingerprint": digits.pool_fingerprint,
+         "private_fingerprint": digits.private_fingerprint}))
     small = ["--noise-multiplier", "1.2", "--epochs", "1", "--batch-size", "256",
              "--bayesian-pairs", "16"]
     assert main(["dpsgd", "train", "--run", str(run), *small, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dataset"] == "digits"
     (tmp_path / "a-file").write_text("")
-    for argv, message in ((["--run", str(run), "--delta", "0.01"], "at least 1/n"),
+    # data flags that name other data than the teachers learnt: the report would set a
+    # baseline of other data beside their student
+    other = "the run's teachers learnt other data than the data flags name"
+    for argv, message in ((["--run", str(run), "--dataset", "digits", "--pool-size", "200"],
+                           other),
+                          (["--run", str(run), "--delta", "0.01"], "at least 1/n"),
                           (["--run", str(run), "--momentum", "5"], "momentum in [0, 1)"),
                           (["--run", str(tmp_path / "a-file")], "cannot create the run")):
         assert main(["dpsgd", "train", *argv, *small]) == 2
