@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 import os
 import time
 import warnings
@@ -98,11 +99,14 @@ class DPSGDConfig:
             raise ValueError("give exactly one of target_epsilon and noise_multiplier")
         if self.epochs < 1 or self.expected_batch_size < 1 or self.bayesian_pairs < 3:
             raise ValueError("epochs and expected_batch_size must be >= 1, bayesian_pairs >= 3")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        if not (self.lr > 0 and 0 <= self.momentum < 1):
-            raise ValueError(f"lr must be > 0 and momentum in [0, 1), got {self.lr!r} and "
-                             f"{self.momentum!r}")
+        for name in ("max_grad_norm", "lr", "target_epsilon", "noise_multiplier"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.init_seed is not None and not 0 <= self.init_seed < 2**63:
+            raise ValueError(f"init_seed must be in [0, 2^63), got {self.init_seed}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
 

@@ -61,7 +61,7 @@ def test_a_second_fit_takes_the_default_of_its_own_data(digits) -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"epsilon": 0}, "epsilon must be a finite number > 0"),
     ({"epsilon": 1.0, "model": "resnet"}, "model must be one of"),
-    ({"epsilon": 1.0, "momentum": 1.5}, "momentum in \\[0, 1\\)"),
+    ({"epsilon": 1.0, "momentum": 1.5}, "momentum must be in \\[0, 1\\)"),
     ({"epsilon": 1.0, "momentum": "high"}, "momentum must be a number"),
     ({"epsilon": 1.0, "epochs": 0}, "epochs must be an integer >= 1"),
     ({"epsilon": 1.0, "delta": 2.0}, "delta must be in"),

@@ -115,7 +115,8 @@ def test_ghost_clipping_steps_by_the_clipped_per_example_gradients(network) -> N
     torch.testing.assert_close(per_example_gradients(model, dict(model.named_parameters()), x, y),
                                per_example, atol=1e-6, rtol=1e-4)
     clipped = per_example * (clip / (per_example.norm(dim=1) + 1e-6)).clamp(max=1.0)[:, None]
-    config = DPSGDConfig(noise_multiplier=0.0, lr=1.0, momentum=0.0, max_grad_norm=clip)
+    config = DPSGDConfig(noise_multiplier=1.0, lr=1.0, momentum=0.0, max_grad_norm=clip)
+    # the noise is the sigma given to ghost_clipped_sgd below: none
     gsm, optimizer, loss_fn = ghost_clipped_sgd(model, config, 0.0, expected_batch,
                                                 torch.Generator())
     before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -324,11 +325,30 @@ def test_cli_trains_on_the_runs_data_and_checks_its_input_first(
     for argv, message in ((["--run", str(run), "--dataset", "digits", "--pool-size", "200"],
                            other),
                           (["--run", str(run), "--delta", "0.01"], "at least 1/n"),
-                          (["--run", str(run), "--momentum", "5"], "momentum in [0, 1)"),
+                          (["--run", str(run), "--momentum", "5"], "momentum must be in [0, 1)"),
                           (["--run", str(tmp_path / "a-file")], "cannot create the run")):
         assert main(["dpsgd", "train", *argv, *small]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--noise-multiplier", "-1"], "noise_multiplier must be a finite number > 0, got -1.0"),
+    (["--noise-multiplier", "inf"], "noise_multiplier must be a finite number > 0, got inf"),
+    (["--epsilon", "2", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
+    (["--epsilon", "2", "--max-grad-norm", "inf"], "max_grad_norm must be a finite number > 0"),
+    (["--epsilon", "2", "--init-seed", "-5"], "init_seed must be in [0, 2^63), got -5"),
+    (["--epsilon", "2", "--init-seed", str(2**63)], "init_seed must be in [0, 2^63)"),
+])
+def test_cli_refuses_bad_settings_before_the_data(tmp_path: Path, args: list[str], message: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Said by name as given, before any data is read or any step taken (a negative noise
+    multiplier was said as an internal noise_std after the first step)."""
+    assert main(["dpsgd", "train", "--run", str(tmp_path / "r"), "--dataset", "digits",
+                 *args]) == 2
+    err = capsys.readouterr().err
+    assert err == f"pate: error: {message}" + err.split(message, 1)[1] and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
 
 
 def test_cli_needs_one_noise_setting(tmp_path: Path) -> None:
