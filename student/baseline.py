@@ -94,10 +94,15 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
          **result.metrics})
     folder = run.private_dir(out or run.dpsgd)
     private = run.baseline_is_private(folder)
+    # the metrics are written last and an earlier training's removed first: a stop part-way
+    # leaves no metrics beside another training's model
+    (folder / run.dpsgd_metrics.name).unlink(missing_ok=True)
     write_with_atomic(folder / run.dpsgd_distances.name,
                       lambda fh: np.save(fh, result.distances), private=True)
     if bayesian:
         run.write_json(folder / run.dpsgd_bayesian.name, bayesian, private=True)
+    else:  # an encoded training has none: an earlier training's is not this one's
+        (folder / run.dpsgd_bayesian.name).unlink(missing_ok=True)
     write_with_atomic(folder / run.dpsgd_model.name,
                       lambda fh: torch.save(result.model.state_dict(), fh), private)
     run.write_json(folder / run.dpsgd_metrics.name, metrics, private)

@@ -300,6 +300,21 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
     assert code == 0
     assert json.loads(capsys.readouterr().out)["epsilon"] == pytest.approx(
         bayesian["epsilon_bayesian"], rel=1e-12)
+    # trained again, encoded (no Bayesian accountant): the first training's figure is not kept
+    # beside the second's metrics
+    assert main(["dpsgd", "train", "--run", str(run), "--dataset", "digits", "--noise", "laplace",
+                 "--encode", "5", "--noise-multiplier", "1.2", "--epochs", "1",
+                 "--batch-size", "256", "-q"]) == 0
+    capsys.readouterr()
+    assert not (run / "dpsgd" / "bayesian.json").exists()
+    assert json.loads((run / "dpsgd" / "metrics.json").read_text())["noise"] == "laplace"
+    # a training stopped before its metrics are written leaves none of an earlier training's
+    (run / "dpsgd" / "model.pt").unlink()
+    (run / "dpsgd" / "model.pt").mkdir()  # the model cannot be written: a stop part-way
+    assert main(["dpsgd", "train", "--run", str(run), "--dataset", "digits",
+                 "--noise-multiplier", "1.2", "--epochs", "1", "--batch-size", "256",
+                 "-q"]) != 0
+    assert not (run / "dpsgd" / "metrics.json").exists()
 
 
 def test_cli_trains_on_the_runs_data_and_checks_its_input_first(
