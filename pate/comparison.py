@@ -78,8 +78,7 @@ def run_comparison(config: RunConfig, run: RunDir, options: StudentOptions,
             continue
         say(f"DP-SGD to the student's {name} epsilon {target:.3f}")
         settings, encoding = dpsgd_settings(config, target)
-        with progress_bar(f"DP-SGD at epsilon {target:.3f}", settings.epochs, "epoch",
-                          every=10.0) as bar:
+        with progress_bar(f"DP-SGD at epsilon {target:.3f}", settings.epochs, "epoch") as bar:
             metrics = train_dpsgd_baseline(run, settings, source,
                                            by_epoch(bar, settings.epochs),
                                            out=run.comparison_dpsgd(name), encoding=encoding)

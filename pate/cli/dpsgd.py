@@ -34,26 +34,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            description="Train a network with DP-SGD on the private data "
                                        "(default: the run's teachers') and evaluate it on the "
                                        "test data.")
-    train.add_argument("--run", type=path_arg, required=True, metavar="DIR")
+    train.add_argument("--run", type=path_arg, required=True, metavar="DIR",
+                       help="run directory: the model and metrics go to DIR/dpsgd/; without "
+                            "data flags it learns the data of DIR's teachers")
     add_data_flags(train)
     noise = train.add_mutually_exclusive_group(required=True)
     noise.add_argument("--epsilon", type=float, metavar="E",
                        help="target epsilon; the noise multiplier is calibrated to it")
-    noise.add_argument("--noise-multiplier", type=float, metavar="S")
+    noise.add_argument("--noise-multiplier", type=float, metavar="S",
+                       help="the noise's standard deviation over the clipping norm C; the "
+                            "epsilon follows from it")
     train.add_argument("--model", choices=DPSGD_MODELS, default=None,
                        help="the network: the tempered-sigmoid CNN (images' default), a linear "
                             "softmax on wavelet scattering or HOG features (images), or a "
                             "linear softmax on the inputs (feature rows' default)")
-    train.add_argument("--epochs", type=int, default=DPSGD.epochs)
-    train.add_argument("--delta", type=float, default=1e-5)
+    train.add_argument("--epochs", type=int, default=DPSGD.epochs,
+                       help=f"passes over the private data (default {DPSGD.epochs})")
+    train.add_argument("--delta", type=float, default=1e-5,
+                       help="delta of the (epsilon, delta) guarantee, well below 1/n "
+                            "(default 1e-5)")
     train.add_argument("--allow-large-delta", action="store_true",
                        help="accept a delta of 1/n or more (n the private records)")
     train.add_argument("--batch-size", type=int, default=DPSGD.batch_size,
                        help="expected batch size; the Poisson sampling rate is this / n")
-    train.add_argument("--lr", type=float, default=DPSGD.lr)
-    train.add_argument("--momentum", type=float, default=DPSGD.momentum)
-    train.add_argument("--max-grad-norm", type=float, default=DPSGD.max_grad_norm, metavar="C")
-    train.add_argument("--conversion", choices=CONVERSIONS, default="improved")
+    train.add_argument("--lr", type=float, default=DPSGD.lr,
+                       help=f"learning rate of SGD (default {DPSGD.lr:g})")
+    train.add_argument("--momentum", type=float, default=DPSGD.momentum,
+                       help=f"SGD's momentum, in [0, 1) (default {DPSGD.momentum:g})")
+    train.add_argument("--max-grad-norm", type=float, default=DPSGD.max_grad_norm, metavar="C",
+                       help="each example's gradient is clipped to this L2 norm "
+                            f"(default {DPSGD.max_grad_norm:g})")
+    train.add_argument("--conversion", choices=CONVERSIONS, default="improved",
+                       help="RDP to (epsilon, delta) conversion (default: improved)")
     train.add_argument("--bayesian-pairs", type=int, default=DPSGD.bayesian_pairs,
                        help="gradient pairs sampled per step for the Bayesian accountant")
     train.add_argument("--noise", choices=NOISE_FAMILIES, default="gaussian",
@@ -95,7 +107,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     run = RunDir(args.run)
     data = source_from_flags(args, teachers_source(run.root))  # default: the run's teachers'
-    with progress_bar("DP-SGD", config.epochs, "epoch", every=10.0) as bar:
+    with progress_bar("DP-SGD", config.epochs, "epoch") as bar:
         metrics = train_dpsgd_baseline(run, config, data, by_epoch(bar, config.epochs),
                                        encoding=encoding,
                                        allow_large_delta=args.allow_large_delta)
@@ -104,5 +116,19 @@ def run_train(args: argparse.Namespace) -> int:
     public, private = split_bayesian(metrics)  # data-dependent: marked, as on the line below
     print(json.dumps({**public, **({"private": private} if private else {})}) if args.json
           else f"accuracy {metrics['accuracy']:.4f}  epsilon {metrics['epsilon']:.3f} (RDP)"
-               f"{bayesian}  delta {metrics['delta']:g}  -> {run.dpsgd_metrics}")
+               f"{bayesian}  delta {metrics['delta']:g}  -> {run.dpsgd_metrics}\n"
+               f"{_guarantee(metrics)}")
     return 0
+
+
+def _guarantee(metrics: dict) -> str:
+    """What the RDP epsilon covers, in words: the line under the figures."""
+    noise = metrics.get("noise", "gaussian")
+    encoded = metrics.get("encoding", {}).get("encode")
+    return (f"the guarantee: ({metrics['epsilon']:.3f}, {metrics['delta']:g})-DP for one "
+            "record added or removed; Poisson-sampled batches of "
+            f"{metrics['config']['expected_batch_size']} expected, each example's gradient "
+            f"clipped to {metrics['max_grad_norm']:g}"
+            + (f" and encoded against {encoded} public profiles" if encoded else "")
+            + f", {noise} noise of {metrics['noise_multiplier']:.4g} times that, "
+            f"{metrics['steps']} steps, {metrics['conversion']} RDP conversion")

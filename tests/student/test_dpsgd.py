@@ -305,9 +305,15 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
     assert main(["dpsgd", "train", "--run", str(run), "--dataset", "digits", "--noise", "laplace",
                  "--encode", "5", "--noise-multiplier", "1.2", "--epochs", "1",
                  "--batch-size", "256", "-q"]) == 0
-    capsys.readouterr()
+    said = capsys.readouterr().out.splitlines()
     assert not (run / "dpsgd" / "bayesian.json").exists()
-    assert json.loads((run / "dpsgd" / "metrics.json").read_text())["noise"] == "laplace"
+    encoded = json.loads((run / "dpsgd" / "metrics.json").read_text())
+    assert encoded["noise"] == "laplace"
+    assert len(said) == 2 and said[1] == (  # what the figure covers, in words
+        f"the guarantee: ({encoded['epsilon']:.3f}, 1e-05)-DP for one record added or removed; "
+        "Poisson-sampled batches of 256 expected, each example's gradient clipped to "
+        f"{encoded['max_grad_norm']:g} and encoded against 5 public profiles, laplace noise of "
+        f"1.2 times that, {encoded['steps']} steps, improved RDP conversion")
     # a training stopped before its metrics are written leaves none of an earlier training's
     (run / "dpsgd" / "model.pt").unlink()
     (run / "dpsgd" / "model.pt").mkdir()  # the model cannot be written: a stop part-way
