@@ -6,7 +6,8 @@ privacy budget, charging the same durable ledger as ``pate serve`` (no HTTP), ``
 from the public pool and the answers, and ``PrivateLabels.epsilon`` gives the epsilons you may
 publish; ``DPSGD`` (:mod:`pate.api_dpsgd`) is the baseline to compare the student with at
 the same epsilon. ``load_student`` reads back the student of a ``pate run`` directory (or of
-``Student.save``); such a student also scores raw files (``Student.predict_file``). The
+``Student.save``); such a student also scores raw files (``Student.predict_file``);
+``load_dpsgd`` reads back the DP-SGD model of a run (``pate dpsgd train``, ``pate run``). The
 README's example is run by the test suite (``tests/test_api.py``).
 
 Feature rows are used as given, unscaled (``pate run`` on a CSV file scales them for you):
@@ -37,11 +38,11 @@ from :mod:`analysis.mechanisms` (the math layer, below ``pate``) refuse bad para
 are built, with ``analysis.mechanisms.ParameterError``, a ``ValueError``.
 """
 
-from pate.api_dpsgd import DPSGD
+from pate.api_dpsgd import DPSGD, load_dpsgd
 from pate.api_labels import PrivateLabels, PublishableEpsilon
 from pate.api_student import Student, load_student
 from pate.api_tables import TableEncoder
 from pate.api_teachers import Teachers
 
 __all__ = ["DPSGD", "PrivateLabels", "PublishableEpsilon", "Student", "TableEncoder", "Teachers",
-           "load_student"]
+           "load_dpsgd", "load_student"]

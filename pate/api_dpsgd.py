@@ -22,6 +22,7 @@ private gradients: it is for the data's owner, not for publication.
 from __future__ import annotations
 
 import numbers
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from pate.api_checks import (
 )
 from pate.data.files import rows_said
 from pate.errors import UserError
-from student.baseline import fit_dpsgd, public_norm, split_bayesian
+from student.baseline import fit_dpsgd, load_dpsgd_model, public_norm, split_bayesian
 from student.defaults import DPSGD
 from student.dpsgd import DPSGDConfig
 from student.training import predict_proba
@@ -81,6 +82,7 @@ class DPSGD:
         self.model_: torch.nn.Module | None = None
         self.model_name_: str | None = None
         self.in_shape_: tuple[int, ...] = ()
+        self.classes_: tuple[str, ...] | None = None  # the class names, where loaded
         self.metrics_: dict[str, Any] | None = None
         self.bayesian_: dict[str, Any] | None = None
 
@@ -135,3 +137,20 @@ class DPSGD:
         """Accuracy on labelled rows (measure it on a test set, never on the private data)."""
         probs = self.predict_proba(x)
         return accuracy_of(probs.argmax(axis=1), y, probs.shape[1])
+
+
+def load_dpsgd(path: str | Path) -> DPSGD:
+    """The DP-SGD model ``pate dpsgd train`` or ``pate run`` wrote: a run directory (its
+    ``dpsgd/``) or a folder holding ``model.pt`` and ``metrics.json`` (such as the owner-only
+    ``comparison/`` models); ready to ``predict``. It reads rows as the run read its data
+    (``pate.data.task.load_task``: a CSV encoded with the public pool's statistics);
+    ``classes_`` names its outputs and ``metrics_`` holds its epsilon and settings."""
+    folder = Path(path)
+    if (folder / "dpsgd").is_dir():
+        folder = folder / "dpsgd"
+    model, metrics = load_dpsgd_model(folder)
+    loaded = DPSGD(metrics["epsilon"], delta=metrics["delta"], model=metrics["config"]["model"])
+    loaded.model_, loaded.model_name_ = model, metrics["config"]["model"]
+    loaded.in_shape_, loaded.classes_ = tuple(metrics["in_shape"]), tuple(metrics["classes"])
+    loaded.metrics_ = metrics
+    return loaded

@@ -6,19 +6,22 @@ epsilon), and the Bayesian accountant's pair distances and its epsilon, ``bayesi
 
 from __future__ import annotations
 
+import json
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from pate.aggregation.delta_policy import check_delta
 from pate.data.task import DataSource, load_task
 from pate.errors import UserError
 from pate.io import write_with_atomic
 from pate.rundir import RunDir
-from student.dpsgd import DPSGDConfig, DPSGDResult, train_dpsgd
+from student.dpsgd import DPSGDConfig, DPSGDResult, dpsgd_network, train_dpsgd, whole_model
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 from teachers.manifest import TeachersManifest
 
@@ -91,7 +94,7 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                        task.num_classes, config, norm, progress, encoding)
     metrics, bayesian = split_bayesian(
         {"dataset": task.name, "normalisation": {"mean": norm[0], "std": norm[1]},
-         **result.metrics})
+         "in_shape": list(task.input_shape), "classes": list(task.classes), **result.metrics})
     folder = run.private_dir(out or run.dpsgd)
     private = run.baseline_is_private(folder)
     # the metrics are written last and an earlier training's removed first: a stop part-way
@@ -107,3 +110,30 @@ def train_dpsgd_baseline(run: RunDir, config: DPSGDConfig, data: DataSource,
                       lambda fh: torch.save(result.model.state_dict(), fh), private)
     run.write_json(folder / run.dpsgd_metrics.name, metrics, private)
     return {**metrics, **bayesian}
+
+
+def load_dpsgd_model(folder: Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The model ``train_dpsgd_baseline`` wrote into ``folder`` (``model.pt``, its network
+    rebuilt from ``metrics.json``: the network's name, input shape, classes and public
+    standardisation), in evaluation mode, and those metrics; one ``UserError`` where the folder
+    holds no such model."""
+    metrics_file, model_file = folder / "metrics.json", folder / "model.pt"
+    if not (metrics_file.is_file() and model_file.is_file()):
+        raise UserError(f"{folder}: no DP-SGD model (model.pt and metrics.json; "
+                        "pate dpsgd train writes them)")
+    try:
+        metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
+        name, norm = metrics["config"]["model"], metrics["normalisation"]
+        in_shape, classes = tuple(metrics["in_shape"]), metrics["classes"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise UserError(f"{metrics_file}: not the metrics of a DP-SGD model this version can "
+                        "load (an older version recorded no input shape and classes: train "
+                        "it again)") from None
+    fixed, trained = dpsgd_network(name, in_shape, len(classes), norm["mean"], norm["std"])
+    model = whole_model(fixed, trained)
+    try:
+        model.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError):
+        raise UserError(f"{model_file}: not the weights {metrics_file.name} describes (a "
+                        "damaged or replaced file)") from None
+    return model.eval(), metrics

@@ -3,11 +3,16 @@ input with one clear error."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from pate.api import DPSGD
+from pate.api import DPSGD, load_dpsgd
+from pate.cli.main import main
 from pate.data.datasets import load_dataset
+from pate.data.task import Benchmark, load_task
 from pate.errors import UserError
 
 
@@ -97,3 +102,29 @@ def test_bad_data_is_refused_before_any_training(digits) -> None:
         DPSGD(1.0).predict(test_x)
     with pytest.raises(UserError, match="fit the model first"):
         _ = DPSGD(1.0).epsilon_
+
+
+@pytest.mark.parametrize("model", ["hog-linear"])  # a fixed map, then the trained layer
+def test_a_runs_model_loads_back_and_predicts_as_it_was_measured(tmp_path: Path, model: str,
+                                                                 capsys) -> None:
+    """``load_dpsgd`` rebuilds the network ``pate dpsgd train`` wrote from its public metrics
+    (a fixed feature map and its linear layer, or a CNN with the pool's standardisation): on
+    the evaluation rows it scores exactly what the training measured."""
+    run = tmp_path / "run"
+    assert main(["dpsgd", "train", "--run", str(run), "--dataset", "digits", "--model", model,
+                 "--epsilon", "8", "--epochs", "1", "--batch-size", "256", "--bayesian-pairs", "3",
+                 "-q"]) == 0
+    capsys.readouterr()
+    task = load_task(Benchmark("digits"), need_private=False)
+    for path in (run, run / "dpsgd"):
+        loaded = load_dpsgd(path)
+        assert loaded.model_name_ == model and loaded.classes_ == task.classes
+        assert loaded.epsilon_ == loaded.metrics_["epsilon"] <= 8.0
+        assert loaded.score(task.eval_x, task.eval_y) == loaded.metrics_["accuracy"]
+    with pytest.raises(UserError, match=r"no DP-SGD model \(model\.pt and metrics\.json"):
+        load_dpsgd(tmp_path)
+    metrics = json.loads((run / "dpsgd" / "metrics.json").read_text())
+    del metrics["in_shape"]  # as an older version wrote it
+    (run / "dpsgd" / "metrics.json").write_text(json.dumps(metrics))
+    with pytest.raises(UserError, match=r"an older version recorded no input shape"):
+        load_dpsgd(run)
