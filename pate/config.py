@@ -422,9 +422,11 @@ def recorded_config(config_file: Path) -> RunConfig | None:
 
 
 def load_config(preset_or_path: str) -> RunConfig:
-    """A shipped preset by name (``fashion-mnist-small``) or a TOML file."""
+    """A shipped preset by name (``fashion-mnist-small``) or a TOML file. A preset's name names
+    the preset even where a file or folder of that name lies in the working directory (a run
+    directory named after it, say): such a file is ``./NAME``."""
     path = Path(preset_or_path)
-    if path.suffix == ".toml" or path.exists():
+    if path.suffix == ".toml" or (path.exists() and preset_or_path not in preset_names()):
         if not path.is_file():
             raise UserError(f"{path}: no such config file")
         try:

@@ -137,6 +137,20 @@ def test_unknown_preset_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
     assert len(err) == 1 and "not a TOML file (not UTF-8 text)" in err[0]
 
 
+
+def test_a_presets_name_names_the_preset_whatever_lies_in_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pate run digits-tiny --run digits-tiny`` run again: the run directory of that name
+    does not hide the preset; a file of that name is read as ``./digits-tiny``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits-tiny").mkdir()
+    assert load_config("digits-tiny").name == "digits-tiny"
+    (tmp_path / "glyphs").write_text(dump_config(load_config("digits-tiny")).replace(
+        "name = \"digits-tiny\"", "name = \"mine\""))
+    assert load_config("glyphs").name == "glyphs"
+    assert load_config("./glyphs").name == "mine"
+
+
 def test_the_interactive_round_takes_its_own_parameters() -> None:
     from analysis.mechanisms import (
         ConfidentGNMax,
