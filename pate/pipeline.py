@@ -54,6 +54,7 @@ from teachers.choices import model_data_problem
 from teachers.distributed import Cluster, TrainJob, train_teachers
 from teachers.ensemble import TrainConfig, train_config_for
 from teachers.models import check_user_model
+from teachers.partition import deal_rows
 from teachers.votes import collect_votes
 
 _ALLOW_LARGE_DELTA = "aggregator.allow_large_delta = true"
@@ -275,6 +276,9 @@ def _check_data(config: RunConfig, run: RunDir) -> tuple[int, str | None]:
     if config.teachers.count > len(task.private_y):
         raise UserError(f"teachers.count {config.teachers.count} is more than the number of "
                         "private records: each teacher needs one")
+    if config.teachers.partition != "position":  # whether each teacher gets rows depends on them
+        deal_rows(config.teachers.partition, task.private_x, task.private_y,
+                  config.teachers.count, config.teachers.seed, task.private_keys)
     try:
         train = _train_config(config, task.kind)  # the data's kind as loaded, not read again
         problem = model_data_problem(train.model, task.kind, task.input_shape)

@@ -417,6 +417,21 @@ def test_more_queries_than_pool_rows_is_warned_of_or_refused_before_training(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_deal_that_leaves_a_teacher_without_rows_is_refused_before_the_run_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Dealt by record, whether every teacher gets a row depends on the rows: found with the
+    other checks of the data, before the run directory is made."""
+    tiny = load_config("digits-tiny")  # 1 297 private rows
+    dealt = tiny.model_copy(update={"teachers": tiny.teachers.model_copy(
+        update={"partition": "record", "count": 900})})
+    config = tmp_path / "dealt.toml"
+    config.write_text(dump_config(dealt))
+    assert main(["run", str(config), "--run", str(tmp_path / "run"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pate: error: dealt by record, some of the 900 teachers get no rows")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_directory_in_use_is_refused(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Two `pate run`s on one directory would train the same stage at once."""
