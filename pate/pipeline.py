@@ -77,11 +77,12 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
                    f"pate student train --run {run} --queries 0 "
                    f"{config.student.retrain_flags()}"
                    if any(key.startswith("student.") for key in fixed) else "")
+        budget = (" (with its own ledger, a new privacy budget for the same private data, "
+                  "unless aggregator.ledger names one they share)"  # where this one has one
+                  if run.ledger.exists() and config.aggregator.ledger is None else "")
         raise UserError(f"{run} was started with a different configuration (other "
                         f"{', '.join(fixed)}, on which what it has made depends): "
-                        "repeat it, or use a new --run directory (with its own ledger, a new "
-                        "privacy budget for the same private data, unless aggregator.ledger "
-                        f"names one they share){retrain}")
+                        f"repeat it, or use a new --run directory{budget}{retrain}")
     if recorded is None and run.stages.is_file():  # finished stages of an unknown config
         raise UserError(f"{run} holds stages of a pate run but no config.toml; use a new --run "
                         "directory")

@@ -277,9 +277,13 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     (run / "partition.json").write_text("{}")  # once a stage has made something: refused
     with pytest.raises(UserError, match=r"started with a different configuration \(other "
                                         r"teachers\.count, on which what it has made depends\)"
-                                        r": repeat it, or use a new --run directory .*unless "
-                                        r"aggregator\.ledger names one"):
+                                        r": repeat it, or use a new --run directory$"):
+        prepare_run_dir(first, RunDir(run))  # no budget spent yet: no word of a second one
+    (run / "ledger.db").write_bytes(b"")  # once a round has opened its ledger
+    with pytest.raises(UserError, match=r": repeat it, or use a new --run directory \(with its "
+                                        r"own ledger, .* unless aggregator\.ledger names one"):
         prepare_run_dir(first, RunDir(run))
+    (run / "ledger.db").unlink()
     # but it may resume elsewhere: another Ray cluster, a GPU share, more workers
     moved = mended.model_copy(update={"teachers": mended.teachers.model_copy(update={
         "ray_address": "10.0.0.1:6379", "gpus_per_shard": 0.25, "workers": 4})})
