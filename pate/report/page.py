@@ -121,12 +121,16 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
                      f"δ = {delta:g}, data-independent: the ledger refuses a batch whose worst "
                      "case would pass it"))
     if aggregator:
+        interactive = ((report.get("config") or {}).get("student") or {}).get(
+            "interactive_queries")  # γ, the student's confidence to keep its label, is its own
         rows.append(("Aggregator parameters", ", ".join(
             f"{name} = {aggregator[key]:g}" for key, name in (
                 ("threshold", "T"), ("sigma1", "σ1"), ("sigma2", "σ2"),
                 ("interactive_threshold", "interactive T"),
                 ("interactive_sigma1", "interactive σ1"),
-                ("interactive_sigma2", "interactive σ2")) if aggregator.get(key) is not None)))
+                ("interactive_sigma2", "interactive σ2"),
+                *((("gamma", "interactive γ"),) if interactive else ()))
+            if aggregator.get(key) is not None)))
     if report["privacy"]:
         rows.append(("RDP to (ε, δ) conversion", report["privacy"]["conversion"]))
     if (report["student"] or {}).get("eval_size"):

@@ -334,6 +334,12 @@ def test_a_fallback_is_not_shown_as_a_sanitised_figure(tmp_path: Path) -> None:
     details = run_sections({**report, "table": [row]})[2][1]
     assert "conditions C5/C6 fail at its order, so the data-independent ε is the guarantee" \
         in details
+    # γ is a parameter of the interactive round: said where the run asked one
+    assert "interactive γ" not in details and "σ2 = " in details
+    config = report["config"]
+    asked = {**config, "student": {**config["student"], "interactive_queries": 5}}
+    details = run_sections({**report, "table": [row], "config": asked})[2][1]
+    assert f"interactive γ = {config['aggregator']['gamma']:g}" in details
 
 
 def test_report_of_a_directory_without_a_run_is_one_line(tmp_path: Path) -> None:
