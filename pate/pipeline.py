@@ -272,8 +272,11 @@ def _check_data(config: RunConfig, run: RunDir) -> tuple[int, str | None]:
     assert task.private_y is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        check_delta(config.aggregator.delta, len(task.private_y),
-                    config.aggregator.allow_large_delta, _ALLOW_LARGE_DELTA)
+        try:
+            check_delta(config.aggregator.delta, len(task.private_y),
+                        config.aggregator.allow_large_delta, _ALLOW_LARGE_DELTA)
+        except UserError as exc:
+            raise UserError(f"aggregator.{exc}") from None
     if config.teachers.count > len(task.private_y):
         raise UserError(f"teachers.count {config.teachers.count} is more than the number of "
                         "private records: each teacher needs one")

@@ -319,7 +319,7 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     prepare_run_dir(unset, RunDir(run))
     for change, message in (('dataset = "digits"\npool_size = 100000',
                              "the pool size (--pool-size, data.pool_size) must be"),
-                            ("delta = 0.01", "is at least 1/n")):
+                            ("delta = 0.01", "pate: error: aggregator.delta 0.01 is at least 1/n")):
         config = tmp_path / "early.toml"
         config.write_text(tiny.replace('dataset = "digits"', change) if "pool" in change
                           else tiny.replace("delta = 1e-05", change))
