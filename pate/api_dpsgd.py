@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
+from analysis.rdp import CONVERSIONS, Conversion
 from pate.aggregation.delta_policy import check_delta
 from pate.api_checks import (
     accuracy_of,
@@ -48,33 +49,44 @@ from teachers.rng import SEED_LIMIT
 
 
 class DPSGD:
-    """DP-SGD to a target ``epsilon`` at ``delta``; ``model``, ``epochs``, ``batch_size`` (the
-    expected Poisson batch), ``lr``, ``momentum`` and ``max_grad_norm`` as ``pate dpsgd
-    train``'s flags (``model`` None: ``tempered-cnn`` for images, ``linear`` for feature rows).
+    """DP-SGD to a target ``epsilon`` at ``delta``, or with a given ``noise_multiplier`` (the
+    noise's deviation over the clipping norm; the epsilon follows); ``model``, ``epochs``,
+    ``batch_size`` (the expected Poisson batch), ``lr``, ``momentum``, ``max_grad_norm`` and
+    ``conversion`` (RDP to (epsilon, delta)) as ``pate dpsgd train``'s flags (``model`` None:
+    ``tempered-cnn`` for images, ``linear`` for feature rows).
     ``seed`` seeds the weights' initialisation only: sampling and noise always come from the
     operating system's entropy. A delta of 1/n or more (n the private rows) is refused unless
     ``allow_large_delta``. After ``fit``: ``model_name_`` (the network trained), ``metrics_``
     (epsilon, noise multiplier, steps: public) and ``bayesian_`` (the Bayesian accountant's
     epsilon, computed from the private gradients: for the data's owner only)."""
 
-    def __init__(self, epsilon: float, *, delta: float = 1e-5, model: str | None = None,
+    def __init__(self, epsilon: float | None = None, *, noise_multiplier: float | None = None,
+                 delta: float = 1e-5, model: str | None = None,
                  epochs: int = DPSGD.epochs, batch_size: int = DPSGD.batch_size,
                  lr: float = DPSGD.lr, momentum: float = DPSGD.momentum,
-                 max_grad_norm: float = DPSGD.max_grad_norm,
+                 max_grad_norm: float = DPSGD.max_grad_norm, conversion: Conversion = "improved",
                  allow_large_delta: bool = False, seed: int | None = None) -> None:
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
             raise UserError(f"momentum must be a number in [0, 1), got {momentum!r}")
         if not isinstance(allow_large_delta, bool):
             raise UserError(f"allow_large_delta must be True or False, got "
                             f"{allow_large_delta!r}")
+        if (epsilon is None) == (noise_multiplier is None):
+            raise UserError("give exactly one of epsilon (the noise is calibrated to it) and "
+                            "noise_multiplier (the epsilon follows from it)")
+        if conversion not in CONVERSIONS:
+            raise UserError(f"conversion must be one of {', '.join(CONVERSIONS)}, got "
+                            f"{conversion!r}")
         try:
             self.config = DPSGDConfig(
                 epochs=checked_integer("epochs", epochs, 1),
                 expected_batch_size=checked_integer("batch_size", batch_size, 1),
                 lr=checked_rate("lr", lr), momentum=float(momentum),
                 max_grad_norm=checked_rate("max_grad_norm", max_grad_norm),
-                target_epsilon=checked_rate("epsilon", epsilon),
-                delta=checked_rate("delta", delta), model=model,
+                target_epsilon=None if epsilon is None else checked_rate("epsilon", epsilon),
+                noise_multiplier=(None if noise_multiplier is None
+                                  else checked_rate("noise_multiplier", noise_multiplier)),
+                delta=checked_rate("delta", delta), model=model, conversion=conversion,
                 init_seed=None if seed is None else checked_integer("seed", seed, 0, SEED_LIMIT))
         except (TypeError, ValueError) as e:
             raise UserError(str(e)) from None
@@ -118,7 +130,7 @@ class DPSGD:
     @property
     def epsilon_(self) -> float:
         """The epsilon the fitted model is private at (RDP accountant, at ``delta``): the
-        target, or just under it."""
+        target, or just under it; with a ``noise_multiplier`` given, what it gives."""
         if self.metrics_ is None:
             raise UserError("fit the model first")
         return float(self.metrics_["epsilon"])

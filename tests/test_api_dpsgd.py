@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.sampled_gaussian import dpsgd_epsilon
 from pate.api import DPSGD, load_dpsgd
 from pate.cli.main import main
 from pate.data.datasets import load_dataset
@@ -72,6 +73,10 @@ def test_a_second_fit_takes_the_default_of_its_own_data(digits) -> None:
     ({"epsilon": 1.0, "delta": 2.0}, "delta must be in"),
     ({"epsilon": 1.0, "seed": 2 ** 70}, "seed must be an integer in"),
     ({"epsilon": 1.0, "allow_large_delta": "no"}, "allow_large_delta must be True or False"),
+    ({}, "give exactly one of epsilon .* and noise_multiplier"),
+    ({"epsilon": 1.0, "noise_multiplier": 1.0}, "give exactly one of epsilon"),
+    ({"noise_multiplier": -1.0}, "noise_multiplier must be a finite number > 0"),
+    ({"epsilon": 1.0, "conversion": "tight"}, "conversion must be one of classic, improved"),
 ])
 def test_bad_settings_are_refused_in_one_line(kwargs, message) -> None:
     with pytest.raises(UserError, match=message):
@@ -128,3 +133,16 @@ def test_a_runs_model_loads_back_and_predicts_as_it_was_measured(tmp_path: Path,
     (run / "dpsgd" / "metrics.json").write_text(json.dumps(metrics))
     with pytest.raises(UserError, match=r"an older version recorded no input shape"):
         load_dpsgd(run)
+
+
+def test_a_noise_multiplier_gives_the_epsilon_the_accountant_computes(digits) -> None:
+    """As ``pate dpsgd train --noise-multiplier``: the epsilon follows from the noise, through
+    the same accountant and the conversion asked for."""
+    x, y, _, _ = digits
+    dp = DPSGD(noise_multiplier=2.0, model="linear", epochs=1, batch_size=256,
+               conversion="classic", seed=0)
+    dp.fit(x.reshape(len(x), -1), y, 10)
+    m = dp.metrics_
+    assert m["noise_multiplier"] == 2.0 and m["conversion"] == "classic"
+    assert dp.epsilon_ == dpsgd_epsilon(m["sampling_rate"], 2.0, m["steps"], 1e-5,
+                                        conversion="classic")[0]
