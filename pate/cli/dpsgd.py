@@ -49,23 +49,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "softmax on wavelet scattering or HOG features (images), or a "
                             "linear softmax on the inputs (feature rows' default)")
     train.add_argument("--epochs", type=int, default=DPSGD.epochs,
-                       help=f"passes over the private data (default {DPSGD.epochs})")
+                       help="passes over the private data")
     train.add_argument("--delta", type=float, default=1e-5,
-                       help="delta of the (epsilon, delta) guarantee, well below 1/n "
-                            "(default 1e-5)")
+                       help="delta of the (epsilon, delta) guarantee, well below 1/n")
     train.add_argument("--allow-large-delta", action="store_true",
                        help="accept a delta of 1/n or more (n the private records)")
     train.add_argument("--batch-size", type=int, default=DPSGD.batch_size,
                        help="expected batch size; the Poisson sampling rate is this / n")
     train.add_argument("--lr", type=float, default=DPSGD.lr,
-                       help=f"learning rate of SGD (default {DPSGD.lr:g})")
+                       help="learning rate of SGD")
     train.add_argument("--momentum", type=float, default=DPSGD.momentum,
-                       help=f"SGD's momentum, in [0, 1) (default {DPSGD.momentum:g})")
+                       help="SGD's momentum, in [0, 1)")
     train.add_argument("--max-grad-norm", type=float, default=DPSGD.max_grad_norm, metavar="C",
-                       help="each example's gradient is clipped to this L2 norm "
-                            f"(default {DPSGD.max_grad_norm:g})")
+                       help="each example's gradient is clipped to this L2 norm")
     train.add_argument("--conversion", choices=CONVERSIONS, default="improved",
-                       help="RDP to (epsilon, delta) conversion (default: improved)")
+                       help="RDP to (epsilon, delta) conversion")
     train.add_argument("--bayesian-pairs", type=int, default=DPSGD.bayesian_pairs,
                        help="gradient pairs sampled per step for the Bayesian accountant")
     train.add_argument("--noise", choices=NOISE_FAMILIES, default="gaussian",

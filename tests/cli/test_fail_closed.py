@@ -604,7 +604,7 @@ def test_a_command_registers_only_its_own_module() -> None:
 def test_help_gives_each_options_default(capsys: pytest.CaptureFixture) -> None:
     """``--help`` says an option's default where it has one, once."""
     for argv, shown in ((["student", "train"], ("pool (default: 30)", "(default: 1000)")),
-                        (["dpsgd", "train"], ("EPOCHS default: 40", "(default: 2048)")),
+                        (["dpsgd", "train"], ("private data (default: 40)", "(default: 2048)")),
                         (["teachers", "train"], ("(default: 250)",))):
         with pytest.raises(SystemExit):
             main([*argv, "--help"])
