@@ -13,6 +13,8 @@ from pate.data.partitions import PARTITIONS
 from pate.errors import UserError
 
 MAX_COUNT = 2**31 - 1  # a count above it is no number of teachers, and its sum could overflow
+# what reading a damaged .npy or .npz raises (np.load, or a member read out of the archive)
+READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile)
 
 
 def _load_array(path: Path, key: str, not_with: str | None = None) -> NDArray:
@@ -22,10 +24,8 @@ def _load_array(path: Path, key: str, not_with: str | None = None) -> NDArray:
         raise UserError(f"{path}: no such file")
     try:
         data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise UserError(f"{path}: not a readable .npy/.npz file "
-                        f"({exc.__class__.__name__})") from None
-    if isinstance(data, np.lib.npyio.NpzFile):
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            return data
         with data:
             names = list(data.files)
             if not_with in names:
@@ -36,7 +36,9 @@ def _load_array(path: Path, key: str, not_with: str | None = None) -> NDArray:
             if names == ["arr_0"]:  # np.savez(path, array): an unnamed array
                 return data["arr_0"]
             raise UserError(f"{path}: expected an array named {key!r}, found {names}")
-    return data
+    except READ_ERRORS as exc:
+        raise UserError(f"{path}: not a readable .npy/.npz file "
+                        f"({exc.__class__.__name__})") from None
 
 
 def load_votes(path: str | Path) -> NDArray[np.int64]:
@@ -77,9 +79,13 @@ def load_votes_with_index(path: str | Path) -> tuple[NDArray[np.int64], NDArray[
     votes = load_votes(path)
     index = np.arange(len(votes), dtype=np.int64)
     if str(path).endswith(".npz"):
-        with np.load(path, allow_pickle=False) as data:
-            if "pool_index" in data.files:
-                index = data["pool_index"]
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                if "pool_index" in data.files:
+                    index = data["pool_index"]
+        except READ_ERRORS as exc:
+            raise UserError(f"{path}: not a readable .npz file ({exc.__class__.__name__})"
+                            ) from None
         if not np.issubdtype(index.dtype, np.integer):
             raise UserError(f"{path}: pool_index must be integers")
         if index.shape != (len(votes),):
@@ -92,10 +98,10 @@ def load_pool_fingerprint(path: str | Path) -> str | None:
     """The ``pool_fingerprint`` an ``.npz`` of a run records (``Task.pool_fingerprint`` of the
     pool its ``votes.npz`` was cast on, or its ``labels.npz`` asked about); None for a file
     without one (a published ``.npy``, an older version's file)."""
-    held, value = _npz_member(path, "pool_fingerprint")
-    if not held:
+    value = _npz_member(path, "pool_fingerprint")
+    if value is None:
         return None
-    if value is None or value.shape != () or value.dtype.kind != "U" or not str(value):
+    if value.shape != () or value.dtype.kind != "U" or not str(value):
         raise UserError(f"{path}: pool_fingerprint must be one non-empty string")
     return str(value)
 
@@ -132,10 +138,10 @@ def load_private_records(path: str | Path) -> int | None:
     """The number of private records the votes' teachers learnt from, as a run's ``votes.npz``
     records it (``private_records``: it sets the delta the votes may be charged at, wherever
     they are copied); None for a file without it (a published ``.npy``, an older version's)."""
-    held, value = _npz_member(path, "private_records")
-    if not held:
+    value = _npz_member(path, "private_records")
+    if value is None:
         return None
-    if (value is None or value.shape != () or not np.issubdtype(value.dtype, np.integer)
+    if (value.shape != () or not np.issubdtype(value.dtype, np.integer)
             or int(value) < 1):
         raise UserError(f"{path}: private_records must be one integer >= 1")
     return int(value)
@@ -146,10 +152,10 @@ def load_partition(path: str | Path) -> str:
     run's ``votes.npz`` records it (``partition``): it says which neighbouring datasets the
     analysis covers. ``position`` for a file without it (a published ``.npy``, an older
     version's)."""
-    held, value = _npz_member(path, "partition")
-    if not held:
+    value = _npz_member(path, "partition")
+    if value is None:
         return "position"
-    if value is None or value.shape != () or str(value) not in PARTITIONS:
+    if value.shape != () or str(value) not in PARTITIONS:
         raise UserError(f"{path}: partition must be one of {', '.join(PARTITIONS)}")
     return str(value)
 
@@ -163,10 +169,10 @@ def load_private_fingerprint(path: str | Path, member: str = "private_fingerprin
     ``former_private_fingerprint``: the rows' one beside it, the key older versions entered
     their ledgers under; ``private_rows_fingerprint``: the rows' in any order and format
     (``Task.private_rows_fingerprint``), the second key of the data's ledgers."""
-    held, value = _npz_member(path, member)
-    if not held:
+    value = _npz_member(path, member)
+    if value is None:
         return None
-    if (value is None or value.shape != () or value.dtype.kind != "U"
+    if (value.shape != () or value.dtype.kind != "U"
             or re.fullmatch("[0-9a-f]{64}", str(value)) is None):
         raise UserError(f"{path}: {member} must be one sha256 in hex")
     return str(value)
@@ -184,15 +190,15 @@ def load_private_keys(path: str | Path) -> tuple[str | None, ...]:
     return tuple(load_private_fingerprint(path, member) for member in PRIVATE_KEY_MEMBERS)
 
 
-def _npz_member(path: str | Path, key: str) -> tuple[bool, NDArray | None]:
-    """Whether the ``.npz`` at ``path`` holds ``key``, and its value: None where it cannot be
-    read (an object array, a damaged member), for the caller to refuse."""
+def _npz_member(path: str | Path, key: str) -> NDArray | None:
+    """The member ``key`` of the ``.npz`` at ``path``, None where it holds none (or is not an
+    ``.npz``); one ``UserError`` where the file or the member cannot be read (a damaged
+    file)."""
     if not str(path).endswith(".npz"):
-        return False, None
+        return None
     try:
         with np.load(path, allow_pickle=False) as data:
-            if key not in data.files:
-                return False, None
-            return True, data[key]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-        return True, None
+            return data[key] if key in data.files else None
+    except READ_ERRORS as exc:
+        raise UserError(f"{path}: its {key} cannot be read ({exc.__class__.__name__}: a "
+                        "damaged file)") from None
