@@ -105,7 +105,8 @@ def test_received_round_trip(tmp_path: Path) -> None:
     for bad in (np.array(["a", "b"]), np.array(""), np.array([{"a": 1}], dtype=object)):
         np.savez(tmp_path / "bad.npz", pool_index=[4], label=[1], branch=[1],
                  pool_fingerprint=bad)
-        with pytest.raises(UserError, match="pool_fingerprint (must be one non-empty string|cannot be read)"):
+        with pytest.raises(UserError, match=r"pool_fingerprint (must be one non-empty string|"
+                                            r"cannot be read)"):
             Received.load(tmp_path / "bad.npz")
     np.testing.assert_array_equal(back.label, [1, -1, 3])
     assert back.counts() == {"queries": 3, "answered": 2, "answered_by_teachers": 1,
