@@ -106,7 +106,11 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
+    try:
+        parser = build_parser(argv)  # the command's imports: a second or more
+    except KeyboardInterrupt:  # Ctrl-C at once: one line, as later, not a traceback
+        print("pate: interrupted", file=sys.stderr)
+        return 130
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said with the sub-command's usage, not the top level's
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -28,6 +28,19 @@ def test_a_closed_pipe_ends_the_command_quietly() -> None:
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception" not in err
 
 
+def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """Ctrl-C in the second or more a command spends importing its modules (building its
+    parser): ``pate: interrupted`` and 130, as later, not a traceback of the import it
+    stopped."""
+    def interrupted(argv: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("pate.cli.main.build_parser", interrupted)
+    assert main(["run", "digits-tiny"]) == 130
+    assert capsys.readouterr().err == "pate: interrupted\n"
+
+
 def test_a_broken_pipe_that_is_not_stdout_stays_an_error(monkeypatch, tmp_path: Path) -> None:
     """A socket or a child process whose reader left is a real failure: not turned into a
     quiet 141 (and stdout is left alone)."""
