@@ -332,8 +332,15 @@ class RunDir:
         fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size == 0:  # made here: 0644 whatever the umask, as public files are
             os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "a") as fh:
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(f"{stamp} {line}\n")
+
+    def log_lines(self) -> list[str]:
+        """The lines of ``log.txt`` (none where it is missing or empty); a byte that is no
+        UTF-8 (a file edited or damaged by hand) is read as the replacement character."""
+        if not self.log.is_file():
+            return []
+        return self.log.read_text(encoding="utf-8", errors="replace").splitlines()
 
     def write_secret(self, path: Path, text: str) -> None:
         """Write a secret (a token) 0600."""

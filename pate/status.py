@@ -30,11 +30,10 @@ def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
     """The stages of ``pate run``: done (stages.json), started in log.txt, or pending."""
     done = run.finished_stages()
     started = set()
-    if run.log.is_file():
-        for line in run.log.read_text().splitlines():
-            parts = line.split(" ", 1)
-            if len(parts) == 2 and parts[1].endswith(": started"):
-                started.add(parts[1].removesuffix(": started"))
+    for line in run.log_lines():
+        parts = line.split(" ", 1)
+        if len(parts) == 2 and parts[1].endswith(": started"):
+            started.add(parts[1].removesuffix(": started"))
     unfinished = "running" if run.in_use() else "stopped"  # a command holds the directory
     out = []
     stale = "report" in done and current_report(run.root) is None  # pate run writes it again
@@ -103,7 +102,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"{run}: holds nothing of a run (no config.toml, teachers, votes, "
                         "labels or student): not a run directory, or one not started")
     config = recorded_config(run.config)
-    last = run.log.read_text().splitlines()[-1] if run.log.is_file() else None
+    last = next(reversed(run.log_lines()), None)
     return {"run": str(run), "name": None if config is None else config.name,
             "stages": _stages_by_hand(run) if config is None else _stages(run, config),
             "budget": _budget(run), "answers_in_hand": run.labels.is_file(), "last_log": last,

@@ -143,3 +143,22 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
         (run / name).unlink(missing_ok=True)
     assert main(["status", "--run", str(run)]) == 0
     assert "no ledger here, though answers were charged to one" in capsys.readouterr().out
+
+
+def test_a_log_emptied_or_damaged_by_hand_is_read(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    """``log.txt`` is a plain file a user may edit: empty, or with a byte that is no UTF-8, the
+    status still says the stages (it was an internal error)."""
+    from pate.config import dump_config, load_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_config(load_config("digits-tiny")))
+    (run / "log.txt").write_text("")
+    assert main(["status", "--run", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_log"] is None
+    (run / "log.txt").write_bytes(b"2026-11-29T12:00:00 teachers: started\n\xff\xfe edited\n")
+    assert main(["status", "--run", str(run), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["last_log"] == "\ufffd\ufffd edited"
+    assert {s["stage"]: s["state"] for s in status["stages"]}["teachers"] == "stopped"
