@@ -72,6 +72,10 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     recorded = recorded_config(run.config)
     fixed = ([] if recorded is None or not made
              else fixed_differences(recorded, config, run.finished_stages()))
+    if recorded is not None and run.ledger.exists():  # its budget is the ledger's from then on
+        fixed += [key for key in config_differences(recorded, config)
+                  if key in ("aggregator.budget_epsilon", "aggregator.delta")
+                  and key not in fixed]
     if fixed:
         retrain = ("; to train the student again on the answers in hand, at no privacy cost: "
                    f"pate student train --run {run} --queries 0 "

@@ -328,6 +328,26 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
         assert not (tmp_path / "early").exists()
 
 
+def test_a_budget_is_the_ledgers_once_it_is_open(tmp_path: Path) -> None:
+    """Before any round, the budget may be mended; once the run's ledger is open it holds the
+    budget and delta it was created with, and a changed one is refused before config.toml is
+    rewritten (it was written, then refused by the ledger, leaving the two at odds)."""
+    tiny = load_config("digits-tiny")
+    run = RunDir(tmp_path / "run")
+
+    def budget(epsilon: float) -> RunConfig:
+        return tiny.model_copy(update={"aggregator": tiny.aggregator.model_copy(
+            update={"budget_epsilon": epsilon})})
+
+    prepare_run_dir(budget(1000.0), run)
+    (run.root / "partition.json").write_text("{}")
+    prepare_run_dir(budget(2000.0), run)  # no ledger yet: mended
+    run.ledger.write_bytes(b"")
+    with pytest.raises(UserError, match=r"other aggregator\.budget_epsilon, on which"):
+        prepare_run_dir(budget(3000.0), run)
+    assert parse_config(run.config.read_text(), "kept").aggregator.budget_epsilon == 2000.0
+
+
 def test_a_mended_config_is_checked_as_a_new_one_is(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Settings of stages not finished may change on a rerun, and are checked before anything
