@@ -238,7 +238,8 @@ def _read_stored(url: str, totals: bool) -> dict[str, Any] | None:
             **settings, "epsilon_spent": float(row.epsilon_spent), "queries": int(row.queries),
             "answered": int(row.answered)}
     except (sa.exc.SQLAlchemyError, ValueError) as exc:
-        raise LedgerError(f"cannot read the ledger: {exc.__class__.__name__}") from None
+        raise LedgerError(f"cannot read the ledger {canonical_url(url)}: "
+                          f"{exc.__class__.__name__}") from None
     finally:
         reader.dispose()
 

@@ -12,6 +12,7 @@ from pate.aggregation.ledger_store import (
     I32,
     LEDGER_ID,
     budget_table,
+    canonical_url,
     engines,
     from_blob,
     requests_table,
@@ -68,7 +69,8 @@ def stored_budget(url: str) -> Budget | None:
     try:
         check_totals(reader)
     except sa.exc.SQLAlchemyError as exc:
-        raise LedgerError(f"cannot read the ledger: {exc.__class__.__name__}") from None
+        raise LedgerError(f"cannot read the ledger {canonical_url(url)}: "
+                          f"{exc.__class__.__name__}") from None
     finally:
         reader.dispose()
     return Budget(found["epsilon_budget"], found["delta"], found["epsilon_spent"],

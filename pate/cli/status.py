@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     elif b is None:
         print("  budget: no ledger yet")
     elif "unreadable" in b:
-        print(f"  budget: its ledger, {b['ledger']}, cannot be read here ({b['unreadable']})")
+        why, ledger = b["unreadable"], b["ledger"]  # the reason names the ledger, or not
+        print(f"  budget: its ledger cannot be read here: "
+              f"{why if ledger in why else f'{ledger}: {why}'}")
     else:
         print(f"  budget: epsilon {b['epsilon_spent']:.4g} spent of {b['epsilon_budget']:g}, "
               f"{b['epsilon_left']:.4g} left, at delta {b['delta']:g} (data-independent); "

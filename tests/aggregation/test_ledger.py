@@ -363,3 +363,14 @@ def test_a_schema_1_ledger_migrates_on_open(tmp_path: Path, agg: Aggregator) -> 
     con.close()
     assert version == (str(SCHEMA_VERSION),)
     open_ledger(db).close()  # consistent on reopening
+
+
+def test_a_damaged_ledger_is_named_where_it_cannot_be_read(tmp_path: Path) -> None:
+    """A ledger file cut short (a disk full, a copy stopped): the error says which ledger, so
+    that a run resumed, a status or a service on several ledgers points at the file."""
+    path = tmp_path / "ledger.db"
+    open_ledger(path).close()
+    with path.open("r+b") as fh:
+        fh.truncate(4096)
+    with pytest.raises(LedgerError, match=rf"^cannot read the ledger sqlite:///{path}: "):
+        stored_budget(f"sqlite:///{path}")
