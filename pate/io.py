@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,23 @@ def atomic_writer(path: str | Path, private: bool = False) -> Iterator[BinaryIO]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+# the temporary files of atomic_writer: mkstemp's ".NAME." + 8 random characters + ".tmp"
+_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_temporaries(folder: str | Path) -> int:
+    """Remove what ``atomic_writer`` left under ``folder`` when a process was killed between
+    writing a file and renaming it (nothing else removes them); returns how many. Only for a
+    folder no other process writes to now."""
+    removed = 0
+    for path in Path(folder).rglob(".*.tmp"):
+        if _TEMPORARY.fullmatch(path.name) and path.is_file() and not path.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, private: bool = False) -> None:

@@ -38,6 +38,7 @@ from pate.config import (
 from pate.data.task import DataFiles, Task, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
+from pate.io import remove_temporaries
 from pate.progress import say
 from pate.report.freshness import current_report
 from pate.report.run_report import write_run_report
@@ -355,6 +356,8 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         run.create()
     with run.exclusive():  # held before config.toml is read or written
         prepare_run_dir(config, run)  # made 0700 there, once it is not refused
+        if left := remove_temporaries(run.root):  # held: no other command writes here now
+            run.append_log(f"removed {left} unfinished write(s) of an attempt that was killed")
         if other_budgets is not None:
             warnings.warn(other_budgets, UserWarning, stacklevel=2)
         if covered is not None:

@@ -98,7 +98,15 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert sum(" student-active: epoch " in line for line in log) == epochs
 
     capsys.readouterr()
+    # what an attempt killed between writing a file and renaming it left is removed on rerun;
+    # a file of the user's that only looks alike is not
+    left = [run / ".votes.npz.k2j_x9ab.tmp", run / "student" / ".model.safetensors.a1b2c3d4.tmp"]
+    for path in left:
+        path.write_bytes(b"half")
+    (run / ".notes.tmp").write_text("mine")
     assert main(["run", "digits-tiny", "--run", str(run)]) == 0  # in-process: no new imports
+    assert not any(path.exists() for path in left) and (run / ".notes.tmp").exists()
+    assert "removed 2 unfinished write(s)" in (run / "log.txt").read_text()
     second = capsys.readouterr().err
     for stage in stages:
         assert f"{stage}: done already, skipped" in second
