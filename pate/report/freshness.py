@@ -42,6 +42,19 @@ def current_report(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     if not isinstance(report, dict) or report.get("report_format") != REPORT_FORMAT:
         return None
+    if not all(p.is_file() for p in _report_files(run, report)):  # one deleted since
+        return None
     written = path.stat().st_mtime_ns
     newer = [p for p in report_inputs(run) if p.is_file() and p.stat().st_mtime_ns > written]
     return None if newer else report
+
+
+def _report_files(run: RunDir, report: dict[str, Any]) -> list[Path]:
+    """The files written with ``report.json`` (``pate.report.page.write_report`` writes it
+    last): the page, the figures it names, and the owner-only page where the run has an
+    owner-only evaluation or an audit of its models."""
+    figures = report.get("figures")
+    named = list(figures.values()) if isinstance(figures, dict) else []
+    owner = (["owner-evaluation.json", "owner-evaluation.html"]
+             if run.comparison_metrics.is_file() or run.models_audits() else [])
+    return [run.report / str(name) for name in ("report.html", *named, *owner)]

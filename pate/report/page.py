@@ -207,16 +207,17 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
 def write_report(report: dict[str, Any], figures: dict[str, Figure], out_dir: Path,
                  title: str, sections: list[tuple[str, str]],
                  write_bytes: Callable[[Path, bytes], None], stem: str = "report") -> Path:
-    """Write figures/*.png, ``stem``.json and ``stem``.html under ``out_dir`` with
-    ``write_bytes`` (an atomic, private writer of the caller's)."""
+    """Write figures/*.png, ``stem``.html and, last, ``stem``.json under ``out_dir`` with
+    ``write_bytes`` (an atomic, private writer of the caller's): the JSON, which names the
+    figures, is there only once everything it names is."""
     pngs = {name: figure_png(fig) for name, fig in figures.items()}
     for name, png in pngs.items():
         write_bytes(out_dir / "figures" / name, png)
     report = {**report, "figures": {name: f"figures/{name}" for name in pngs}}
+    write_bytes(out_dir / f"{stem}.html", render_html(title, sections, pngs).encode())
     write_bytes(out_dir / f"{stem}.json",
                 (json.dumps(report, indent=2, sort_keys=True, default=_json_default) + "\n")
                 .encode())
-    write_bytes(out_dir / f"{stem}.html", render_html(title, sections, pngs).encode())
     return out_dir / f"{stem}.html"
 
 

@@ -122,6 +122,15 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert "report: started" in capsys.readouterr().err
     again = json.loads((run / "report" / "report.json").read_text())
     assert again["report_format"] == report["report_format"] and again["table"] == report["table"]
+    # so is one whose page or a figure was deleted since (status says so before)
+    for gone in ("report.html", next(iter(again["figures"].values()))):
+        (run / "report" / gone).unlink()
+        assert main(["status", "--run", str(run), "--json"]) == 0
+        states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
+        assert states["report"] != "done"
+        assert main(["run", "digits-tiny", "--run", str(run)]) == 0
+        assert "report: started" in capsys.readouterr().err
+        assert (run / "report" / gone).is_file()
 
     # a stage stopped after its round asked (in its training, say) only trains when resumed: it
     # asks and spends nothing more
