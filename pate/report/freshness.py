@@ -18,6 +18,7 @@ from pate.rundir import RunDir
 # answered, the figure to quote (epsilon_to_quote), the budget; no private file's path; no
 # released fallback.
 REPORT_FORMAT = 7
+OWNER_STEM = "owner-evaluation"  # the owner-only page: report/owner-evaluation.html and .json
 
 
 def report_inputs(run: RunDir) -> list[Path]:
@@ -50,11 +51,11 @@ def current_report(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def _report_files(run: RunDir, report: dict[str, Any]) -> list[Path]:
-    """The files written with ``report.json`` (``pate.report.page.write_report`` writes it
-    last): the page, the figures it names, and the owner-only page where the run has an
-    owner-only evaluation or an audit of its models."""
+    """The files written with ``report.json``, which is written last
+    (``pate.report.run_report.write_run_report``): the page, the figures it names, and the
+    owner-only page where the report says one was written."""
     figures = report.get("figures")
     named = list(figures.values()) if isinstance(figures, dict) else []
-    owner = (["owner-evaluation.json", "owner-evaluation.html"]
-             if run.comparison_metrics.is_file() or run.models_audits() else [])
+    owner = ([f"{OWNER_STEM}.json", f"{OWNER_STEM}.html"] if report.get("owner_evaluation")
+             else [])
     return [run.report / str(name) for name in ("report.html", *named, *owner)]

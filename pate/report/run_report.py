@@ -20,7 +20,7 @@ from pate.data.votes_file import load_partition, load_private_records, load_vote
 from pate.errors import UserError
 from pate.io import ensure_dir, write_bytes_atomic
 from pate.report.content import build_report, compare_runs
-from pate.report.freshness import REPORT_FORMAT, current_report
+from pate.report.freshness import OWNER_STEM, REPORT_FORMAT, current_report
 from pate.report.owner import (
     audit_section,
     owner_link,
@@ -208,12 +208,12 @@ def write_run_report(run_dir: str | Path) -> Path:
     owner = data.comparison is not None or audit is not None
     sections = run_sections(report) + (
         [owner_link(data.comparison is not None, audit is not None)] if owner else [])
-    path = write_report(report, figures, run.report,
+    if owner:  # before report.json, written last: a stop between leaves no current report
+        write_owner_evaluation(run, data, report, curve, audit)
+    report["owner_evaluation"] = f"{OWNER_STEM}.html" if owner else None
+    return write_report(report, figures, run.report,
                         f"PATE privacy-utility report: {_title(data)}", sections,
                         _private_writer)
-    if owner:
-        write_owner_evaluation(run, data, report, curve, audit)
-    return path
 
 
 def _title(data: RunData) -> str:
@@ -243,7 +243,7 @@ def write_owner_evaluation(run: RunDir, data: RunData, report: dict[str, Any],
         owner["audit"] = audit
         sections.append(audit_section(audit))
     write_report(owner, shown, run.report, f"Owner-only evaluation: {_title(data)}", sections,
-                 _private_writer, stem="owner-evaluation")
+                 _private_writer, stem=OWNER_STEM)
 
 
 def _stale_report(run_dir: str | Path, why: UserError) -> dict[str, Any]:

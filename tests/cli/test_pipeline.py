@@ -122,8 +122,10 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     assert "report: started" in capsys.readouterr().err
     again = json.loads((run / "report" / "report.json").read_text())
     assert again["report_format"] == report["report_format"] and again["table"] == report["table"]
-    # so is one whose page or a figure was deleted since (status says so before)
-    for gone in ("report.html", next(iter(again["figures"].values()))):
+    # so is one whose page, a figure or its owner-only page was deleted since (status says so
+    # before)
+    assert again["owner_evaluation"] == "owner-evaluation.html"
+    for gone in ("report.html", next(iter(again["figures"].values())), "owner-evaluation.json"):
         (run / "report" / gone).unlink()
         assert main(["status", "--run", str(run), "--json"]) == 0
         states = {s["stage"]: s["state"] for s in json.loads(capsys.readouterr().out)["stages"]}
@@ -131,6 +133,15 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
         assert main(["run", "digits-tiny", "--run", str(run)]) == 0
         assert "report: started" in capsys.readouterr().err
         assert (run / "report" / gone).is_file()
+    # report.json is written last: a report stopped part-way (here its page cannot be
+    # written) leaves none that would be taken as current
+    for name in ("report.json", "report.html"):
+        (run / "report" / name).unlink()
+    (run / "report" / "report.html").mkdir()
+    assert main(["report", "--run", str(run)]) != 0
+    assert not (run / "report" / "report.json").exists()
+    (run / "report" / "report.html").rmdir()
+    capsys.readouterr()
 
     # a stage stopped after its round asked (in its training, say) only trains when resumed: it
     # asks and spends nothing more

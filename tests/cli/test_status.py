@@ -110,6 +110,7 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
     report = run / "report" / "report.json"
     quoted = {"epsilon": 3.25, "delta": 1e-6, "figure": "sanitised, released"}
     report.write_text(json.dumps({"report_format": REPORT_FORMAT, "epsilon_to_quote": quoted}))
+    (run / "report" / "report.html").write_text("<html></html>")  # written with it
     metrics = run / "student" / "metrics.json"
     os.utime(report, ns=(metrics.stat().st_mtime_ns + 10**9,) * 2)
     assert main(["status", "--run", str(run)]) == 0  # a current report's figure to quote
