@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,13 +59,15 @@ def atomic_writer(path: str | Path, private: bool = False) -> Iterator[BinaryIO]
 _TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
 
-def remove_temporaries(folder: str | Path) -> int:
+def remove_temporaries(folder: str | Path, idle: float = 600.0) -> int:
     """Remove what ``atomic_writer`` left under ``folder`` when a process was killed between
-    writing a file and renaming it (nothing else removes them); returns how many. Only for a
-    folder no other process writes to now."""
-    removed = 0
+    writing a file and renaming it (nothing else removes them): its temporaries untouched for
+    ``idle`` seconds, so that one another command is writing now is left alone. Returns how
+    many were removed."""
+    removed, before = 0, time.time() - idle
     for path in Path(folder).rglob(".*.tmp"):
-        if _TEMPORARY.fullmatch(path.name) and path.is_file() and not path.is_symlink():
+        if (_TEMPORARY.fullmatch(path.name) and path.is_file() and not path.is_symlink()
+                and path.stat().st_mtime < before):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed += 1

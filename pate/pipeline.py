@@ -356,7 +356,8 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
         run.create()
     with run.exclusive():  # held before config.toml is read or written
         prepare_run_dir(config, run)  # made 0700 there, once it is not refused
-        if left := remove_temporaries(run.root):  # held: no other command writes here now
+        if left := remove_temporaries(run.root):  # a killed attempt's (commands that do not
+            # hold the directory may be writing theirs now: those are left alone)
             run.append_log(f"removed {left} unfinished write(s) of an attempt that was killed")
         if other_budgets is not None:
             warnings.warn(other_budgets, UserWarning, stacklevel=2)

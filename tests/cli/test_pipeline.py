@@ -2,10 +2,12 @@
 real ``pate serve`` process, the student's query rounds, the report), and a rerun skips them."""
 
 import json
+import os
 import re
 import stat
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -103,9 +105,12 @@ def test_pipeline_end_to_end_then_resume(tmp_path: Path,
     left = [run / ".votes.npz.k2j_x9ab.tmp", run / "student" / ".model.safetensors.a1b2c3d4.tmp"]
     for path in left:
         path.write_bytes(b"half")
+        os.utime(path, (time.time() - 3600,) * 2)  # untouched for an hour
     (run / ".notes.tmp").write_text("mine")
+    (run / ".report.json.z9y8x7w6.tmp").write_bytes(b"")  # another command writing it now
     assert main(["run", "digits-tiny", "--run", str(run)]) == 0  # in-process: no new imports
     assert not any(path.exists() for path in left) and (run / ".notes.tmp").exists()
+    assert (run / ".report.json.z9y8x7w6.tmp").exists()
     assert "removed 2 unfinished write(s)" in (run / "log.txt").read_text()
     second = capsys.readouterr().err
     for stage in stages:
