@@ -27,6 +27,7 @@ from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.budget_registry import ledgers_said, other_ledgers
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.ledger_store import canonical_url, ledger_url
+from pate.aggregation.votes_ledger import recorded_ledger
 from pate.comparison import dpsgd_settings, run_comparison
 from pate.config import (
     RunConfig,
@@ -73,7 +74,8 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     recorded = recorded_config(run.config)
     fixed = ([] if recorded is None or not made
              else fixed_differences(recorded, config, run.finished_stages()))
-    if recorded is not None and run.ledger.exists():  # its budget is the ledger's from then on
+    opened = recorded_ledger(run.root) is not None  # its own, or a shared one it has charged
+    if recorded is not None and opened:  # the budget is the ledger's from then on
         fixed += [key for key in config_differences(recorded, config)
                   if key in ("aggregator.budget_epsilon", "aggregator.delta")
                   and key not in fixed]
@@ -84,7 +86,7 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
                    if any(key.startswith("student.") for key in fixed) else "")
         budget = (" (with its own ledger, a new privacy budget for the same private data, "
                   "unless aggregator.ledger names one they share)"  # where this one has one
-                  if run.ledger.exists() and config.aggregator.ledger is None else "")
+                  if opened and config.aggregator.ledger is None else "")
         raise UserError(f"{run} was started with a different configuration (other "
                         f"{', '.join(fixed)}, on which what it has made depends): "
                         f"repeat it, or use a new --run directory{budget}{retrain}")

@@ -379,6 +379,10 @@ def test_a_budget_is_the_ledgers_once_it_is_open(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"other aggregator\.budget_epsilon, on which"):
         prepare_run_dir(budget(3000.0), run)
     assert parse_config(run.config.read_text(), "kept").aggregator.budget_epsilon == 2000.0
+    run.ledger.unlink()  # a shared ledger, recorded beside the votes when a round opened it
+    (run.root / "ledger-url.txt").write_text("postgresql://pate@db.example/ledgers\n")
+    with pytest.raises(UserError, match=r"other aggregator\.budget_epsilon, on which"):
+        prepare_run_dir(budget(3000.0), run)
 
 
 def test_a_mended_config_is_checked_as_a_new_one_is(
