@@ -120,8 +120,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _guarantee(metrics: dict) -> str:
-    """What the RDP epsilon covers, in words: the line under the figures."""
-    noise = metrics.get("noise", "gaussian")
+    """What the RDP epsilon covers, in words: the line under the figures (epochs, not steps:
+    with the batch, the steps would say how many private records there are)."""
+    noise, epochs = metrics.get("noise", "gaussian"), metrics["config"]["epochs"]
     encoded = metrics.get("encoding", {}).get("encode")
     return (f"the guarantee: ({metrics['epsilon']:.3f}, {metrics['delta']:g})-DP for one "
             "record added or removed; Poisson-sampled batches of "
@@ -129,4 +130,4 @@ def _guarantee(metrics: dict) -> str:
             f"clipped to {metrics['max_grad_norm']:g}"
             + (f" and encoded against {encoded} public profiles" if encoded else "")
             + f", {noise} noise of {metrics['noise_multiplier']:.4g} times that, "
-            f"{metrics['steps']} steps, {metrics['conversion']} RDP conversion")
+            f"{epochs} epoch{'s' * (epochs != 1)}, {metrics['conversion']} RDP conversion")

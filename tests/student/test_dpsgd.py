@@ -313,7 +313,7 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
         f"the guarantee: ({encoded['epsilon']:.3f}, 1e-05)-DP for one record added or removed; "
         "Poisson-sampled batches of 256 expected, each example's gradient clipped to "
         f"{encoded['max_grad_norm']:g} and encoded against 5 public profiles, laplace noise of "
-        f"1.2 times that, {encoded['steps']} steps, improved RDP conversion")
+        "1.2 times that, 1 epoch, improved RDP conversion")
     # a training stopped before its metrics are written leaves none of an earlier training's
     (run / "dpsgd" / "model.pt").unlink()
     (run / "dpsgd" / "model.pt").mkdir()  # the model cannot be written: a stop part-way
