@@ -124,6 +124,7 @@ class DPSGD:
                    if k not in ("accuracy", "eval_examples")}
         self.metrics_, self.bayesian_ = split_bayesian(metrics)
         self.model_, self.in_shape_ = result.model, tuple(x.shape[1:])
+        self.classes_ = None  # loaded with a model before, not this one's
         self.model_name_ = self.metrics_["config"]["model"]
         return self
 
@@ -154,15 +155,26 @@ class DPSGD:
 def load_dpsgd(path: str | Path) -> DPSGD:
     """The DP-SGD model ``pate dpsgd train`` or ``pate run`` wrote: a run directory (its
     ``dpsgd/``) or a folder holding ``model.pt`` and ``metrics.json`` (such as the owner-only
-    ``comparison/`` models); ready to ``predict``. It reads rows as the run read its data
-    (``pate.data.task.load_task``: a CSV encoded with the public pool's statistics);
-    ``classes_`` names its outputs and ``metrics_`` holds its epsilon and settings."""
+    ``comparison/`` models); ready to ``predict``, its settings those it was trained with. It
+    reads rows as the run read its data (``pate.data.task.load_task``: a CSV encoded with the
+    public pool's statistics); ``classes_`` names its outputs and ``metrics_`` holds its
+    epsilon and settings."""
     folder = Path(path)
     if (folder / "dpsgd").is_dir():
         folder = folder / "dpsgd"
     model, metrics = load_dpsgd_model(folder)
-    loaded = DPSGD(metrics["epsilon"], delta=metrics["delta"], model=metrics["config"]["model"])
-    loaded.model_, loaded.model_name_ = model, metrics["config"]["model"]
-    loaded.in_shape_, loaded.classes_ = tuple(metrics["in_shape"]), tuple(metrics["classes"])
+    try:
+        trained = metrics["config"]
+        loaded = DPSGD(noise_multiplier=metrics["noise_multiplier"], delta=metrics["delta"],
+                       model=trained["model"], epochs=trained["epochs"],
+                       batch_size=trained["expected_batch_size"], lr=trained["lr"],
+                       momentum=trained["momentum"], max_grad_norm=trained["max_grad_norm"],
+                       conversion=trained["conversion"])
+    except (KeyError, TypeError, UserError):
+        raise UserError(f"{folder / 'metrics.json'}: its training settings cannot be read (a "
+                        "damaged file)") from None
+    loaded.model_, loaded.model_name_ = model, trained["model"]
+    loaded.in_shape_ = tuple(metrics["in_shape"])
+    loaded.classes_ = tuple(str(c) for c in metrics["classes"])
     loaded.metrics_ = metrics
     return loaded

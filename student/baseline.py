@@ -123,13 +123,14 @@ def load_dpsgd_model(folder: Path) -> tuple[nn.Module, dict[str, Any]]:
                         "pate dpsgd train writes them)")
     try:
         metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
-        name, norm = metrics["config"]["model"], metrics["normalisation"]
-        in_shape, classes = tuple(metrics["in_shape"]), metrics["classes"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        norm, classes = metrics["normalisation"], [str(c) for c in metrics["classes"]]
+        in_shape = tuple(int(side) for side in metrics["in_shape"])
+        fixed, trained = dpsgd_network(metrics["config"]["model"], in_shape, len(classes),
+                                       float(norm["mean"]), float(norm["std"]))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
         raise UserError(f"{metrics_file}: not the metrics of a DP-SGD model this version can "
                         "load (an older version recorded no input shape and classes: train "
                         "it again)") from None
-    fixed, trained = dpsgd_network(name, in_shape, len(classes), norm["mean"], norm["std"])
     model = whole_model(fixed, trained)
     try:
         model.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))

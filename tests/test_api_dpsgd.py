@@ -126,9 +126,15 @@ def test_a_runs_model_loads_back_and_predicts_as_it_was_measured(tmp_path: Path,
         assert loaded.model_name_ == model and loaded.classes_ == task.classes
         assert loaded.epsilon_ == loaded.metrics_["epsilon"] <= 8.0
         assert loaded.score(task.eval_x, task.eval_y) == loaded.metrics_["accuracy"]
+        assert loaded.config.epochs == 1 and loaded.config.expected_batch_size == 256
+        assert loaded.config.noise_multiplier == loaded.metrics_["noise_multiplier"]
     with pytest.raises(UserError, match=r"no DP-SGD model \(model\.pt and metrics\.json"):
         load_dpsgd(tmp_path)
     metrics = json.loads((run / "dpsgd" / "metrics.json").read_text())
+    (run / "dpsgd" / "metrics.json").write_text(json.dumps(
+        {**metrics, "config": {**metrics["config"], "model": "resnet"}}))  # edited by hand
+    with pytest.raises(UserError, match=r"not the metrics of a DP-SGD model"):
+        load_dpsgd(run)
     del metrics["in_shape"]  # as an older version wrote it
     (run / "dpsgd" / "metrics.json").write_text(json.dumps(metrics))
     with pytest.raises(UserError, match=r"an older version recorded no input shape"):
