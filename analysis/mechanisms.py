@@ -175,5 +175,5 @@ def mechanism_to_dict(mechanism: Mechanism) -> dict[str, Any]:
 
 def parameters_text(mechanism: Mechanism) -> str:
     """A mechanism's parameters as a line says them: ``threshold=150, sigma1=40, sigma2=20``."""
-    return ", ".join(f"{f.name}={getattr(mechanism, f.name):g}"
+    return ", ".join(f"{f.name}={getattr(mechanism, f.name):.12g}"
                      for f in parameters(type(mechanism)))

@@ -274,7 +274,7 @@ class DPSGDConfig(_Section):
     noise: Literal[NOISE_FAMILIES] = "gaussian"  # type: ignore[valid-type]
     dof: float = Field(default=DEFAULT_DOF, gt=2)
     encode: int | None = Field(default=None, ge=1)
-    encode_seed: int = Field(default=0, ge=0, lt=2**63)
+    encode_seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
     denoise: Literal[DENOISERS] = "none"  # type: ignore[valid-type]
 
     @field_validator("model")

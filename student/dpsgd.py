@@ -60,6 +60,7 @@ from student.training import accuracy
 from teachers.choices import HOG_SIDE, SCATTERING_SIDE
 from teachers.fixed_maps import feature_table
 from teachers.hog import HOG, hog_size
+from teachers.rng import SEED_LIMIT
 from teachers.scattering import Scattering, scattering_size
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class DPSGDConfig:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.init_seed is not None and not 0 <= self.init_seed < 2**63:
+        if self.init_seed is not None and not 0 <= self.init_seed < SEED_LIMIT:
             raise ValueError(f"init_seed must be in [0, 2^63), got {self.init_seed}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")

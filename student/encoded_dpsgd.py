@@ -46,6 +46,7 @@ from student.gradient_encoding import (
     float32_profiles,
 )
 from student.training import accuracy
+from teachers.rng import SEED_LIMIT
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class EncodingConfig:
         noise_family(self.noise, self.dof)
         if self.encode is not None and self.encode < 1:
             raise ValueError(f"encode must be >= 1 profiles, got {self.encode!r}")
-        if not 0 <= self.encode_seed < 2**63:
+        if not 0 <= self.encode_seed < SEED_LIMIT:
             raise ValueError(f"encode_seed must be in [0, 2^63), got {self.encode_seed}")
         if self.noise != "gaussian" and self.encode is None:
             raise ValueError(f"{self.noise} noise is accounted for encoded gradients only: "

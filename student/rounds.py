@@ -69,6 +69,8 @@ class Received:
     def __post_init__(self) -> None:
         marks = (np.zeros(len(self.pool_index), bool) if self.replayed is None
                  else np.asarray(self.replayed, bool))
+        if marks.shape != np.shape(self.pool_index):
+            raise ValueError("replayed must mark each asked row once")
         object.__setattr__(self, "replayed", marks)
 
     @classmethod
