@@ -11,6 +11,7 @@ import json
 import sys
 import tomllib
 import typing
+import warnings
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
@@ -445,6 +446,9 @@ def load_config(preset_or_path: str) -> RunConfig:
                           update={"ledger": str((path.parent / ledger).resolve())}))
         return config.model_copy(update={"data": config.data.resolved(path.parent),
                                          "aggregator": aggregator})
+    if path.is_file():  # a preset's name, and a file of that name here
+        warnings.warn(f"{preset_or_path} is the preset of that name, not the file here "
+                      f"(./{preset_or_path} reads the file)", UserWarning, stacklevel=2)
     if preset_or_path not in preset_names():
         raise UserError(f"unknown preset {preset_or_path!r}; presets: "
                         f"{', '.join(preset_names())}, or give a .toml file")

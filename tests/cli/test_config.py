@@ -147,7 +147,9 @@ def test_a_presets_name_names_the_preset_whatever_lies_in_the_working_directory(
     assert load_config("digits-tiny").name == "digits-tiny"
     (tmp_path / "glyphs").write_text(dump_config(load_config("digits-tiny")).replace(
         "name = \"digits-tiny\"", "name = \"mine\""))
-    assert load_config("glyphs").name == "glyphs"
+    with pytest.warns(UserWarning, match=r"^glyphs is the preset of that name, not the file "
+                                         r"here \(\./glyphs reads the file\)$"):
+        assert load_config("glyphs").name == "glyphs"
     assert load_config("./glyphs").name == "mine"
 
 
