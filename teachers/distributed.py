@@ -35,7 +35,13 @@ from pate.errors import UserError
 from pate.progress import progress_bar, say
 from pate.rundir import RunDir
 from teachers import checkpoints
-from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, SIMCLR, model_data_problem
+from teachers.choices import (
+    MODEL_RECORDS,
+    POOL_ENCODER_MODELS,
+    SIMCLR,
+    is_import_path,
+    model_data_problem,
+)
 from teachers.ensemble import TrainConfig, vectorised
 from teachers.epoch_counter import EpochCounter
 from teachers.manifest import TeachersManifest
@@ -49,7 +55,13 @@ from teachers.partition import (
     write_partition,
 )
 from teachers.pool_encoder import EPOCHS
-from teachers.user_models import named_by_class, ray_runtime_env
+from teachers.user_models import (
+    build_user_model,
+    check_same_network,
+    named_by_class,
+    network_signature,
+    ray_runtime_env,
+)
 
 RAY_CONNECT_TIMEOUT_S = 10.0  # a cluster's address that does not answer in this long is refused
 
@@ -261,6 +273,8 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
         raise UserError(problem)
     check_user_model(job.train.model, data.input_shape, data.num_classes,  # so is this
                      job.train.batch_size)
+    network = (build_user_model(job.train.model, data.input_shape, data.num_classes)
+               if is_import_path(job.train.model) else None)  # a user's, as its code builds it
     n = len(data.private_y)
     part = deal_rows(job.partition, data.private_x, data.private_y, job.num_teachers,
                      job.train.seed, data.private_keys)
@@ -291,6 +305,10 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
                         "again, one record could reach two teachers; restore it, or use a new "
                         "--run directory")
     # recorded here for a new run, and for an older version's run that lacks them
+    if network is not None:  # trained shards and new ones must be of one network
+        check_same_network(job.train.model, manifest.get("model_signature"), network,
+                           "this run's teachers")
+        manifest.setdefault("model_signature", network_signature(network))
     manifest.setdefault("pool_fingerprint", data.pool_fingerprint)
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
     manifest.setdefault("private_data_fingerprint", data.private_data_fingerprint)

@@ -24,6 +24,7 @@ its teachers are trained one at a time instead.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib
 import os
 import sys
@@ -204,6 +205,27 @@ def seeded(seed: int, teacher: int, stream: int, device: torch.device) -> Iterat
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(int(rng.bits(seed, np.array([teacher]), stream)[0]))
         yield
+
+
+def network_signature(model: nn.Module) -> str:
+    """sha256 (hex) of a network's layers as built: its modules' description (types, sizes,
+    activations) and its parameters' and buffers' names, shapes and types, not their values.
+    A user's factory that builds other layers since its teachers trained (its code edited, its
+    name kept) gives another one. A change inside ``forward`` alone is not seen."""
+    digest = hashlib.sha256(repr(model).encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+    return digest.hexdigest()
+
+
+def check_same_network(name: str, recorded: str | None, model: nn.Module, whose: str) -> None:
+    """Refuse a user's network ``name`` whose layers (``network_signature`` of ``model``, as
+    its factory builds it now) differ from those ``recorded`` when ``whose`` weights were
+    trained (None: recorded by an older version, not checked)."""
+    if recorded is not None and network_signature(model) != recorded:
+        raise UserError(f"{name} builds other layers than {whose} were trained with (its code "
+                        "changed since): restore it, or train them again in a new --run "
+                        "directory")
 
 
 def teacher_states(name: str, in_shape: tuple[int, ...], num_classes: int,

@@ -35,7 +35,13 @@ from teachers.choices import is_import_path
 from teachers.fixed_maps import Columns, feature_table, table_rows, table_width
 from teachers.manifest import TeachersManifest
 from teachers.models import build_model, on_features
-from teachers.user_models import named_by_class, vmap_problem, warn_one_at_a_time
+from teachers.user_models import (
+    build_user_model,
+    check_same_network,
+    named_by_class,
+    vmap_problem,
+    warn_one_at_a_time,
+)
 
 # Activations one vmap call may write (32 MB of float32): the shards are regrouped so that
 # teachers with small activations (a linear softmax on fixed features) are not voted a shard at
@@ -223,6 +229,10 @@ def load_ensemble(run_dir: str | Path, device: str = "cpu", partial: bool = Fals
               for s in manifest.shards]
     sha256 = manifest.pool_encoder_sha256
     encoder = None if sha256 is None else checkpoints.load_encoder(Path(run_dir), sha256, device)
+    if is_import_path(manifest.model):  # a user's network: the one its teachers trained
+        check_same_network(manifest.model, manifest.record.get("model_signature"),
+                           build_user_model(manifest.model, manifest.in_shape,
+                                            manifest.num_classes), "the run's teachers")
     return Ensemble(manifest.model, manifest.in_shape, manifest.num_classes, shards, device,
                     encoder)
 

@@ -427,3 +427,38 @@ def test_ray_workers_train_a_module_that_is_not_installed(tmp_path, monkeypatch,
         shards = load_ensemble(run).shards
     for k, v in module_state(alone).items():
         torch.testing.assert_close(shards[1][k][1], v, rtol=1e-4, atol=1e-5)
+
+
+def test_a_network_whose_code_changed_is_refused_on_resume_and_when_voting(
+        tmp_path, monkeypatch, ray_stopped):
+    """The layers a user's factory builds are recorded with its teachers: edited since (its
+    name kept), it is refused before a shard of another network joins them, and before the
+    trained weights are run through the new code to vote."""
+    def write(width: int) -> None:
+        (tmp_path / "edited_nets.py").write_text(textwrap.dedent(f"""
+            import math
+            from torch import nn
+
+            def make(input_shape, num_classes):
+                return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), {width}),
+                                     nn.ReLU(), nn.Linear({width}, num_classes))
+            """))
+        sys.modules.pop("edited_nets", None)
+        importlib.invalidate_caches()
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write(16)
+    job = TrainJob("digits", num_teachers=4, shard_size=2,
+                   train=TrainConfig(model="edited_nets:make", **SETTINGS))
+    train_teachers(tmp_path / "run", job, Cluster(workers=1), only=[0])
+    write(24)
+    changed = "edited_nets:make builds other layers than this run's teachers were trained with"
+    with pytest.raises(UserError, match=changed):
+        train_teachers(tmp_path / "run", job, Cluster(workers=1))
+    write(16)
+    train_teachers(tmp_path / "run", job, Cluster(workers=1))  # the same network: resumed
+    assert load_ensemble(tmp_path / "run").num_teachers == 4
+    write(24)
+    with pytest.raises(UserError, match="edited_nets:make builds other layers than the run's "
+                                        "teachers were trained with"):
+        load_ensemble(tmp_path / "run")
