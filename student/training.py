@@ -367,6 +367,9 @@ def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, Mo
         model = build_classifier(spec, features)
         model.load_state_dict(state)
     except (OSError, RuntimeError, KeyError, ValueError, SafetensorError):
+        why = (f"{spec.arch} builds other layers than these weights were saved from (its code "
+               "changed since?), or the folder is damaged" if is_import_path(spec.arch)
+               else "this run directory is damaged")
         raise UserError(f"{path}: not the weights of the student {spec.arch} that "
-                        f"{name}.json describes: this run directory is damaged") from None
+                        f"{name}.json describes: {why}") from None
     return model, spec

@@ -261,3 +261,11 @@ def test_user_arch_trains_saves_and_loads(digits: Dataset, tmp_path, method: str
     assert loaded is not None and loaded[1] == spec
     np.testing.assert_array_equal(predict_proba(loaded[0], digits.test_x),
                                   predict_proba(model, digits.test_x))
+    # a factory that builds other layers than the weights were saved from (its code edited
+    # since, here another factory named in its place): said so, not only "damaged"
+    described = json.loads((tmp_path / "model.json").read_text())
+    (tmp_path / "model.json").write_text(json.dumps({**described, "arch": f"{NAME}:probabilities"}))
+    with pytest.raises(UserError, match=rf"{NAME}:probabilities builds other layers than these "
+                                        r"weights were saved from"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # it returns probabilities: warned of, not at issue
+        load_classifier(tmp_path)
