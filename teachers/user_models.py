@@ -56,12 +56,22 @@ def describe_error(exc: BaseException, limit: int = 200) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+# this project's top-level packages: a user's module cannot take one of their names
+PROJECT_PACKAGES = ("analysis", "pate", "student", "teachers")
+
+
 def load_factory(name: str, what: str = "model") -> Callable[..., object]:
     """The callable ``name`` (``package.module:factory``) names, imported with the working
     directory on ``sys.path``; ``what`` names the setting in the errors (one line each)."""
     module_name, _, attr = name.partition(":")
     if not is_import_path(name):
         raise UserError(f"{what} {name!r} is not an import path package.module:factory")
+    top = module_name.split(".")[0]
+    ours = top in PROJECT_PACKAGES
+    if ours:  # the project's own package, before the working directory can shadow it
+        importlib.import_module(top)
+    clash = (f" ({top} is a package of this project, which a module of yours of that name "
+             "cannot replace: give yours another name)" if ours else "")
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -69,16 +79,16 @@ def load_factory(name: str, what: str = "model") -> Callable[..., object]:
     try:
         found: object = importlib.import_module(module_name)
     except Exception as exc:  # whatever the user's module raises while it is imported
-        hint = ("; run from the folder that holds it, or add that folder to PYTHONPATH (only "
-                "pate run looks beside its config file)"
-                if isinstance(exc, ModuleNotFoundError)
-                and module_name.split(".")[0] == (exc.name or "").split(".")[0] else "")
+        hint = clash or ("; run from the folder that holds it, or add that folder to PYTHONPATH "
+                         "(only pate run looks beside its config file)"
+                         if isinstance(exc, ModuleNotFoundError)
+                         and top == (exc.name or "").split(".")[0] else "")
         raise UserError(f"{what} {name!r}: cannot import {module_name} "
                         f"({describe_error(exc)}){hint}") from None
     for part in attr.split("."):
         if not hasattr(found, part):
-            hint = (" (a factory of a running script: define it in this script too, or in a "
-                    "module of its own)" if module_name == "__main__" else "")
+            hint = clash or (" (a factory of a running script: define it in this script too, "
+                             "or in a module of its own)" if module_name == "__main__" else "")
             raise UserError(f"{what} {name!r}: {module_name} has no attribute {attr}{hint}")
         found = getattr(found, part)
     if not callable(found):

@@ -171,6 +171,12 @@ def test_import_path_is_resolved_from_the_working_directory(tmp_path, monkeypatc
     (f"{NAME}:broken", "the factory failed for input shape (1, 8, 8) and 10 classes "
                        "(ValueError: no such shape)"),
     ("cnn-big", "'cnn-big' is neither one of cnn, cnn-pool, "),
+    # a module named as one of the project's packages cannot replace it: said so, not "run
+    # from the folder that holds it"
+    ("teachers.mine:f", "cannot import teachers.mine (ModuleNotFoundError: No module named "
+                        "'teachers.mine') (teachers is a package of this project, which a "
+                        "module of yours of that name cannot replace: give yours another name)"),
+    ("student:make", "student has no attribute make (student is a package of this project"),
 ])
 def test_bad_models_are_one_line_errors(name, message):
     with pytest.raises(UserError) as exc:
