@@ -105,8 +105,18 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     last = next(reversed(run.log_lines()), None)
     return {"run": str(run), "name": None if config is None else config.name,
             "stages": _stages_by_hand(run) if config is None else _stages(run, config),
+            "networks": _networks(run),
             "budget": _budget(run), "answers_in_hand": run.labels.is_file(), "last_log": last,
             "epsilon_to_quote": _to_quote(run)}
+
+
+def _networks(run: RunDir) -> dict[str, str | None]:
+    """The networks the run's teachers and its student were trained as: a built-in's name or a
+    user's import path (settings, public), None where none was trained yet."""
+    manifest = TeachersManifest.read(run.root)
+    student = run.read_json(run.student / "model.json")
+    return {"teachers": None if manifest is None else manifest.record.get("model"),
+            "student": student.get("arch") if isinstance(student, dict) else None}
 
 
 def _to_quote(run: RunDir) -> dict[str, Any] | None:

@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     for s in status["stages"]:
         seconds = f" ({s['seconds']:.1f} s)" if "seconds" in s else ""
         print(f"  {s['stage']:<20} {s['state']}{seconds}")
+    networks = [f"{whose} {name}" for whose, name in status["networks"].items() if name]
+    if networks:
+        print(f"  networks: {', '.join(networks)}")
     b = status["budget"]
     if b is None and status["answers_in_hand"]:
         print("  budget: no ledger here, though answers were charged to one (it is elsewhere: "

@@ -94,6 +94,7 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
     states = {s["stage"]: s["state"] for s in status["stages"]}
     assert states == {"teachers": "not run", "votes": "not run", "student": "done",
                       "report": "not run"}
+    assert status["networks"] == {"teachers": None, "student": "cnn"}  # digits' default
     assert status["stages"][2]["seconds"] > 0
     budget = status["budget"]
     assert (budget["epsilon_budget"], budget["delta"], budget["queries"]) == (77.0, 1e-6, 20)
