@@ -41,6 +41,7 @@ from pate.api_checks import (
 )
 from pate.data.files import rows_said
 from pate.errors import UserError
+from pate.rundir import DPSGD_METRICS, RunDir
 from student.baseline import fit_dpsgd, load_dpsgd_model, public_norm, split_bayesian
 from student.defaults import DPSGD
 from student.dpsgd import DPSGDConfig
@@ -160,8 +161,8 @@ def load_dpsgd(path: str | Path) -> DPSGD:
     public pool's statistics); ``classes_`` names its outputs and ``metrics_`` holds its
     epsilon and settings."""
     folder = Path(path)
-    if (folder / "dpsgd").is_dir():
-        folder = folder / "dpsgd"
+    if RunDir(folder).dpsgd.is_dir():  # a run directory: its dpsgd/
+        folder = RunDir(folder).dpsgd
     model, metrics = load_dpsgd_model(folder)
     try:
         trained = metrics["config"]
@@ -171,7 +172,7 @@ def load_dpsgd(path: str | Path) -> DPSGD:
                        momentum=trained["momentum"], max_grad_norm=trained["max_grad_norm"],
                        conversion=trained["conversion"])
     except (KeyError, TypeError, UserError):
-        raise UserError(f"{folder / 'metrics.json'}: its training settings cannot be read (a "
+        raise UserError(f"{folder / DPSGD_METRICS}: its training settings cannot be read (a "
                         "damaged file)") from None
     loaded.model_, loaded.model_name_ = model, trained["model"]
     loaded.in_shape_ = tuple(metrics["in_shape"])

@@ -31,6 +31,9 @@ STUDENT_SCHEMA = "schema.json"  # in any student folder: a run's student/ or Stu
 # record of the ledger that charges them (``pate.aggregation.label_service``).
 LEDGER_FILE = "ledger.db"
 LEDGER_RECORD = "ledger-url.txt"
+# in any DP-SGD folder (a run's dpsgd/, the comparison's): what pate.api.load_dpsgd reads back
+DPSGD_METRICS = "metrics.json"
+DPSGD_MODEL = "model.pt"
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,11 @@ class RunDir:
 
     @property
     def dpsgd_metrics(self) -> Path:
-        return self.dpsgd / "metrics.json"
+        return self.dpsgd / DPSGD_METRICS
 
     @property
     def dpsgd_model(self) -> Path:
-        return self.dpsgd / "model.pt"
+        return self.dpsgd / DPSGD_MODEL
 
     @property
     def comparison(self) -> Path:

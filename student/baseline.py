@@ -20,7 +20,7 @@ from pate.aggregation.delta_policy import check_delta
 from pate.data.task import DataSource, load_task
 from pate.errors import UserError
 from pate.io import write_with_atomic
-from pate.rundir import RunDir
+from pate.rundir import DPSGD_METRICS, DPSGD_MODEL, RunDir
 from student.dpsgd import DPSGDConfig, DPSGDResult, dpsgd_network, train_dpsgd, whole_model
 from student.encoded_dpsgd import EncodingConfig, train_encoded_dpsgd
 from teachers.manifest import TeachersManifest
@@ -117,9 +117,9 @@ def load_dpsgd_model(folder: Path) -> tuple[nn.Module, dict[str, Any]]:
     rebuilt from ``metrics.json``: the network's name, input shape, classes and public
     standardisation), in evaluation mode, and those metrics; one ``UserError`` where the folder
     holds no such model."""
-    metrics_file, model_file = folder / "metrics.json", folder / "model.pt"
+    metrics_file, model_file = folder / DPSGD_METRICS, folder / DPSGD_MODEL
     if not (metrics_file.is_file() and model_file.is_file()):
-        raise UserError(f"{folder}: no DP-SGD model (model.pt and metrics.json; "
+        raise UserError(f"{folder}: no DP-SGD model ({DPSGD_MODEL} and {DPSGD_METRICS}; "
                         "pate dpsgd train writes them)")
     try:
         metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
