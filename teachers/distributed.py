@@ -39,7 +39,6 @@ from teachers.choices import (
     MODEL_RECORDS,
     POOL_ENCODER_MODELS,
     SIMCLR,
-    is_import_path,
     model_data_problem,
 )
 from teachers.ensemble import TrainConfig, vectorised
@@ -56,7 +55,6 @@ from teachers.partition import (
 )
 from teachers.pool_encoder import EPOCHS
 from teachers.user_models import (
-    build_user_model,
     check_same_network,
     named_by_class,
     network_signature,
@@ -271,10 +269,8 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     problem = model_data_problem(job.train.model, data.kind, data.input_shape)
     if problem:  # before the partition is recorded
         raise UserError(problem)
-    check_user_model(job.train.model, data.input_shape, data.num_classes,  # so is this
-                     job.train.batch_size)
-    network = (build_user_model(job.train.model, data.input_shape, data.num_classes)
-               if is_import_path(job.train.model) else None)  # a user's, as its code builds it
+    network = check_user_model(job.train.model, data.input_shape,  # so is this; a user's
+                               data.num_classes, job.train.batch_size)  # as its code builds it
     n = len(data.private_y)
     part = deal_rows(job.partition, data.private_x, data.private_y, job.num_teachers,
                      job.train.seed, data.private_keys)

@@ -247,15 +247,19 @@ def on_features(model: nn.Module, in_shape: Shape, inputs: bool = False
     return None if head is None else (head.train(model.training), maps)
 
 
-def check_user_model(name: str, in_shape: Shape, num_classes: int, batch_size: int) -> None:
+def check_user_model(name: str, in_shape: Shape, num_classes: int,
+                     batch_size: int) -> nn.Module | None:
     """Build a user's network (``name`` an import path) once and probe it
     (:func:`teachers.user_models.build_user_model`, and ``check_trains_on`` at batches of
     ``batch_size``): a factory that fails, a network of the wrong output, or one that cannot
-    train on batches that small, fails here, before any file of the run is written. A
-    built-in needs no check."""
-    if is_import_path(name):
-        model = build_user_model(name, in_shape, num_classes)
-        check_trains_on(model, batch_size, in_shape, f"model {name!r}")
+    train on batches that small, fails here, before any file of the run is written. Returns
+    the network probed (its layers as the factory builds them; its weights moved by the
+    probe), None for a built-in, which needs no check."""
+    if not is_import_path(name):
+        return None
+    model = build_user_model(name, in_shape, num_classes)
+    check_trains_on(model, batch_size, in_shape, f"model {name!r}")
+    return model
 
 
 def initial_state(name: str, model: nn.Module, in_shape: Shape, num_classes: int,
