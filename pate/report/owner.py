@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from pate.report.freshness import OWNER_STEM
 from pate.report.page import format_value
 
 # DP-SGD's ε is for adding or removing a record; the student's as the partition sets it
@@ -45,7 +46,7 @@ def owner_link(comparison: bool, audit: bool) -> tuple[str, str]:
          "plurality and the privacy-utility curve", comparison),
         ("the model audit's figures", audit)) if there]
     return ("Owner-only evaluation",
-            '<p><a href="owner-evaluation.html">owner-evaluation.html</a>, beside this page and '
+            f'<p><a href="{OWNER_STEM}.html">{OWNER_STEM}.html</a>, beside this page and '
             f"for the data holder only, holds {html.escape('; and '.join(held))}.</p>")
 
 _NAMES = {"sanitised": "smooth-sensitivity-sanitised", "data-independent": "data-independent"}

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from pate.report.figures import figure_png
+from pate.report.freshness import OWNER_STEM
 from pate.report.meaning import meaning_html
 
 
@@ -166,7 +167,7 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
         a = report["audit"]
         details.append(("Empirical privacy audit (pate audit models)",
                         f"{'passed' if a['passed'] else 'FAILED'} ({a['file']}; its figures "
-                        "are in owner-evaluation.html)"))
+                        f"are in {OWNER_STEM}.html)"))
     if privacy and privacy["smooth_sensitivity"]:
         ss = privacy["smooth_sensitivity"]
         released = ((report["student"] or {}).get("epsilon") or {}).get(
