@@ -39,12 +39,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from pate import SIBLING_PACKAGES
 from pate.errors import UserError, tracebacks_shown
 from teachers import rng
 from teachers.choices import is_import_path
 
-# The project's own packages: the Ray workers import them already, nothing to ship.
-PROJECT_PACKAGES = frozenset({"analysis", "pate", "teachers", "student"})
+# The project's own packages: the Ray workers import them already, nothing to ship; a user's
+# module cannot take one of their names.
+PROJECT_PACKAGES = frozenset({"pate", *SIBLING_PACKAGES})
 # Rows of the batch the vmap test runs, per teacher.
 PROBE_ROWS = 3
 
@@ -54,10 +56,6 @@ def describe_error(exc: BaseException, limit: int = 200) -> str:
     text = " ".join(str(exc).split())
     text = text if len(text) <= limit else text[:limit - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# this project's top-level packages: a user's module cannot take one of their names
-PROJECT_PACKAGES = ("analysis", "pate", "student", "teachers")
 
 
 def load_factory(name: str, what: str = "model") -> Callable[..., object]:

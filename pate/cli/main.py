@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from analysis.mechanisms import ParameterError
-from pate import __version__
+from pate import SIBLING_PACKAGES, __version__
 from pate.errors import TRACEBACK_VARIABLE, PateError, tracebacks_shown
 from pate.progress import quiet, set_quiet
 
@@ -201,7 +201,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 # the project's packages: the line of theirs that a fault went through is the one to name
 _PACKAGES = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep
-                  for name in ("analysis", "pate", "teachers", "student"))
+                  for name in ("pate", *SIBLING_PACKAGES))
 
 
 def _where(exc: BaseException) -> str:
