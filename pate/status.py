@@ -26,11 +26,12 @@ from pate.rundir import RunDir
 from teachers.manifest import TeachersManifest
 
 
-def _stages(run: RunDir, config: RunConfig) -> list[dict[str, Any]]:
-    """The stages of ``pate run``: done (stages.json), started in log.txt, or pending."""
+def _stages(run: RunDir, config: RunConfig, log: list[str]) -> list[dict[str, Any]]:
+    """The stages of ``pate run``: done (stages.json), started in ``log`` (log.txt's lines), or
+    pending."""
     done = run.finished_stages()
     started = set()
-    for line in run.log_lines():
+    for line in log:
         parts = line.split(" ", 1)
         if len(parts) == 2 and parts[1].endswith(": started"):
             started.add(parts[1].removesuffix(": started"))
@@ -102,11 +103,12 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"{run}: holds nothing of a run (no config.toml, teachers, votes, "
                         "labels or student): not a run directory, or one not started")
     config = recorded_config(run.config)
-    last = next(reversed(run.log_lines()), None)
+    log = run.log_lines()
     return {"run": str(run), "name": None if config is None else config.name,
-            "stages": _stages_by_hand(run) if config is None else _stages(run, config),
+            "stages": _stages_by_hand(run) if config is None else _stages(run, config, log),
             "networks": _networks(run),
-            "budget": _budget(run), "answers_in_hand": run.labels.is_file(), "last_log": last,
+            "budget": _budget(run), "answers_in_hand": run.labels.is_file(),
+            "last_log": next(reversed(log), None),
             "epsilon_to_quote": _to_quote(run)}
 
 
