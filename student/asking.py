@@ -176,13 +176,17 @@ def _saving(run: RunDir, before: Received, rounds: list[dict[str, Any]],
     return on_request
 
 
+def asks_with_student(mechanism: str | None, options: StudentOptions) -> bool:
+    """Whether the round asks with the probabilities of a previous round's student (an
+    interactive round, or rows chosen by its uncertainty)."""
+    return bool(options.queries) and (mechanism == "interactive"
+                                      or options.select == "uncertainty")
+
+
 def needs_previous_student(run: RunDir, mechanism: str | None, options: StudentOptions,
                             previous: tuple[Any, ModelSpec] | None) -> bool:
-    """Whether the round asks with the probabilities of a previous round's student (an
-    interactive round, or rows chosen by its uncertainty); ``UserError`` where there is
-    none."""
-    needs = bool(options.queries) and (mechanism == "interactive"
-                                       or options.select == "uncertainty")
+    """:func:`asks_with_student`; ``UserError`` where it does and there is no student."""
+    needs = asks_with_student(mechanism, options)
     if needs and previous is None:
         raise UserError("interactive rounds and --select uncertainty need the student of a "
                         f"previous round in {run.student}")

@@ -33,6 +33,7 @@ from student.asking import (
     AggregatorSession,
     answers_in_hand,
     ask_round,
+    asks_with_student,
     needs_previous_student,
     settled_rounds,
 )
@@ -191,6 +192,20 @@ def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
     return points
 
 
+def _previous_student(run: RunDir, spec: ModelSpec, asks_with_it: bool
+                      ) -> tuple[Any, ModelSpec] | None:
+    """The student a previous round saved, read only where this call uses it: to continue
+    from (the same network), for its pool encoder (both networks on pool features), or for the
+    probabilities the round asks with (``asks_with_it``). One it does not use is left unread,
+    so a user's network whose code changed since does not stop training another."""
+    saved = load_spec(run.student)
+    if saved is None:
+        return None
+    both_on_pool = saved.arch in POOL_FEATURE_ARCHS and spec.arch in POOL_FEATURE_ARCHS
+    return (load_classifier(run.student) if asks_with_it or saved == spec or both_on_pool
+            else None)
+
+
 @dataclass(frozen=True)
 class _Checked:
     """What ``train_student`` read and checked before a round asks anything."""
@@ -229,12 +244,12 @@ def _check_before_asking(run: RunDir, options: StudentOptions, data: DataSource,
     if np.any(before.pool_index >= len(task.pool_x)):
         raise UserError(f"{run.labels} has pool indices beyond the pool's {len(task.pool_x)} "
                         "rows")
-    previous = load_classifier(run.student)
     rounds_before = settled_rounds(run, before, read_rounds(run))
+    if asks and round_name is not None:  # what the stage asked before it was stopped counts
+        asked = sum(r["queries"] for r in rounds_before if r.get("round") == round_name)
+        options = replace(options, queries=max(0, options.queries - asked))
+    previous = _previous_student(run, spec, asks and asks_with_student(mechanism, options))
     if asks:
-        if round_name is not None:  # what the stage asked before it was stopped counts
-            asked = sum(r["queries"] for r in rounds_before if r.get("round") == round_name)
-            options = replace(options, queries=max(0, options.queries - asked))
         needs_previous_student(run, mechanism, options, previous)
     return _Checked(task, options, spec, given, before, pool_recorded, previous, rounds_before)
 

@@ -271,6 +271,11 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
         raise UserError(problem)
     network = check_user_model(job.train.model, data.input_shape,  # so is this; a user's
                                data.num_classes, job.train.batch_size)  # as its code builds it
+    manifest = checkpoints.read_manifest(run_dir)
+    if network is not None and not (manifest and manifest.get("done")):
+        # two teachers of a user's network vectorised, before anything is recorded: its
+        # warning line where they train one at a time, or one error line (out of memory)
+        vectorised(job.train, data.input_shape, data.num_classes)
     n = len(data.private_y)
     part = deal_rows(job.partition, data.private_x, data.private_y, job.num_teachers,
                      job.train.seed, data.private_keys)
@@ -281,7 +286,6 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     else:
         verify_partition(recorded, part, settings["dataset"])
     check_disjoint(part.parts(), n)
-    manifest = checkpoints.read_manifest(run_dir)
     if manifest is None or not (manifest.get("shards") or manifest.get("pool_encoder")):
         # nothing trained yet (a first run, or one stopped before its first shard): these settings
         manifest = {**settings, "model": job.train.model,
@@ -374,9 +378,6 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     if not todo:
         _pool_encoder(run_dir, job, manifest, data, cluster.device)  # the recorded one, checked
     else:
-        # Here, not in the workers (whose output is not shown): the warning line of a user's
-        # network that trains one teacher at a time.
-        vectorised(job.train, tuple(manifest["in_shape"]), manifest["num_classes"])
         shards_todo = [(i, shards[i]) for i in todo]
         manifest["done"] = False  # until every shard is back (a resume of a damaged run)
         in_process = cluster.in_process

@@ -51,11 +51,21 @@ PROJECT_PACKAGES = frozenset({"pate", *SIBLING_PACKAGES})
 PROBE_ROWS = 3
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed: Python's ``MemoryError``, CUDA's
+    ``torch.OutOfMemoryError``, or the ``RuntimeError`` of torch's CPU allocator."""
+    return isinstance(exc, MemoryError | torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
 def describe_error(exc: BaseException, limit: int = 200) -> str:
-    """``Class: message`` on one line, at most ``limit`` characters of message."""
+    """``Class: message`` on one line, at most ``limit`` characters of message; prefixed with
+    ``out of memory:`` where it is an allocation that failed (:func:`out_of_memory`), which
+    the user's code did not write and a smaller network or batch mends."""
     text = " ".join(str(exc).split())
     text = text if len(text) <= limit else text[:limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"out of memory: {said}" if out_of_memory(exc) else said
 
 
 def load_factory(name: str, what: str = "model") -> Callable[..., object]:
@@ -166,8 +176,11 @@ def check_trains_on(model: nn.Module, rows: int, in_shape: tuple[int, ...], what
     failure = _training_failure(model, rows, in_shape, device)
     if failure is None:
         return
+    if out_of_memory(failure):
+        raise UserError(f"{what} cannot train on batches of {rows} row(s) "
+                        f"({describe_error(failure)}): a smaller batch size or network")
     larger = _training_failure(model, max(2 * rows, _LARGER_BATCH), in_shape, device)
-    if larger is not None and not isinstance(larger, MemoryError | torch.OutOfMemoryError):
+    if larger is not None and not out_of_memory(larger):
         raise UserError(f"{what} fails in training mode (train(), on zero inputs: "
                         f"{describe_error(failure)}): fix its forward in training mode")
     raise UserError(f"{what} cannot train on batches of {rows} row(s) "

@@ -219,6 +219,15 @@ def test_a_network_failing_after_the_round_is_one_line_and_its_answers_are_kept(
     assert np.array_equal(np.load(run / "labels.npz")["pool_index"], kept)  # nothing asked
     assert spent() == charged  # nor charged
 
+    # the saved network's code changes so that its weights no longer fit: training another
+    # network on the same answers does not read it (only a call that uses it would fail)
+    described = json.loads((run / "student" / "model.json").read_text())
+    (run / "student" / "model.json").write_text(json.dumps({**described,
+                                                            "arch": f"{NAME}:probabilities"}))
+    assert main([*argv, "--queries", "0", "--arch", "cnn"]) == 0
+    assert json.loads((run / "student" / "model.json").read_text())["arch"] == "cnn"
+    assert spent() == charged
+
 
 def test_pate_run_builds_the_network_before_the_run_directory(tmp_path, capsys) -> None:
     config = tmp_path / "bad.toml"

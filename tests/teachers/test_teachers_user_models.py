@@ -124,6 +124,31 @@ NETS = textwrap.dedent('''
             return self.out(x)
 
 
+    class NoRoomToTrain(nn.Module):
+        """Predicts on two rows; in training mode on more, asks for 4 TiB: out of memory."""
+
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.out = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+        def forward(self, x):
+            if self.training and len(x) > 2:
+                torch.empty(2 ** 40)
+            return self.out(x)
+
+
+    BUILT = [0]
+
+
+    def no_room_for_teachers(input_shape, num_classes):
+        """Built twice (the probes of one network); the teachers' own copies find no memory,
+        as those of a network too large for this machine's memory twice over would."""
+        BUILT[0] += 1
+        if BUILT[0] > 2:
+            torch.empty(2 ** 40)
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
     NOT_CALLABLE = 3
 ''')
 NAME = "user_nets_teachers"
@@ -217,6 +242,25 @@ def test_a_network_that_cannot_be_built_writes_nothing(tmp_path, capsys, factory
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"pate: error: model '{NAME}:{factory}': ")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("factory", "said"), [
+    ("NoRoomToTrain", "cannot train on batches of 16 row(s) (out of memory: RuntimeError: "),
+    ("no_room_for_teachers", "the factory failed for input shape (1, 8, 8) and 10 classes (out "
+                             "of memory: RuntimeError: "),
+])
+def test_a_network_too_large_for_memory_is_said_so_before_the_partition(tmp_path, capsys,
+                                                                         factory, said):
+    """Out of memory in the probes, or in the teachers' first two copies: one line that says
+    so, and no partition recorded that would refuse the mended command's other settings."""
+    argv = ["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
+            "--teachers", "4", "--model", f"{NAME}:{factory}", "--batch-size", "16"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"pate: error: model '{NAME}:{factory}'"), err
+    assert said in err[0] and "can't allocate memory" in err[0], err
+    assert err[0].endswith(("a smaller batch size or network", "(Cannot allocate memory))"))
+    assert not (tmp_path / "run" / "partition.json").exists()
 
 
 def test_batch_norm_on_batches_of_one_row_is_refused_before_training(tmp_path, capsys, digits):
