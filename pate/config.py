@@ -407,7 +407,12 @@ def parse_config(text: str, origin: str) -> RunConfig:
     report = raw.get("report")
     if isinstance(report, dict) and set(report) <= {"non_private_baseline"}:
         # Run directories written before the compare stage have a [report] section whose only
-        # key, a typed-in non-private accuracy, the compare stage now measures: it is dropped.
+        # key, a typed-in non-private accuracy, the compare stage now measures: it is dropped,
+        # and said so where it was given (a number typed in and never shown would mislead).
+        if "non_private_baseline" in report:
+            warnings.warn(f"{origin}: report.non_private_baseline is no longer read: the "
+                          "compare stage measures the non-private model on the private data "
+                          "(the owner-only page); the key is ignored", UserWarning, stacklevel=2)
         del raw["report"]
     try:
         return RunConfig.model_validate(raw)
