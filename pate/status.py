@@ -14,12 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pate.aggregation.budget_registry import other_ledgers
-from pate.aggregation.ledger_store import canonical_url
 from pate.aggregation.ledger_totals import stored_budget
-from pate.aggregation.votes_ledger import recorded_ledger
+from pate.aggregation.votes_ledger import ledgers_beside, recorded_ledger
 from pate.config import RunConfig, recorded_config
-from pate.data.votes_file import load_private_keys
 from pate.errors import LedgerError, UserError
 from pate.report.freshness import current_report
 from pate.rundir import RunDir
@@ -82,15 +79,7 @@ def _budget(run: RunDir) -> dict[str, Any] | None:
     return {"ledger": url, "epsilon_budget": b.epsilon_budget, "epsilon_spent": b.epsilon_spent,
             "epsilon_left": max(0.0, b.epsilon_budget - b.epsilon_spent), "delta": b.delta,
             "basis": b.basis, "queries": b.queries, "answered": b.answered,
-            "other_ledgers": _other_ledgers(run, url)}
-
-
-def _other_ledgers(run: RunDir, url: str) -> list[str]:
-    """The other ledgers that charge the private data of the run's votes, as the registry of
-    this user holds them (``budget_registry``; their budgets add up with this one's)."""
-    if not run.votes.is_file():
-        return []
-    return other_ledgers(load_private_keys(run.votes), canonical_url(url))
+            "other_ledgers": ledgers_beside(run.root)}
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from pate.aggregation.budget_registry import enter_ledger, ledgers_said, other_ledgers
 from pate.aggregation.ledger_store import canonical_url, ledger_url, stored_settings
+from pate.data.votes_file import load_private_keys
 from pate.errors import UserError
-from pate.rundir import LEDGER_FILE, LEDGER_RECORD
+from pate.rundir import LEDGER_FILE, LEDGER_RECORD, RunDir
 
 # what a refusal of a spent budget says of a way out: none, as a new ledger would be a second
 # budget for the same data (docs/design.md, privacy rule 5)
@@ -61,6 +62,17 @@ def recorded_ledger(home: Path) -> str | None:
         text = record.read_text(encoding="utf-8").strip()
         return own if text == LEDGER_FILE else text
     return own if (home / LEDGER_FILE).is_file() else None
+
+
+def ledgers_beside(home: Path) -> list[str]:
+    """The ledgers other than :func:`recorded_ledger`'s that charge the private data of the
+    votes in ``home`` (``home/votes.npz``), as this user's registry holds them
+    (``budget_registry``): their budgets add up with this one's; empty without votes or a
+    ledger. The URLs are the owner's (paths, hosts): not for a publishable page."""
+    url, votes = recorded_ledger(home), RunDir(home).votes
+    if url is None or not votes.is_file():
+        return []
+    return other_ledgers(load_private_keys(votes), canonical_url(url))
 
 
 def ledger_of_votes(home: Path, ledger: str | Path | None, charged_before: bool

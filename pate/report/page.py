@@ -121,6 +121,11 @@ def _assumptions(report: dict[str, Any]) -> list[tuple[str, Any]]:
         rows.append(("This ledger's budget", f"ε = {aggregator['budget_epsilon']:g} at "
                      f"δ = {delta:g}, data-independent: the ledger refuses a batch whose worst "
                      "case would pass it"))
+    if others := report.get("other_ledgers"):
+        rows.append(("Other ledgers of this private data",
+                     f"{others}, in this machine's registry as this report was written (pate "
+                     "status lists them): the private data's privacy loss is this run's ε "
+                     "composed with what they charged, not this ε alone"))
     if aggregator:
         interactive = ((report.get("config") or {}).get("student") or {}).get(
             "interactive_queries")  # γ, the student's confidence to keep its label, is its own

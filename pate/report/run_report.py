@@ -14,6 +14,7 @@ import numpy as np
 
 from analysis.costs import steps
 from pate.aggregation.vote_pool import VotePool
+from pate.aggregation.votes_ledger import ledgers_beside
 from pate.config import AggregatorConfig, parse_config
 from pate.data.task import Benchmark, DataSource, Task, load_task
 from pate.data.votes_file import load_partition, load_private_records, load_votes_with_index
@@ -157,6 +158,10 @@ def load_run_data(run_dir: str | Path) -> RunData:
         comparison=run.read_json(run.comparison_metrics),
         classes_from=None if task is None else task.classes_from,
         extra={"partition": partition, "private_records": records,
+               # how many other ledgers charge the same private data as the report is written
+               # (their ε composes with this run's), not where they are: their URLs are the
+               # owner's paths and hosts
+               "other_ledgers": len(ledgers_beside(run.root)),
                **({} if facts.config is None else {"config": facts.config})})
 
 

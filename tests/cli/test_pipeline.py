@@ -573,3 +573,10 @@ def test_runs_on_one_private_dataset_can_share_one_budget(
     assert main(["--quiet", "run", str(tmp_path / "c3.toml"), "--run", str(tmp_path / "run3")]
                 ) == 0
     assert capsys.readouterr().err.count("other ledger(s)") == 1
+    # the report says how many other ledgers charge the data, not where they are
+    report = tmp_path / "run3" / "report"
+    assert json.loads((report / "report.json").read_text())["other_ledgers"] == 1
+    page = (report / "report.html").read_text()
+    assert "Other ledgers of this private data" in page and "shared" not in page
+    assert json.loads((tmp_path / "run0" / "report" / "report.json").read_text()
+                      )["other_ledgers"] == 0  # written before run3's ledger was
