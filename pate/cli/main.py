@@ -104,7 +104,27 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+_INTERRUPTS: list[int] = [0]  # the Ctrl-Cs the command has had (``_interrupt``)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGINT of the ``pate`` command: the first is Python's KeyboardInterrupt, whose
+    clean-up (the stage marked stopped, a local Ray shut down, at exit too) takes seconds; a
+    second during it is said to be waited on, not raised into that clean-up (it printed Ray's
+    traceback); a third leaves at once."""
+    _INTERRUPTS[0] += 1
+    if _INTERRUPTS[0] == 1:
+        raise KeyboardInterrupt
+    if _INTERRUPTS[0] == 2:
+        print("pate: stopping cleanly, a few seconds; Ctrl-C again leaves at once",
+              file=sys.stderr)
+        return
+    os._exit(130)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupt)  # the command's, until its process ends
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parser = build_parser(argv)  # the command's imports: a second or more

@@ -113,3 +113,32 @@ def test_sigterm_while_teachers_train_stops_cleanly(tmp_path: Path, workers: int
     status = capsys.readouterr().out
     assert re.search(r"teachers\s+stopped", status), status
     assert (run / "log.txt").read_text().splitlines()[-1].endswith("teachers: interrupted")
+
+
+def test_ctrl_c_twice_while_ray_shuts_down_is_no_traceback(tmp_path: Path) -> None:
+    """A second Ctrl-C while the first one's clean-up shuts a local Ray down (Ray's own exit
+    handler, seconds) is said to be waited on, not raised into it: no traceback of Ray's; a
+    third leaves at once."""
+    config = tmp_path / "slow.toml"
+    text = dump_config(load_config("digits-tiny"))
+    text = re.sub(r"(\[teachers\][^\[]*?)epochs = \d+", r"\1epochs = 2000", text, flags=re.S)
+    config.write_text(text.replace("workers = 1", "workers = 2"))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "pate", "run", str(config), "--run", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    manifest = run / "teachers" / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not manifest.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert manifest.is_file()
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1)  # in the clean-up (Ray's shutdown takes seconds on 2 cores)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (130, -signal.SIGINT), err  # the latter: as the interpreter ended
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    said = [line for line in err.splitlines() if line.startswith("pate: ")]
+    assert said[-1] in ("pate: interrupted",
+                        "pate: stopping cleanly, a few seconds; Ctrl-C again leaves at once"), err
