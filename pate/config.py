@@ -43,7 +43,13 @@ from student.choices import (
     arch_method_problem,
 )
 from student.defaults import DPSGD, STUDENT
-from teachers.choices import MODELS, is_import_path, model_name_problem
+from teachers.choices import (
+    MODELS,
+    gpu_share_problem,
+    is_import_path,
+    model_name_problem,
+    ray_address_problem,
+)
 from teachers.defaults import TEACHERS
 from teachers.rng import SEED_LIMIT
 
@@ -122,7 +128,7 @@ class TeachersConfig(_Section):
     workers: int = Field(default=1, ge=1)
     shard_size: int = Field(default=TEACHERS.shard_size, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
-    gpus_per_shard: float = Field(default=1.0, gt=0)
+    gpus_per_shard: float = 1.0
     ray_address: str | None = None
 
     @field_validator("model")
@@ -130,6 +136,20 @@ class TeachersConfig(_Section):
     def _model_name(cls, value: str | None) -> str | None:
         problem = None if value is None else model_name_problem(value, MODELS)
         if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("gpus_per_shard")
+    @classmethod
+    def _gpu_share(cls, value: float) -> float:
+        if problem := gpu_share_problem(value):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        if problem := ray_address_problem(value):
             raise ValueError(problem)
         return value
 

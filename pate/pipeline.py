@@ -346,7 +346,10 @@ def run_pipeline(config: RunConfig, run_dir: str | Path) -> Path:
     for section in (config.teachers, config.student):
         problem = device_problem(section.device)
         if problem:  # before the run directory exists
-            raise UserError(problem)
+            raise UserError(problem + (
+                " (with teachers.ray_address the cluster trains the teachers, and this "
+                "machine votes with them and serves their answers on teachers.device)"
+                if section is config.teachers and config.teachers.ray_address else ""))
     run = RunDir(run_dir)
     recorded = recorded_config(run.config)
     covered = other_budgets = None

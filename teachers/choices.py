@@ -95,3 +95,22 @@ def model_name_problem(name: str, builtins: tuple[str, ...]) -> str | None:
         return None
     return (f"{name!r} is neither one of {', '.join(builtins)} nor an import path "
             "package.module:factory")
+
+
+def gpu_share_problem(share: float) -> str | None:
+    """Why ``share`` cannot be the GPUs one shard asks Ray for, or None: a share of one GPU in
+    (0, 1], or a whole number of them (Ray takes no 1.5 GPUs)."""
+    if not share > 0 or share == float("inf"):
+        return f"must be > 0 (a GPU's share), got {share}"
+    if share > 1 and not float(share).is_integer():
+        return f"must be a share of one GPU (at most 1) or a whole number of GPUs, got {share:g}"
+    return None
+
+
+def ray_address_problem(address: str | None) -> str | None:
+    """Why ``address`` cannot name a Ray cluster to join, or None (None itself: a local Ray).
+    An empty one would be taken for none, and a private local Ray started unasked."""
+    if address is not None and not address.strip():
+        return ("is empty: give a cluster's address (HOST:PORT, ray://HOST:PORT or auto), or "
+                "leave it out for a Ray of this machine's own")
+    return None

@@ -39,7 +39,9 @@ from teachers.choices import (
     MODEL_RECORDS,
     POOL_ENCODER_MODELS,
     SIMCLR,
+    gpu_share_problem,
     model_data_problem,
+    ray_address_problem,
 )
 from teachers.ensemble import TrainConfig, vectorised
 from teachers.epoch_counter import EpochCounter
@@ -199,9 +201,11 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
             ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False,
                      runtime_env=runtime_env)
         else:
-            ray.init(num_cpus=max(cluster.workers, os.cpu_count() or 1),
-                     num_gpus=None if cluster.device == "cuda" else 0, include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
+            ray.init(address="local",  # private: not a Ray running here, nor RAY_ADDRESS's
+                     num_cpus=max(cluster.workers, os.cpu_count() or 1),
+                     num_gpus=None if cluster.device == "cuda" else 0,
+                     include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                     runtime_env=runtime_env)
     except Exception as exc:  # a bad address or a failed local start
         raise UserError(f"could not start or join Ray ({cluster.address or 'local'}): "
                         f"{exc}") from exc
@@ -231,11 +235,39 @@ def _check_reachable(address: str) -> None:
     if not host or not port.isdigit() or (":" in host and not host.startswith("[")):
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)),
-                                 timeout=RAY_CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)),
+                                      timeout=RAY_CONNECT_TIMEOUT_S) as connection:
+            speaks_grpc = _answers_http2(connection)
     except OSError as exc:
         raise UserError(f"could not reach Ray at {address}: "
                         f"{exc.strerror or exc.__class__.__name__}") from None
+    if not speaks_grpc:  # Ray would retry it for up to a quarter of an hour
+        raise UserError(f"{address} answers, but not as a Ray cluster does (its GCS port, "
+                        "6379 unless `ray start --head --port` said another, or ray://HOST:10001 "
+                        "for Ray Client): not the dashboard's 8265, nor another server")
+
+
+# HTTP/2's connection preface and an empty SETTINGS frame (RFC 9113, §3.4 and §6.5): a gRPC
+# server answers with a SETTINGS frame of its own, whose type (the header's fourth byte) is 4
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _answers_http2(connection: socket.socket) -> bool:
+    """Whether the server at the other end of ``connection`` speaks HTTP/2, as the gRPC
+    servers of a Ray cluster (its GCS, Ray Client's) do: it answers the client's preface with
+    a SETTINGS frame. One that answers otherwise, or closes, or says nothing within the
+    socket's timeout, is no Ray cluster's address."""
+    try:
+        connection.sendall(_HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # reset, or the timeout
+        return False
+    return header[3] == 4
 
 
 def _restore_sigterm(handler: Any) -> None:
@@ -360,14 +392,17 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 
     if cluster.workers < 1 or job.shard_size < 1:
         raise UserError("--workers and --shard-size must be at least 1")
-    if not cluster.gpus_per_shard > 0:
-        raise UserError(f"--gpus-per-shard must be > 0 (a GPU's share), got "
-                        f"{cluster.gpus_per_shard}")
+    if problem := gpu_share_problem(cluster.gpus_per_shard):
+        raise UserError(f"--gpus-per-shard {problem}")
+    if problem := ray_address_problem(cluster.address):
+        raise UserError(f"--ray-address {problem}")
     if cluster.device == "cuda":  # said before the run directory is written: the GPUs of
         if ray.is_initialized():  # the Ray running here, or of this machine for a local one
             _check_gpus(cluster)
         elif cluster.address is None and (problem := device_problem(cluster.device)):
             raise UserError(problem)
+    if cluster.address and not ray.is_initialized():  # before the partition is recorded
+        _check_reachable(cluster.address)
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
     shards = shard_ranges(job.num_teachers, job.shard_size)
@@ -400,14 +435,37 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 _PROGRESS_EVERY_S = 2.0  # how often the driver reads the shards' epochs while it waits
 
 
-def _check_gpus(cluster: Cluster) -> None:
-    """Refuse shards on cuda where the Ray cluster has too few GPUs: they would wait forever."""
+def _largest_node(resource: str) -> float:
+    """The most of ``resource`` (``CPU``, ``GPU``) one live node of the Ray cluster has: a
+    task asks one node for all it needs, so a cluster's total may be more than any task gets."""
     import ray
 
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if cluster.device == "cuda" and gpus < cluster.gpus_per_shard:
-        raise UserError(f"the Ray cluster has {gpus:g} GPU(s), a shard on cuda needs "
-                        f"{cluster.gpus_per_shard:g}: it would wait for one forever")
+    return max((node["Resources"].get(resource, 0.0) for node in ray.nodes() if node["Alive"]),
+               default=0.0)
+
+
+def _check_gpus(cluster: Cluster) -> None:
+    """Refuse shards on cuda where no node of the Ray cluster has the GPUs one shard asks
+    for: they would wait forever."""
+    if cluster.device != "cuda":
+        return
+    gpus = _largest_node("GPU")
+    if gpus < cluster.gpus_per_shard:
+        raise UserError(f"no node of the Ray cluster has the {cluster.gpus_per_shard:g} GPU(s) "
+                        f"a shard on cuda asks for (at most {gpus:g} on one node): it would "
+                        "wait for them forever")
+
+
+def _cpus_per_shard(cluster: Cluster) -> int:
+    """The CPUs each shard asks for: the cluster's share of ``cluster.workers``, but no more
+    than its largest node has (a task runs on one node; asked for more, it waits forever)."""
+    import ray
+
+    largest = int(_largest_node("CPU"))
+    if largest < 1:
+        raise UserError("no node of the Ray cluster has a whole CPU to train a shard on: it "
+                        "would wait for one forever")
+    return max(1, min(int(ray.cluster_resources().get("CPU", 1)) // cluster.workers, largest))
 
 
 def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
@@ -417,7 +475,7 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
     result as it arrives."""
     import ray
 
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // cluster.workers)
+    cpus = _cpus_per_shard(cluster)
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)
@@ -443,14 +501,30 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
             try:
                 params = ray.get(ready[0])
             except ray.exceptions.RayError as exc:
-                failed.append(f"shard {i} ({type(exc).__name__})")
+                failed.append((i, exc))
                 continue
             _record_shard(run_dir, manifest, i, teachers, params, t0)
         if not failed:  # the last epochs' reports may reach the counter after their shards
             bar.update(total - shown)
     if failed:
-        raise UserError(f"{len(failed)} shard(s) failed: {', '.join(failed)}; the others are "
-                        "saved - rerun the same command to train only the missing ones")
+        raise UserError(_shards_failed(failed, len(todo) - len(failed)))
+
+
+def _shards_failed(failed: list[tuple[int, Exception]], saved: int) -> str:
+    """One line for the shards that failed on Ray: each reason once, with its shards. A
+    worker's ``UserError`` (the project's words: a user's module that does not import there,
+    a network failing named by its class) is given whole; any other error by its class alone,
+    as its message may hold private values (docs/design.md, privacy rule 2)."""
+    reasons: dict[str, list[int]] = {}
+    for shard, exc in failed:
+        cause = getattr(exc, "cause", None)  # a RayTaskError's: the worker's own exception
+        said = str(cause) if isinstance(cause, UserError) else type(exc).__name__
+        reasons.setdefault(said, []).append(shard)
+    listed = "; ".join(f"shard {', '.join(map(str, sorted(shards)))}: {said}"
+                       for said, shards in reasons.items())
+    kept = (f"the {saved} other(s) trained are saved" if saved else "none was trained")
+    return (f"{len(failed)} shard(s) failed ({listed}); {kept} - rerun the same command to "
+            "train only the missing ones")
 
 
 def _run_here(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],

@@ -442,7 +442,8 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_runs(
     assert main(["teachers", "train", "--run", str(run), "--dataset", "digits", "--teachers",
                  "2", "--workers", "1", "--device", "cuda"]) == 2
     # this machine's GPUs where a local Ray would start, the running Ray's where one is
-    gpus = ("the Ray cluster has 0 GPU(s), a shard on cuda needs 1" if ray.is_initialized()
+    gpus = ("no node of the Ray cluster has the 1 GPU(s) a shard on cuda asks for (at most 0 "
+            "on one node)" if ray.is_initialized()
             else "this machine has no CUDA GPU that torch can use")
     _one_error_line(capsys, gpus)
     assert not run.exists()

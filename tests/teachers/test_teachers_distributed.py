@@ -4,12 +4,15 @@ flight."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +29,7 @@ from teachers.distributed import (
     Cluster,
     TrainJob,
     _check_reachable,
+    _shards_failed,
     device_share,
     shard_ranges,
     train_teachers,
@@ -59,9 +63,11 @@ def test_a_ray_shard_counts_on_its_cpus_share_of_the_memory(ray_running):
 @pytest.mark.parametrize("cluster,message", [
     (Cluster(workers=0), "--workers and --shard-size must be at least 1"),
     (Cluster(gpus_per_shard=0), "--gpus-per-shard must be > 0"),
-    (Cluster(gpus_per_shard=float("nan")), "--gpus-per-shard must be > 0")])
+    (Cluster(gpus_per_shard=float("nan")), "--gpus-per-shard must be > 0"),
+    (Cluster(gpus_per_shard=1.5), "--gpus-per-shard must be a share of one GPU (at most 1) or "
+                                  "a whole number of GPUs, got 1.5")])
 def test_a_cluster_that_cannot_run_is_refused_before_anything(tmp_path, cluster, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(UserError, match=re.escape(message)):
         train_teachers(tmp_path / "run", JOB, cluster)
     assert not (tmp_path / "run").exists()
 
@@ -254,6 +260,39 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once(tmp_path: Path) -
         with pytest.raises(UserError, match=r"could not reach Ray at 127\.0\.0\.1:1: "):
             train_teachers(tmp_path / "run", job, Cluster(1, "127.0.0.1:1"))
         assert not list((tmp_path / "run" / "teachers").glob("shard-*"))
+
+
+def test_an_address_that_answers_but_is_no_ray_cluster_is_refused_at_once() -> None:
+    """A server that is not a cluster's gRPC port (a web server, Ray's dashboard): Ray would
+    retry it for a quarter of an hour; it is refused at once."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        started = time.perf_counter()
+        with pytest.raises(UserError, match=rf"{address} answers, but not as a Ray cluster "):
+            _check_reachable(address)
+        assert time.perf_counter() - started < 5
+    finally:
+        server.shutdown()
+
+
+def test_shards_failed_on_ray_are_said_in_one_line() -> None:
+    """A worker's UserError is given whole, once for the shards it stopped; any other error
+    by its class alone (its message may hold private values); and whether any shard was saved."""
+    failed = [(i, ray.exceptions.RayTaskError("train_shard", "tb", UserError(
+        "model 'mymod2:f': cannot import mymod2"))) for i in (2, 0)]
+    failed.append((1, ray.exceptions.RayTaskError("train_shard", "tb",
+                                                  AssertionError("row 17 of patient x"))))
+    said = _shards_failed(failed, 0)
+    assert said == ("3 shard(s) failed (shard 0, 2: model 'mymod2:f': cannot import mymod2; "
+                    "shard 1: RayTaskError); none was trained - rerun the same command to "
+                    "train only the missing ones")
+    assert "patient" not in said
+    assert _shards_failed(failed[:1], 3).endswith(
+        "; the 3 other(s) trained are saved - rerun the same command to train only the missing "
+        "ones")
 
 
 def test_sigterm_while_ray_starts_reaches_the_callers_handler(tmp_path: Path) -> None:
