@@ -50,8 +50,8 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
     """A directory the stage commands built (no config.toml): each command's output, there or
     not (the teachers' manifest says whether every teacher is trained)."""
     manifest = TeachersManifest.read(run.root)
-    teachers = ("not run" if manifest is None
-                else "done" if manifest.done else "running or interrupted")
+    teachers = "not run" if manifest is None else "done" if manifest.done else _teachers_unfinished(
+        run, manifest)
     student = run.read_json(run.student_metrics)
     states = [("teachers", teachers, None),
               ("votes", "done" if run.votes.is_file() else "not run", None),
@@ -61,6 +61,17 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
                else "done" if current_report(run.root) is not None else "out of date", None)]
     return [{"stage": stage, "state": state, **({} if seconds is None else {"seconds": seconds})}
             for stage, state, seconds in states]
+
+
+def _teachers_unfinished(run: RunDir, manifest: TeachersManifest) -> str:
+    """Teachers not all trained: running (a command holds the directory) or stopped, and how
+    many of how many are trained where the manifest says."""
+    state = "running" if run.in_use() else "stopped"
+    total = manifest.record.get("num_teachers")
+    if not isinstance(total, int):
+        return state
+    trained = sum(len(s.teachers) for s in manifest.shards if s.teachers is not None)
+    return f"{state}, {trained} of {total} teachers trained"
 
 
 def _budget(run: RunDir) -> dict[str, Any] | None:

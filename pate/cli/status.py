@@ -12,7 +12,7 @@ from pate.status import run_status
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "status", help="a run's stages and the privacy budget spent and left",
-        description="The stages of a run directory (done, running or interrupted, pending) and "
+        description="The stages of a run directory (done, running or stopped, pending) and "
                     "its ledger's budget: the data-independent epsilon spent and left. Works "
                     "while the run goes on.")
     p.add_argument("--run", type=path_arg, required=True, metavar="DIR")

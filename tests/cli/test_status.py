@@ -103,7 +103,16 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
     (run / "teachers" / "manifest.json").write_text('{"done": false}')
     assert main(["status", "--run", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "teachers             running or interrupted" in out and "spent of 77" in out
+    assert "teachers             stopped\n" in out and "spent of 77" in out
+    # how many teachers are trained, and whether a command is training them now
+    (run / "teachers" / "manifest.json").write_text(json.dumps({
+        "done": False, "num_teachers": 8,
+        "shards": {"1": {"sha256": "0" * 64, "teachers": [4, 8]}}}))
+    assert main(["status", "--run", str(run)]) == 0
+    assert "teachers             stopped, 4 of 8 teachers trained" in capsys.readouterr().out
+    with RunDir(run).exclusive():  # as pate teachers train holds it
+        assert main(["status", "--run", str(run)]) == 0
+    assert "teachers             running, 4 of 8 teachers trained" in capsys.readouterr().out
     # a report older than what it is made from (a student retrained since) is out of date
     from pate.report.freshness import REPORT_FORMAT
 
