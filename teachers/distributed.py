@@ -228,11 +228,16 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
 
 def _check_reachable(address: str) -> None:
     """A Ray cluster's ``host:port`` (or ``ray://host:port``) accepts a connection within
-    ``RAY_CONNECT_TIMEOUT_S``; ``UserError`` otherwise, at once (Ray itself retries for
-    minutes, saying nothing). ``auto`` and addresses of another form (an IPv6 address not in
-    brackets) are left to Ray."""
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit() or (":" in host and not host.startswith("[")):
+    ``RAY_CONNECT_TIMEOUT_S`` and answers as a gRPC server (:func:`_answers_http2`);
+    ``UserError`` otherwise, at once (Ray itself retries for minutes, saying little), and for
+    one without a host or with a port that is no number (Ray's traceback). ``auto``, a name
+    without a port and an IPv6 address not in brackets are left to Ray."""
+    host, colon, port = address.split("://", 1)[-1].rpartition(":")
+    if ":" in host and not host.startswith("["):
+        return
+    if colon and not (host and port.isdigit()):  # ":6379", "HOST:port": Ray's traceback
+        raise UserError(f"the Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
+    if not colon:
         return
     try:
         with socket.create_connection((host.strip("[]"), int(port)),

@@ -255,6 +255,9 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once(tmp_path: Path) -
             _check_reachable(address)
     for left_to_ray in ("auto", "::1", "no-port"):
         _check_reachable(left_to_ray)
+    for malformed in (":6379", "127.0.0.1:notaport", "ray://:10001"):
+        with pytest.raises(UserError, match=f"the Ray address '{malformed}' is not HOST:PORT"):
+            _check_reachable(malformed)
     if not ray.is_initialized():  # a Ray running here is used whatever the address
         job = TrainJob(Benchmark("digits"), 2, 2, TrainConfig(model="mlp", epochs=1))
         with pytest.raises(UserError, match=r"could not reach Ray at 127\.0\.0\.1:1: "):
