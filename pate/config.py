@@ -432,7 +432,8 @@ def parse_config(text: str, origin: str) -> RunConfig:
         if "non_private_baseline" in report:
             warnings.warn(f"{origin}: report.non_private_baseline is no longer read: the "
                           "compare stage measures the non-private model on the private data "
-                          "(the owner-only page); the key is ignored", UserWarning, stacklevel=2)
+                          "(the owner-only page); the key is ignored: delete it",
+                          UserWarning, stacklevel=2)
         del raw["report"]
     try:
         return RunConfig.model_validate(raw)

@@ -48,30 +48,32 @@ def _stages(run: RunDir, config: RunConfig, log: list[str]) -> list[dict[str, An
 
 def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
     """A directory the stage commands built (no config.toml): each command's output, there or
-    not (the teachers' manifest says whether every teacher is trained)."""
+    not (the teachers' manifest says whether every teacher is trained; where not, whether a
+    command trains them now and how many are: ``trained`` of ``teachers``)."""
     manifest = TeachersManifest.read(run.root)
-    teachers = "not run" if manifest is None else "done" if manifest.done else _teachers_unfinished(
-        run, manifest)
     student = run.read_json(run.student_metrics)
-    states = [("teachers", teachers, None),
-              ("votes", "done" if run.votes.is_file() else "not run", None),
-              ("student", "not run" if student is None else "done",
-               None if student is None else student.get("seconds")),
-              ("report", "not run" if not run.report_json.is_file()
-               else "done" if current_report(run.root) is not None else "out of date", None)]
-    return [{"stage": stage, "state": state, **({} if seconds is None else {"seconds": seconds})}
-            for stage, state, seconds in states]
+    stages = [{"stage": "teachers", **({"state": "not run"} if manifest is None else
+                                       {"state": "done"} if manifest.done else
+                                       _teachers_unfinished(run, manifest))},
+              {"stage": "votes", "state": "done" if run.votes.is_file() else "not run"},
+              {"stage": "student", "state": "not run" if student is None else "done",
+               **({} if student is None or student.get("seconds") is None
+                  else {"seconds": student["seconds"]})},
+              {"stage": "report", "state": "not run" if not run.report_json.is_file()
+               else "done" if current_report(run.root) is not None else "out of date"}]
+    return stages
 
 
-def _teachers_unfinished(run: RunDir, manifest: TeachersManifest) -> str:
-    """Teachers not all trained: running (a command holds the directory) or stopped, and how
-    many of how many are trained where the manifest says."""
-    state = "running" if run.in_use() else "stopped"
+def _teachers_unfinished(run: RunDir, manifest: TeachersManifest) -> dict[str, Any]:
+    """Teachers not all trained: running (a command holds the directory) or stopped, and
+    how many of how many are trained where the manifest says (a damaged one: not said)."""
+    state = {"state": "running" if run.in_use() else "stopped"}
     total = manifest.record.get("num_teachers")
-    if not isinstance(total, int):
+    try:
+        trained = sum(len(s.teachers) for s in manifest.shards if s.teachers is not None)
+    except (KeyError, ValueError, TypeError, AttributeError):  # a damaged manifest
         return state
-    trained = sum(len(s.teachers) for s in manifest.shards if s.teachers is not None)
-    return f"{state}, {trained} of {total} teachers trained"
+    return {**state, "trained": trained, "teachers": total} if isinstance(total, int) else state
 
 
 def _budget(run: RunDir) -> dict[str, Any] | None:

@@ -351,6 +351,11 @@ def load_weights(model: nn.Module, directory: Path, name: str = "model") -> nn.M
     return model
 
 
+class NetworkChanged(UserError):
+    """A user's saved network (``package.module:factory``) whose factory now builds other
+    layers than its weights were saved from: its code changed since it was saved."""
+
+
 def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, ModelSpec] | None:
     """The saved classifier and its spec, or None when ``directory`` holds none; a
     ``cnn-hog-simclr`` student's pool features are rebuilt from its own saved tensors."""
@@ -361,15 +366,21 @@ def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, Mo
     if spec is None:
         return None
     path = directory / f"{name}.safetensors"
+    damaged = UserError(f"{path}: not the weights of the student {spec.arch} that {name}.json "
+                        "describes: this run directory is damaged")
     try:
         state = load_file(str(path))
+    except (OSError, SafetensorError):
+        raise damaged from None
+    try:
         features = PoolFeatures.from_state(state) if spec.arch in POOL_FEATURE_ARCHS else None
         model = build_classifier(spec, features)
         model.load_state_dict(state)
-    except (OSError, RuntimeError, KeyError, ValueError, SafetensorError):
-        why = (f"{spec.arch} builds other layers than these weights were saved from (its code "
-               "changed since?), or the folder is damaged" if is_import_path(spec.arch)
-               else "this run directory is damaged")
-        raise UserError(f"{path}: not the weights of the student {spec.arch} that "
-                        f"{name}.json describes: {why}") from None
+    except (RuntimeError, KeyError, ValueError):
+        if not is_import_path(spec.arch):
+            raise damaged from None
+        raise NetworkChanged(f"{path}: not the weights of the student {spec.arch} that "
+                             f"{name}.json describes: {spec.arch} builds other layers than "
+                             "these weights were saved from (its code changed since?)"
+                             ) from None
     return model, spec

@@ -15,6 +15,7 @@ Interactive-GNMax, which its analysis needs) and ``student/metrics.json``.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -55,6 +56,7 @@ from student.options import StudentOptions
 from student.predict import student_schema
 from student.rounds import Received, read_rounds
 from student.training import (
+    NetworkChanged,
     accuracy,
     build_learner,
     fit,
@@ -174,8 +176,8 @@ def train_on_prefixes(run: RunDir, options: StudentOptions, data: DataSource,
     features = None
     if spec.arch in POOL_FEATURE_ARCHS:
         given = _given_encoder(run, options, task.pool_x.shape[1])
-        features = _pool_features(options, given, load_classifier(run.student), task.pool_x,
-                                  say)
+        features = _pool_features(options, given, _previous_student(run, spec, False),
+                                  task.pool_x, say)
     points = []
     for fraction in fractions:
         if not 0 < fraction <= 1:
@@ -202,8 +204,17 @@ def _previous_student(run: RunDir, spec: ModelSpec, asks_with_it: bool
     if saved is None:
         return None
     both_on_pool = saved.arch in POOL_FEATURE_ARCHS and spec.arch in POOL_FEATURE_ARCHS
-    return (load_classifier(run.student) if asks_with_it or saved == spec or both_on_pool
-            else None)
+    if not (asks_with_it or saved == spec or both_on_pool):
+        return None
+    try:
+        return load_classifier(run.student)
+    except NetworkChanged as exc:  # a damaged file is refused whatever the use
+        if asks_with_it:  # the round needs its probabilities: nothing to do without them
+            raise
+        # only to continue from (or for its encoder): the student is trained afresh, as a
+        # user's network mended since its failed training must be (its layers changed)
+        warnings.warn(f"{exc}; the student is trained afresh", UserWarning, stacklevel=2)
+        return None
 
 
 @dataclass(frozen=True)
@@ -216,7 +227,7 @@ class _Checked:
     given_encoder: Any       # ``_given_encoder``'s, for a pool-feature network
     before: Received         # the answers in hand
     pool_recorded: Any       # ``check_answers_pool``'s
-    previous: Any            # the student saved by a previous round (``load_classifier``)
+    previous: Any            # the saved student, where used (``_previous_student``)
     rounds_before: list[dict[str, Any]]
 
 

@@ -100,8 +100,8 @@ def model_name_problem(name: str, builtins: tuple[str, ...]) -> str | None:
 def gpu_share_problem(share: float) -> str | None:
     """Why ``share`` cannot be the GPUs one shard asks Ray for, or None: a share of one GPU in
     (0, 1], or a whole number of them (Ray takes no 1.5 GPUs)."""
-    if not share > 0 or share == float("inf"):
-        return f"must be > 0 (a GPU's share), got {share}"
+    if not 0 < share < float("inf"):
+        return f"must be a number > 0 (a GPU's share), got {share}"
     if share > 1 and not float(share).is_integer():
         return f"must be a share of one GPU (at most 1) or a whole number of GPUs, got {share:g}"
     return None

@@ -20,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -127,7 +127,8 @@ def device_share(device: str) -> float:
     """The part of its device's memory the Ray task calling this may count on, where the tasks
     beside it look at the same free memory at about the same time: its fraction of a GPU on
     cuda (at most 1), else its CPUs over its node's (``_run`` gives each of the
-    ``Cluster.workers`` shards in flight an equal part of the CPUs); 1 outside a Ray task
+    ``Cluster.workers`` shards in flight an equal part of the cluster's CPUs, at most a
+    node's: :func:`_cpus_per_shard`); 1 outside a Ray task
     (the Python API's ``Teachers.fit`` trains its shards in its own process)."""
     import ray
 
@@ -193,8 +194,6 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
                             "teachers.user_models.ray_runtime_env(MODEL) returns")
         yield
         return
-    if cluster.address:
-        _check_reachable(cluster.address)
     on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if cluster.address:
@@ -228,21 +227,23 @@ def _ray_session(cluster: Cluster, runtime_env: dict | None = None) -> Iterator[
 
 def _check_reachable(address: str) -> None:
     """A Ray cluster's ``host:port`` (or ``ray://host:port``) accepts a connection within
-    ``RAY_CONNECT_TIMEOUT_S`` and answers as a gRPC server (:func:`_answers_http2`);
+    ``RAY_CONNECT_TIMEOUT_S`` and answers as a gRPC server (:func:`_answers_http2`; not
+    asked of a cluster whose gRPC is TLS's, ``RAY_USE_TLS``);
     ``UserError`` otherwise, at once (Ray itself retries for minutes, saying little), and for
     one without a host or with a port that is no number (Ray's traceback). ``auto``, a name
     without a port and an IPv6 address not in brackets are left to Ray."""
     host, colon, port = address.split("://", 1)[-1].rpartition(":")
     if ":" in host and not host.startswith("["):
         return
-    if colon and not (host and port.isdigit()):  # ":6379", "HOST:port": Ray's traceback
+    if colon and not (host and port.isascii() and port.isdecimal()):  # Ray's traceback
         raise UserError(f"the Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
     if not colon:
         return
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")  # no plain preface
     try:
         with socket.create_connection((host.strip("[]"), int(port)),
                                       timeout=RAY_CONNECT_TIMEOUT_S) as connection:
-            speaks_grpc = _answers_http2(connection)
+            speaks_grpc = tls or _answers_http2(connection)
     except OSError as exc:
         raise UserError(f"could not reach Ray at {address}: "
                         f"{exc.strerror or exc.__class__.__name__}") from None
@@ -297,8 +298,20 @@ def _changed_settings(recorded: dict, settings: dict) -> list[str]:
     return changed
 
 
+def _shards_to_train(run_dir: Path, manifest: dict | None, job: TrainJob,
+                     wanted: Iterable[int] | None = None) -> list[int]:
+    """The shards of ``wanted`` (default: all of the job's) that the manifest does not record
+    as trained, or whose checkpoint is missing or damaged."""
+    done = (manifest or {}).get("shards") or {}
+    if wanted is None:
+        wanted = range(len(shard_ranges(job.num_teachers, job.shard_size)))
+    return [i for i in wanted if not (
+        str(i) in done and checkpoints.shard_ok(run_dir, i, done[str(i)]["sha256"]))]
+
+
 def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
-    """Load the data, record or verify the partition, and read or create the manifest."""
+    """Load the data, probe a user's network (two teachers vectorised) where shards are left
+    to train, record or verify the partition, and read or create the manifest."""
     if problem := partition_problem(job.partition, getattr(job.source, "key", None)):
         raise UserError(problem)
     data = load_task(job.source)
@@ -309,7 +322,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     network = check_user_model(job.train.model, data.input_shape,  # so is this; a user's
                                data.num_classes, job.train.batch_size)  # as its code builds it
     manifest = checkpoints.read_manifest(run_dir)
-    if network is not None and not (manifest and manifest.get("done")):
+    if network is not None and _shards_to_train(run_dir, manifest, job):
         # two teachers of a user's network vectorised, before anything is recorded: its
         # warning line where they train one at a time, or one error line (out of memory)
         vectorised(job.train, data.input_shape, data.num_classes)
@@ -411,10 +424,8 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     run_dir = RunDir(run_dir).create().root
     manifest, data, part = _prepare(run_dir, job)
     shards = shard_ranges(job.num_teachers, job.shard_size)
-    done = manifest["shards"]
     wanted = range(len(shards)) if only is None else sorted(set(only) & set(range(len(shards))))
-    todo = [i for i in wanted if not (
-        str(i) in done and checkpoints.shard_ok(run_dir, i, done[str(i)]["sha256"]))]
+    todo = _shards_to_train(run_dir, manifest, job, wanted)
     if not todo:
         _pool_encoder(run_dir, job, manifest, data, cluster.device)  # the recorded one, checked
     else:
@@ -423,15 +434,16 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
         in_process = cluster.in_process
         with (contextlib.nullcontext() if in_process
               else _ray_session(cluster, ray_runtime_env(job.train.model))):
-            if not in_process:
-                _check_gpus(cluster)  # before a pool encoder's minutes
+            if not in_process:  # before a pool encoder's minutes
+                _check_gpus(cluster)
+            cpus = 0 if in_process else _cpus_per_shard(cluster)
             checkpoints.write_manifest(run_dir, manifest)  # started: pate status says so
             encoder = _pool_encoder(run_dir, job, manifest, data, cluster.device)
             if in_process:
                 _run_here(run_dir, job, manifest, shards_todo, data, part, cluster.device,
                           encoder)
             else:
-                _run(run_dir, job, manifest, shards_todo, data, part, cluster, encoder)
+                _run(run_dir, job, manifest, shards_todo, data, part, cluster, cpus, encoder)
     manifest["done"] = len(manifest["shards"]) == len(shards)
     checkpoints.write_manifest(run_dir, manifest)
     return {"trained": todo, "skipped": [i for i in wanted if i not in todo]}
@@ -463,24 +475,21 @@ def _check_gpus(cluster: Cluster) -> None:
 
 def _cpus_per_shard(cluster: Cluster) -> int:
     """The CPUs each shard asks for: the cluster's share of ``cluster.workers``, but no more
-    than its largest node has (a task runs on one node; asked for more, it waits forever)."""
+    than its largest node has (a task runs on one node; asked for more, it waits forever);
+    at least 1, which a cluster with no CPU node yet gets from its autoscaler."""
     import ray
 
-    largest = int(_largest_node("CPU"))
-    if largest < 1:
-        raise UserError("no node of the Ray cluster has a whole CPU to train a shard on: it "
-                        "would wait for one forever")
-    return max(1, min(int(ray.cluster_resources().get("CPU", 1)) // cluster.workers, largest))
+    share = int(ray.cluster_resources().get("CPU", 1)) // cluster.workers
+    return max(1, min(share, int(_largest_node("CPU"))))
 
 
 def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, range]],
-         data: Task, part: Partition, cluster: Cluster,
+         data: Task, part: Partition, cluster: Cluster, cpus: int,
          encoder: dict[str, np.ndarray] | None) -> None:
-    """Submit the shards ``todo`` with at most ``cluster.workers`` in flight; checkpoint each
-    result as it arrives."""
+    """Submit the shards ``todo`` with at most ``cluster.workers`` in flight, each asking for
+    ``cpus`` (:func:`_cpus_per_shard`); checkpoint each result as it arrives."""
     import ray
 
-    cpus = _cpus_per_shard(cluster)
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)
@@ -518,8 +527,9 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
 def _shards_failed(failed: list[tuple[int, Exception]], saved: int) -> str:
     """One line for the shards that failed on Ray: each reason once, with its shards. A
     worker's ``UserError`` (the project's words: a user's module that does not import there,
-    a network failing named by its class) is given whole; any other error by its class alone,
-    as its message may hold private values (docs/design.md, privacy rule 2)."""
+    say) is given whole; any other error by its class alone (``RayTaskError(RuntimeError)``,
+    ``WorkerCrashedError``), as its message may hold private values (docs/design.md, privacy
+    rule 2)."""
     reasons: dict[str, list[int]] = {}
     for shard, exc in failed:
         cause = getattr(exc, "cause", None)  # a RayTaskError's: the worker's own exception

@@ -56,11 +56,9 @@ from teachers.fixed_maps import FixedMap, feature_table, table_fits, table_width
 from teachers.models import build_model, initial_state, on_features
 from teachers.partition import check_disjoint
 from teachers.user_models import (
-    describe_error,
     load_factory,
     load_state,
     module_state,
-    out_of_memory,
     seeded,
     vmap_problem,
     warn_one_at_a_time,
@@ -222,13 +220,7 @@ def vectorised(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int,
     if not is_import_path(cfg.model):
         return True
     base = build_model(cfg.model, in_shape, num_classes).to(device)
-    try:
-        init = initial_state(cfg.model, base, in_shape, num_classes, np.arange(2), cfg.seed)
-    except Exception as exc:  # the user's factory, built again per teacher
-        if not out_of_memory(exc):
-            raise
-        raise UserError(f"model {cfg.model!r}: two teachers' networks do not fit in memory "
-                        f"({describe_error(exc)}): a smaller network") from None
+    init = initial_state(cfg.model, base, in_shape, num_classes, np.arange(2), cfg.seed)
     problem = vmap_problem(cfg.model, base, {k: v.to(device) for k, v in init.items()},
                            in_shape, num_classes, train=True)
     if problem is not None:

@@ -92,6 +92,7 @@ def _warning_printer() -> Callable[..., None]:
     return show
 
 
+_INTERRUPTS: list[int] = [0]  # the Ctrl-Cs and SIGTERMs the command has had (``_interrupt``)
 _SIGTERM_RECEIVED: list[bool] = [False]  # set by the handler: Ray re-raises it as a plain
 # KeyboardInterrupt when it arrives while Ray waits for a shard
 
@@ -101,29 +102,29 @@ def _terminate(signum: int, frame: object) -> None:
     clean-up runs (a local Ray shut down, the stage marked stopped) and no ``except
     Exception`` of the way takes it for an error."""
     _SIGTERM_RECEIVED[0] = True
+    _INTERRUPTS[0] += 1  # a Ctrl-C after it finds the clean-up under way
     raise KeyboardInterrupt
 
 
-_INTERRUPTS: list[int] = [0]  # the Ctrl-Cs the command has had (``_interrupt``)
-
-
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGINT of the ``pate`` command: the first is Python's KeyboardInterrupt, whose
-    clean-up (the stage marked stopped, a local Ray shut down, at exit too) takes seconds; a
-    second during it is said to be waited on, not raised into that clean-up (it printed Ray's
-    traceback); a third leaves at once."""
+    """SIGINT of the ``pate`` command: the first (or a SIGTERM, ``_terminate``) is Python's
+    KeyboardInterrupt, whose clean-up (the stage marked stopped, a local Ray shut down, at
+    exit too) takes seconds; a second during it is said to be waited on, not raised into that
+    clean-up (it printed Ray's traceback); a third leaves at once."""
     _INTERRUPTS[0] += 1
     if _INTERRUPTS[0] == 1:
         raise KeyboardInterrupt
-    if _INTERRUPTS[0] == 2:
-        print("pate: stopping cleanly, a few seconds; Ctrl-C again leaves at once",
-              file=sys.stderr)
+    if _INTERRUPTS[0] == 2:  # os.write: print may be amid a write to stderr (a progress bar)
+        with contextlib.suppress(OSError):
+            os.write(2, b"pate: stopping cleanly, a few seconds; Ctrl-C again leaves at once\n")
         return
     os._exit(130)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and threading.current_thread() is threading.main_thread():
+    _INTERRUPTS[0] = 0
+    if argv is None and threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler):  # not if ignored
         signal.signal(signal.SIGINT, _interrupt)  # the command's, until its process ends
     argv = sys.argv[1:] if argv is None else list(argv)
     try:

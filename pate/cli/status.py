@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {status['run']}" + (f" ({status['name']})" if status["name"] else ""))
     for s in status["stages"]:
         seconds = f" ({s['seconds']:.1f} s)" if "seconds" in s else ""
-        print(f"  {s['stage']:<20} {s['state']}{seconds}")
+        trained = ("" if "trained" not in s
+                   else f", {s['trained']} of {s['teachers']} teachers trained")
+        print(f"  {s['stage']:<20} {s['state']}{trained}{seconds}")
     networks = [f"{whose} {name}" for whose, name in status["networks"].items() if name]
     if networks:
         print(f"  networks: {', '.join(networks)}")

@@ -57,11 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="shards trained at once (default: one per CPU core)")
     train.add_argument("--ray-address", default=None,
-                       help="join this Ray cluster instead of starting a local one")
+                       help="join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto) "
+                       "instead of starting a private local one")
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                        help="where the shards train (checked against the Ray cluster's GPUs)")
     train.add_argument("--gpus-per-shard", type=float, default=1.0,
-                       help="GPU share of one shard on cuda (e.g. 0.25 packs four per GPU)")
+                       help="GPU share of one shard on cuda, at most 1 or a whole number "
+                       "(e.g. 0.25 packs four per GPU)")
     add_data_flags(train)
     train.set_defaults(handler=_train)
 

@@ -51,7 +51,8 @@ def test_dumped_config_names_every_key() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 2\n", "aggregator.delta"),
     ("name = 'x'\n[teachers]\ngpus_per_shard = 0\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
-     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.gpus_per_shard: must be > 0"),
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n",
+     "teachers.gpus_per_shard: must be a number > 0"),
     ("name = 'x'\n[teachers]\ngpus_per_shard = 1.5\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
      "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n",
      "teachers.gpus_per_shard: must be a share of one GPU (at most 1) or a whole number of GPUs"),

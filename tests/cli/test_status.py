@@ -110,6 +110,9 @@ def test_status_of_a_run_built_by_hand(tmp_path: Path, capsys: pytest.CaptureFix
         "shards": {"1": {"sha256": "0" * 64, "teachers": [4, 8]}}}))
     assert main(["status", "--run", str(run)]) == 0
     assert "teachers             stopped, 4 of 8 teachers trained" in capsys.readouterr().out
+    assert main(["status", "--run", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stages"][0] == {
+        "stage": "teachers", "state": "stopped", "trained": 4, "teachers": 8}
     with RunDir(run).exclusive():  # as pate teachers train holds it
         assert main(["status", "--run", str(run)]) == 0
     assert "teachers             running, 4 of 8 teachers trained" in capsys.readouterr().out

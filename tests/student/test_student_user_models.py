@@ -227,6 +227,16 @@ def test_a_network_failing_after_the_round_is_one_line_and_its_answers_are_kept(
     assert main([*argv, "--queries", "0", "--arch", "cnn"]) == 0
     assert json.loads((run / "student" / "model.json").read_text())["arch"] == "cnn"
     assert spent() == charged
+    # the same network, its layers changed since (as a mended one's may be): trained afresh,
+    # with one warning, rather than refused for weights it needed only to continue from
+    described = json.loads((run / "student" / "model.json").read_text())
+    (run / "student" / "model.json").write_text(json.dumps({**described, "arch": ARCH}))
+    capsys.readouterr()
+    assert main([*argv, "--queries", "0", "--arch", ARCH]) == 0
+    err = capsys.readouterr().err
+    assert "builds other layers than these weights were saved from" in err, err
+    assert "the student is trained afresh" in err
+    assert spent() == charged
 
 
 def test_pate_run_builds_the_network_before_the_run_directory(tmp_path, capsys) -> None:

@@ -29,6 +29,7 @@ from teachers.distributed import (
     Cluster,
     TrainJob,
     _check_reachable,
+    _cpus_per_shard,
     _shards_failed,
     device_share,
     shard_ranges,
@@ -62,8 +63,8 @@ def test_a_ray_shard_counts_on_its_cpus_share_of_the_memory(ray_running):
 
 @pytest.mark.parametrize("cluster,message", [
     (Cluster(workers=0), "--workers and --shard-size must be at least 1"),
-    (Cluster(gpus_per_shard=0), "--gpus-per-shard must be > 0"),
-    (Cluster(gpus_per_shard=float("nan")), "--gpus-per-shard must be > 0"),
+    (Cluster(gpus_per_shard=0), "--gpus-per-shard must be a number > 0"),
+    (Cluster(gpus_per_shard=float("nan")), "--gpus-per-shard must be a number > 0"),
     (Cluster(gpus_per_shard=1.5), "--gpus-per-shard must be a share of one GPU (at most 1) or "
                                   "a whole number of GPUs, got 1.5")])
 def test_a_cluster_that_cannot_run_is_refused_before_anything(tmp_path, cluster, message):
@@ -263,6 +264,20 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once(tmp_path: Path) -
         with pytest.raises(UserError, match=r"could not reach Ray at 127\.0\.0\.1:1: "):
             train_teachers(tmp_path / "run", job, Cluster(1, "127.0.0.1:1"))
         assert not list((tmp_path / "run" / "teachers").glob("shard-*"))
+
+
+def test_each_shard_asks_for_no_more_cpus_than_a_node_has(ray_running) -> None:
+    total = int(ray.cluster_resources()["CPU"])  # one node here: all of them on it
+    assert _cpus_per_shard(Cluster(workers=1)) == total
+    assert _cpus_per_shard(Cluster(workers=4 * total)) == 1
+
+
+def test_without_an_address_the_local_ray_is_private(tmp_path, monkeypatch, ray_stopped):
+    """Not joined: a Ray that ``RAY_ADDRESS`` names (inside ``ray job submit``), or one
+    running on the machine; the docs promise a private local Ray without an address."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    job = TrainJob(Benchmark("digits"), 4, 2, TrainConfig(model="mlp", epochs=1))
+    assert train_teachers(tmp_path / "run", job, Cluster(workers=2))["trained"] == [0, 1]
 
 
 def test_an_address_that_answers_but_is_no_ray_cluster_is_refused_at_once() -> None:
