@@ -51,6 +51,7 @@ from teachers.partition import (
     Partition,
     check_disjoint,
     deal_rows,
+    own_rows,
     read_partition,
     verify_partition,
     write_partition,
@@ -493,7 +494,7 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
     task = ray.remote(train_shard).options(
         num_cpus=cpus, num_gpus=cluster.gpus_per_shard if cluster.device == "cuda" else 0,
         max_retries=cluster.max_retries)
-    x_ref, y_ref, enc_ref = ray.put(data.private_x), ray.put(data.private_y), ray.put(encoder)
+    enc_ref = ray.put(encoder)
     counter = ray.remote(num_cpus=0)(EpochCounter).remote()
     queue, pending, failed, shown = list(todo), {}, [], 0
     total = sum(len(t) for _, t in todo) * job.train.epochs
@@ -501,9 +502,13 @@ def _run(run_dir: Path, job: TrainJob, manifest: dict, todo: list[tuple[int, ran
         while queue or pending:
             while queue and len(pending) < cluster.workers:
                 i, teachers = queue.pop(0)
-                ref = task.remote(job.train, x_ref, y_ref, data.num_classes, teachers,
-                                  part.parts(teachers), part.step_rows(teachers), cluster.device,
-                                  cpus, enc_ref, (counter, i))
+                # the shard's own rows only: no node holds more of the private data than the
+                # teachers it trains read
+                rows, renumbered = own_rows(part.parts(teachers))
+                ref = task.remote(job.train, data.private_x[rows], data.private_y[rows],
+                                  data.num_classes, teachers, renumbered,
+                                  part.step_rows(teachers), cluster.device, cpus, enc_ref,
+                                  (counter, i))
                 pending[ref] = (i, teachers, time.time())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_PROGRESS_EVERY_S)
             done = min(ray.get(counter.total.remote()), total)

@@ -54,7 +54,7 @@ from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_p
 from teachers.defaults import TEACHERS
 from teachers.fixed_maps import FixedMap, feature_table, table_fits, table_width
 from teachers.models import build_model, initial_state, on_features
-from teachers.partition import check_disjoint
+from teachers.partition import check_disjoint, own_rows
 from teachers.user_models import (
     load_factory,
     load_state,
@@ -314,11 +314,9 @@ def _mapped_rows(maps: list[FixedMap], x: torch.Tensor, y: torch.Tensor,
     """The table of the fixed ``maps`` on the group's own rows (``parts``, in order), their
     labels, and each teacher's rows renumbered in it: a teacher reads the same rows, once
     mapped."""
-    used = np.concatenate(parts)
+    used, renumbered = own_rows(parts)
     rows = torch.as_tensor(used, device=x.device)
-    ends = np.cumsum([len(p) for p in parts])
-    return (feature_table(maps, x[rows]), y[rows],
-            [np.arange(end - len(p), end) for p, end in zip(parts, ends, strict=True)])
+    return feature_table(maps, x[rows]), y[rows], renumbered
 
 
 def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,

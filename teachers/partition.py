@@ -139,6 +139,15 @@ def deal_rows(by: str, x: NDArray, y: NDArray, num_teachers: int, seed: int,
     raise UserError(f"the partition must be one of {', '.join(PARTITIONS)}, not {by!r}")
 
 
+def own_rows(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The rows a group of teachers reads (``parts``, one array of row indices per teacher,
+    in order) and each teacher's rows renumbered among them: the group is given those rows
+    alone (a Ray task, a table of fixed maps), and every teacher reads the same ones."""
+    used = np.concatenate(parts)
+    ends = np.cumsum([len(p) for p in parts])
+    return used, [np.arange(end - len(p), end) for p, end in zip(parts, ends, strict=True)]
+
+
 def check_disjoint(parts: list[np.ndarray], num_rows: int) -> None:
     """Refuse (UserError) parts that share a row or name a row outside ``0..num_rows-1``."""
     rows = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else []

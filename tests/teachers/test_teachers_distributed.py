@@ -36,7 +36,7 @@ from teachers.distributed import (
     train_teachers,
 )
 from teachers.ensemble import TrainConfig, train_group
-from teachers.partition import make_partition
+from teachers.partition import make_partition, own_rows
 
 CFG = TrainConfig(model="mlp", epochs=3, batch_size=16, augment="none", seed=1)  # cheap: the
 # tests are of checkpoints and Ray; the networks are tested in test_teachers_ensemble.py
@@ -134,6 +134,22 @@ def test_one_local_worker_trains_in_this_process_without_ray(tmp_path, monkeypat
                            np.arange(4, 8), part.parts(range(4, 8)), int(part.sizes.min()))
     shard = checkpoints.load_shard(run, 1, before["1"])
     assert expected.keys() == shard.keys()
+    assert all(torch.equal(expected[k], shard[k]) for k in expected)
+
+
+def test_a_ray_task_reads_its_own_rows_and_trains_the_same_teachers(tmp_path, ray_running):
+    """Each Ray task is given its shard's rows alone (``own_rows``), renumbered: the teachers
+    are those ``train_group`` trains on the whole private split with the rows' own indices."""
+    task = load_task(Benchmark("digits"))
+    part = make_partition(len(task.private_y), JOB.num_teachers, CFG.seed)
+    rows, renumbered = own_rows(part.parts(range(4, 8)))
+    assert np.array_equal(np.sort(rows), np.flatnonzero(np.isin(part.assignment, range(4, 8))))
+    assert all(np.array_equal(rows[r], p) for r, p in zip(renumbered,
+                                                           part.parts(range(4, 8)), strict=True))
+    assert train_teachers(tmp_path / "run", JOB, Cluster(workers=2))["trained"] == [0, 1, 2]
+    expected = train_group(CFG, torch.tensor(task.private_x), torch.tensor(task.private_y), 10,
+                           np.arange(4, 8), part.parts(range(4, 8)), int(part.sizes.min()))
+    shard = checkpoints.load_shard(tmp_path / "run", 1, _shas(tmp_path / "run")["1"])
     assert all(torch.equal(expected[k], shard[k]) for k in expected)
 
 
