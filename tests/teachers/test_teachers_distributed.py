@@ -288,14 +288,6 @@ def test_each_shard_asks_for_no_more_cpus_than_a_node_has(ray_running) -> None:
     assert _cpus_per_shard(Cluster(workers=4 * total)) == 1
 
 
-def test_without_an_address_the_local_ray_is_private(tmp_path, monkeypatch, ray_stopped):
-    """Not joined: a Ray that ``RAY_ADDRESS`` names (inside ``ray job submit``), or one
-    running on the machine; the docs promise a private local Ray without an address."""
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
-    job = TrainJob(Benchmark("digits"), 4, 2, TrainConfig(model="mlp", epochs=1))
-    assert train_teachers(tmp_path / "run", job, Cluster(workers=2))["trained"] == [0, 1]
-
-
 def test_an_address_that_answers_but_is_no_ray_cluster_is_refused_at_once() -> None:
     """A server that is not a cluster's gRPC port (a web server, Ray's dashboard): Ray would
     retry it for a quarter of an hour; it is refused at once."""
