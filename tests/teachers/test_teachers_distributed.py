@@ -99,6 +99,18 @@ def test_train_checkpoint_and_resume(tmp_path, ray_running):
         assert stat.S_IMODE((run / "teachers" / checkpoints.shard_file(i)).stat().st_mode) == 0o600
     assert json.loads((run / "partition.json").read_text())["sizes"] == [109] + [108] * 11
     before = _shas(run)
+    # each Ray task was given its shard's rows alone (own_rows), renumbered: the teachers are
+    # those train_group trains on the whole private split with the rows' own indices
+    task = load_task(Benchmark("digits"))
+    part = make_partition(len(task.private_y), JOB.num_teachers, CFG.seed)
+    rows, renumbered = own_rows(part.parts(range(4, 8)))
+    assert np.array_equal(np.sort(rows), np.flatnonzero(np.isin(part.assignment, range(4, 8))))
+    assert all(np.array_equal(rows[r], p) for r, p in zip(renumbered,
+                                                           part.parts(range(4, 8)), strict=True))
+    expected = train_group(CFG, torch.tensor(task.private_x), torch.tensor(task.private_y), 10,
+                           np.arange(4, 8), part.parts(range(4, 8)), int(part.sizes.min()))
+    shard = checkpoints.load_shard(run, 1, before["1"])
+    assert all(torch.equal(expected[k], shard[k]) for k in expected)
 
     # Nothing missing: nothing trained.
     assert train_teachers(run, JOB, Cluster(workers=2))["trained"] == []
@@ -134,22 +146,6 @@ def test_one_local_worker_trains_in_this_process_without_ray(tmp_path, monkeypat
                            np.arange(4, 8), part.parts(range(4, 8)), int(part.sizes.min()))
     shard = checkpoints.load_shard(run, 1, before["1"])
     assert expected.keys() == shard.keys()
-    assert all(torch.equal(expected[k], shard[k]) for k in expected)
-
-
-def test_a_ray_task_reads_its_own_rows_and_trains_the_same_teachers(tmp_path, ray_running):
-    """Each Ray task is given its shard's rows alone (``own_rows``), renumbered: the teachers
-    are those ``train_group`` trains on the whole private split with the rows' own indices."""
-    task = load_task(Benchmark("digits"))
-    part = make_partition(len(task.private_y), JOB.num_teachers, CFG.seed)
-    rows, renumbered = own_rows(part.parts(range(4, 8)))
-    assert np.array_equal(np.sort(rows), np.flatnonzero(np.isin(part.assignment, range(4, 8))))
-    assert all(np.array_equal(rows[r], p) for r, p in zip(renumbered,
-                                                           part.parts(range(4, 8)), strict=True))
-    assert train_teachers(tmp_path / "run", JOB, Cluster(workers=2))["trained"] == [0, 1, 2]
-    expected = train_group(CFG, torch.tensor(task.private_x), torch.tensor(task.private_y), 10,
-                           np.arange(4, 8), part.parts(range(4, 8)), int(part.sizes.min()))
-    shard = checkpoints.load_shard(tmp_path / "run", 1, _shas(tmp_path / "run")["1"])
     assert all(torch.equal(expected[k], shard[k]) for k in expected)
 
 
