@@ -36,6 +36,23 @@ DPSGD_METRICS = "metrics.json"
 DPSGD_MODEL = "model.pt"
 
 
+LOCK_WAIT_S = 1.0  # how long a command waits for a run directory another holds
+
+
+def _lock(fd: int, wait_s: float) -> None:
+    """``flock`` ``fd`` exclusively, trying every 50 ms for ``wait_s`` seconds;
+    ``BlockingIOError`` where another still holds it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A run directory: ``RunDir(path)``; ``create`` makes it (0700) and checks it is writable.
@@ -234,19 +251,20 @@ class RunDir:
                                            else "no such run directory"))
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         """Hold the directory for one command (an advisory ``flock`` on the directory itself,
         released when the process ends, however it ends); ``UserError`` while another holds
-        it: two commands would train the same stage, or release from the same answers, at
-        once. ``pate run`` and the teachers' and student's commands hold it; ``pate serve``
-        does not (its ledger is shared by design)."""
+        it ``wait_s`` long (a ``pate status`` holds it for an instant): two commands would
+        train the same stage, or release from the same answers, at once. ``pate run`` and the
+        teachers' and student's commands hold it; ``pate serve`` does not (its ledger is
+        shared by design)."""
         try:
             fd = os.open(self.root, os.O_RDONLY)
         except FileNotFoundError:
             raise UserError(f"{self}: no such run directory") from None
         try:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock(fd, wait_s)
             except BlockingIOError:
                 raise UserError(f"{self} is in use by another pate command (a pate run, or a "
                                 "teachers' or student's stage); wait for it to end, or stop "
@@ -264,7 +282,7 @@ class RunDir:
         if not self.root.is_dir():
             return False
         try:
-            with self.exclusive():
+            with self.exclusive(wait_s=0.0):
                 return False
         except UserError:
             return True

@@ -116,3 +116,39 @@ def test_the_newest_models_audit_is_found_by_its_time_with_or_without_a_tag(
     assert latest_models_audit(run) == {"passed": False,
                                         "file": "audit/models-20261129T090000Z-3fa2c1.json"}
     assert report_inputs(run)[-1].name == "models-20261129T090000Z-3fa2c1.json"
+
+
+def test_a_command_waits_out_a_brief_hold_and_is_refused_a_long_one(tmp_path: Path) -> None:
+    """``pate status`` holds a run directory for an instant (``in_use``): a command starting
+    then waits it out; one held by another command is refused after ``LOCK_WAIT_S``."""
+    import threading
+    import time
+
+    run = RunDir(tmp_path / "run").create()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with run.exclusive():
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    assert run.in_use()  # at once, no wait
+    threading.Timer(0.3, release.set).start()  # a brief hold, as pate status's
+    started = time.monotonic()
+    with run.exclusive():
+        assert 0.2 < time.monotonic() - started < 1.0
+    holder.join()
+    release.clear()
+    held.clear()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    with pytest.raises(UserError, match="is in use by another pate command"), run.exclusive(
+            wait_s=0.2):
+        pass
+    release.set()
+    holder.join()
+    assert not run.in_use()
