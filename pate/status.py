@@ -32,7 +32,7 @@ def _stages(run: RunDir, config: RunConfig, log: list[str]) -> list[dict[str, An
         parts = line.split(" ", 1)
         if len(parts) == 2 and parts[1].endswith(": started"):
             started.add(parts[1].removesuffix(": started"))
-    unfinished = "running" if run.in_use() else "stopped"  # a command holds the directory
+    unfinished = _unfinished(run)
     out = []
     stale = "report" in done and current_report(run.root) is None  # pate run writes it again
     for stage in config.stages():
@@ -46,13 +46,18 @@ def _stages(run: RunDir, config: RunConfig, log: list[str]) -> list[dict[str, An
     return out
 
 
-def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
+def _unfinished(run: RunDir) -> str:
+    """A stage started and not finished: running where a command holds the directory, else
+    stopped."""
+    return "running" if run.in_use() else "stopped"
+
+
+def _stages_by_hand(run: RunDir, manifest: TeachersManifest | None) -> list[dict[str, Any]]:
     """A directory the stage commands built (no config.toml): each command's output, there or
     not (the teachers' manifest says whether every teacher is trained; where not, whether a
     command trains them now and how many are: ``trained`` of ``teachers``)."""
-    manifest = TeachersManifest.read(run.root)
     student = run.read_json(run.student_metrics)
-    stages = [{"stage": "teachers", **({"state": "not run"} if manifest is None else
+    return [{"stage": "teachers", **({"state": "not run"} if manifest is None else
                                        {"state": "done"} if manifest.done else
                                        _teachers_unfinished(run, manifest))},
               {"stage": "votes", "state": "done" if run.votes.is_file() else "not run"},
@@ -61,13 +66,12 @@ def _stages_by_hand(run: RunDir) -> list[dict[str, Any]]:
                   else {"seconds": student["seconds"]})},
               {"stage": "report", "state": "not run" if not run.report_json.is_file()
                else "done" if current_report(run.root) is not None else "out of date"}]
-    return stages
 
 
 def _teachers_unfinished(run: RunDir, manifest: TeachersManifest) -> dict[str, Any]:
     """Teachers not all trained: running (a command holds the directory) or stopped, and
     how many of how many are trained where the manifest says (a damaged one: not said)."""
-    state = {"state": "running" if run.in_use() else "stopped"}
+    state = {"state": _unfinished(run)}
     total = manifest.record.get("num_teachers")
     try:
         trained = sum(len(s.teachers) for s in manifest.shards if s.teachers is not None)
@@ -106,18 +110,19 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
                         "labels or student): not a run directory, or one not started")
     config = recorded_config(run.config)
     log = run.log_lines()
+    manifest = TeachersManifest.read(run.root)
     return {"run": str(run), "name": None if config is None else config.name,
-            "stages": _stages_by_hand(run) if config is None else _stages(run, config, log),
-            "networks": _networks(run),
+            "stages": (_stages_by_hand(run, manifest) if config is None
+                       else _stages(run, config, log)),
+            "networks": _networks(run, manifest),
             "budget": _budget(run), "answers_in_hand": run.labels.is_file(),
             "last_log": next(reversed(log), None),
             "epsilon_to_quote": _to_quote(run)}
 
 
-def _networks(run: RunDir) -> dict[str, str | None]:
+def _networks(run: RunDir, manifest: TeachersManifest | None) -> dict[str, str | None]:
     """The networks the run's teachers and its student were trained as: a built-in's name or a
     user's import path (settings, public), None where none was trained yet."""
-    manifest = TeachersManifest.read(run.root)
     student = run.read_json(run.student / "model.json")
     return {"teachers": None if manifest is None else manifest.record.get("model"),
             "student": student.get("arch") if isinstance(student, dict) else None}
