@@ -299,20 +299,17 @@ def _changed_settings(recorded: dict, settings: dict) -> list[str]:
     return changed
 
 
-def _shards_to_train(run_dir: Path, manifest: dict | None, job: TrainJob,
-                     wanted: Iterable[int] | None = None) -> list[int]:
-    """The shards of ``wanted`` (default: all of the job's) that the manifest does not record
-    as trained, or whose checkpoint is missing or damaged."""
+def _shards_to_train(run_dir: Path, manifest: dict | None, wanted: Iterable[int]) -> list[int]:
+    """The shards of ``wanted`` that the manifest does not record as trained, or whose
+    checkpoint is missing or damaged."""
     done = (manifest or {}).get("shards") or {}
-    if wanted is None:
-        wanted = range(len(shard_ranges(job.num_teachers, job.shard_size)))
     return [i for i in wanted if not (
         str(i) in done and checkpoints.shard_ok(run_dir, i, done[str(i)]["sha256"]))]
 
 
-def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
+def _prepare(run_dir: Path, job: TrainJob, to_train: bool) -> tuple[dict, Task, Partition]:
     """Load the data, probe a user's network (two teachers vectorised) where shards are left
-    to train, record or verify the partition, and read or create the manifest."""
+    ``to_train``, record or verify the partition, and read or create the manifest."""
     if problem := partition_problem(job.partition, getattr(job.source, "key", None)):
         raise UserError(problem)
     data = load_task(job.source)
@@ -322,8 +319,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
         raise UserError(problem)
     network = check_user_model(job.train.model, data.input_shape,  # so is this; a user's
                                data.num_classes, job.train.batch_size)  # as its code builds it
-    manifest = checkpoints.read_manifest(run_dir)
-    if network is not None and _shards_to_train(run_dir, manifest, job):
+    if network is not None and to_train:
         # two teachers of a user's network vectorised, before anything is recorded: its
         # warning line where they train one at a time, or one error line (out of memory)
         vectorised(job.train, data.input_shape, data.num_classes)
@@ -337,6 +333,7 @@ def _prepare(run_dir: Path, job: TrainJob) -> tuple[dict, Task, Partition]:
     else:
         verify_partition(recorded, part, settings["dataset"])
     check_disjoint(part.parts(), n)
+    manifest = checkpoints.read_manifest(run_dir)
     if manifest is None or not (manifest.get("shards") or manifest.get("pool_encoder")):
         # nothing trained yet (a first run, or one stopped before its first shard): these settings
         manifest = {**settings, "model": job.train.model,
@@ -423,10 +420,12 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     if cluster.address and not ray.is_initialized():  # before the partition is recorded
         _check_reachable(cluster.address)
     run_dir = RunDir(run_dir).create().root
-    manifest, data, part = _prepare(run_dir, job)
     shards = shard_ranges(job.num_teachers, job.shard_size)
     wanted = range(len(shards)) if only is None else sorted(set(only) & set(range(len(shards))))
-    todo = _shards_to_train(run_dir, manifest, job, wanted)
+    # the checkpoints are read once, before the probes; a manifest _prepare starts afresh
+    # records none, so all wanted are then to train
+    todo = _shards_to_train(run_dir, checkpoints.read_manifest(run_dir), wanted)
+    manifest, data, part = _prepare(run_dir, job, bool(todo))
     if not todo:
         _pool_encoder(run_dir, job, manifest, data, cluster.device)  # the recorded one, checked
     else:
