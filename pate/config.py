@@ -12,7 +12,6 @@ import sys
 import tomllib
 import typing
 import warnings
-from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -34,11 +33,10 @@ from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
 from pate.data.datasets import DEFAULT_DATASET, LOADERS
 from pate.data.partitions import PARTITIONS, partition_problem
-from pate.data.task import Benchmark, DataFiles, DataSource, data_kind
+from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
 from student.choices import (
     ARCHITECTURES,
-    DEFAULT_DPSGD_MODEL,
     DPSGD_MODELS,
     arch_method_problem,
 )
@@ -480,52 +478,6 @@ def load_config(preset_or_path: str) -> RunConfig:
                         f"{', '.join(preset_names())}, or give a .toml file")
     text = resources.files("pate.presets").joinpath(f"{preset_or_path}.toml").read_text()
     return parse_config(text, f"preset {preset_or_path}")
-
-
-# Keys that say where a stage runs, not what it computes: a stopped run may resume elsewhere
-# (another Ray cluster, a GPU, another share of one).
-PLACEMENT_KEYS: dict[str, tuple[str, ...]] = {
-    "teachers": ("workers", "device", "gpus_per_shard", "ray_address"), "student": ("device",)}
-
-
-# The sections a rerun may change while none of the stages they feed has finished: a round that
-# failed (no answer, the budget), a comparison that could not run. The data and the teachers'
-# settings made what the first stages made (the partition, the teachers, the votes) and never
-# change once anything is made.
-RELAXED_SECTIONS: dict[str, tuple[str, ...]] = {
-    "aggregator": STAGES[2:], "student": STAGES[2:], "dpsgd": ("dpsgd", "compare", "report"),
-    "compare": ("compare", "report")}
-
-
-def fixed_differences(first: RunConfig, other: RunConfig, finished: Iterable[str]) -> list[str]:
-    """The ``config_differences`` a rerun of a run that made something and finished
-    ``finished`` (its stages) may not make: every key but the run's ``name`` (what the report
-    calls it) and those of ``RELAXED_SECTIONS`` whose stages have not finished."""
-    done = set(finished)
-    return [key for key in config_differences(first, other) if key != "name"  # a label only
-            and ((stages := RELAXED_SECTIONS.get(key.split(".")[0])) is None
-                 or done.intersection(stages))]
-
-
-def config_differences(first: RunConfig, other: RunConfig) -> list[str]:
-    """The keys (``section.key``, or ``name``) whose values differ between two configs, but
-    for :data:`PLACEMENT_KEYS` (a run may change those). DP-SGD's network left unset is the
-    data's default (``DEFAULT_DPSGD_MODEL``), as an earlier version wrote it out."""
-    a, b = _dpsgd_model_named(first).model_dump(), _dpsgd_model_named(other).model_dump()
-    keys = [k for k in a if not isinstance(a[k], dict) and a[k] != b[k]]
-    return keys + [f"{section}.{k}" for section in a if isinstance(a[section], dict)
-                   for k in a[section] if a[section][k] != b[section][k]
-                   and k not in PLACEMENT_KEYS.get(section, ())]
-
-
-def _dpsgd_model_named(config: RunConfig) -> RunConfig:
-    if config.dpsgd.model is not None:
-        return config
-    try:
-        model = DEFAULT_DPSGD_MODEL[data_kind(config.data.source())]
-    except UserError:  # the public file is not there: said by the stage that reads it
-        return config
-    return config.model_copy(update={"dpsgd": config.dpsgd.model_copy(update={"model": model})})
 
 
 def dump_config(config: RunConfig) -> str:

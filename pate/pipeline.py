@@ -29,13 +29,8 @@ from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.ledger_store import canonical_url, ledger_url
 from pate.aggregation.votes_ledger import recorded_ledger
 from pate.comparison import dpsgd_settings, run_comparison
-from pate.config import (
-    RunConfig,
-    config_differences,
-    dump_config,
-    fixed_differences,
-    recorded_config,
-)
+from pate.config import RunConfig, dump_config, recorded_config
+from pate.config_changes import config_differences, fixed_differences
 from pate.data.task import DataFiles, Task, data_kind, load_task, unused_setting_problem
 from pate.devices import device_problem
 from pate.errors import UserError
@@ -64,11 +59,12 @@ _ALLOW_LARGE_DELTA = "aggregator.allow_large_delta = true"
 
 def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
     """Create the run directory (0700) and its config.toml; a rerun must use the same config
-    (where its stages run may change: ``pate.config.PLACEMENT_KEYS``; so may the settings of
-    stages that have not finished, ``pate.config.RELAXED_SECTIONS``: a round, DP-SGD, the
-    comparison), unless the first attempt stopped before it made anything (config.toml and
-    log.txt are all there is): then the new config replaces the old. The log says what
-    changed. A directory refused is left as it was."""
+    (where its stages run may change: ``pate.config_changes.PLACEMENT_KEYS``; so may the
+    settings of stages that have not finished, ``pate.config_changes.RELAXED_SECTIONS``: a
+    round, DP-SGD, the comparison; a default may be written out or left out), unless the
+    first attempt stopped before it made anything (config.toml and log.txt are all there is):
+    then the new config replaces the old. The log says what changed. A directory refused is
+    left as it was."""
     made = (set() if not run.root.is_dir()
             else {p.name for p in run.root.iterdir()} - {run.config.name, run.log.name})
     recorded = recorded_config(run.config)
@@ -106,10 +102,12 @@ def prepare_run_dir(config: RunConfig, run: RunDir) -> None:
         return
     if recorded is not None and made:  # the same run, placed elsewhere or mended ahead
         changed = config_differences(recorded, config)
+        moved = config_differences(recorded, config, placement=True) != changed
         run.write_config(dump_config(config))
         run.append_log(f"config.toml: {', '.join(changed)} changed, for the stages not finished"
                        if changed else "config.toml: where the stages run changed (workers, "
-                       "device, GPU share or Ray cluster)")
+                       "device, GPU share or Ray cluster)" if moved else
+                       "config.toml: the same settings, a default written out or left out")
         return
     if recorded is not None:
         run.append_log("config.toml replaced: the last attempt stopped before any stage made "

@@ -9,8 +9,8 @@ Layers, lowest first; a module may import only modules of its own layer or a low
     2 teachers     ``teachers/``
     3 student      ``student/``
     4 application  ``pate.service``, ``pate.report``, ``pate.cli``, ``pate.pipeline``,
-                   ``pate.config``, ``pate.presets``, ``pate.audit``, ``pate.comparison``,
-                   ``pate.__main__``
+                   ``pate.config``, ``pate.config_changes``, ``pate.presets``, ``pate.audit``,
+                   ``pate.comparison``, ``pate.__main__``
 
 Every import counts: at module level, inside functions, under ``if TYPE_CHECKING:``, and
 ``importlib.import_module`` / ``__import__`` of a string literal (a module that imports by a
@@ -51,6 +51,7 @@ LAYER_OF: Mapping[str, int] = {
     "pate.pipeline": 4,
     "pate.comparison": 4,
     "pate.config": 4,
+    "pate.config_changes": 4,
     "pate.presets": 4,
     "pate.audit": 4,
     "pate.api": 4,

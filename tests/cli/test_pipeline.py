@@ -17,7 +17,8 @@ from student_support import released
 
 from pate.api import Teachers
 from pate.cli.main import main
-from pate.config import RunConfig, dump_config, load_config, parse_config
+from pate.config import STAGES, RunConfig, dump_config, load_config, parse_config
+from pate.config_changes import config_differences
 from pate.data.datasets import load_dataset
 from pate.data.task import load_task
 from pate.data.votes_file import load_private_fingerprint
@@ -26,6 +27,7 @@ from pate.pipeline import _check_data, _other_budgets, prepare_run_dir
 from pate.progress import quiet
 from pate.rundir import RunDir
 from student.rounds import Received
+from teachers.defaults import TEACHERS
 
 
 def test_pipeline_end_to_end_then_resume(tmp_path: Path,
@@ -360,6 +362,44 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
         assert message in capsys.readouterr().err
         assert not (tmp_path / "early").exists()
 
+
+
+def test_a_default_written_out_is_the_same_run(tmp_path: Path) -> None:
+    """A key left unset stands for its default: a finished run whose config writes it out (the
+    pool, half the test split; the data's network; the method's network and learning rate;
+    round 1's parameters for round 2) or leaves it out again is the same run, and the log says
+    so; another value is still refused, by its key."""
+    tiny = load_config("digits-tiny")
+    run = RunDir(tmp_path / "run")
+    prepare_run_dir(tiny, run)
+    for stage in STAGES:
+        run.finish_stage(stage, 1.0)
+    pool = len(load_dataset("digits", need_train=False).test_y) // 2
+    a = tiny.aggregator
+    written = tiny.model_copy(update={
+        "data": tiny.data.model_copy(update={"dataset": "digits", "pool_size": pool}),
+        "teachers": tiny.teachers.model_copy(update={
+            "model": "cnn", "batch_size": TEACHERS.batch_size, "lr": TEACHERS.lr}),
+        "aggregator": a.model_copy(update={"interactive_threshold": a.threshold,
+                                           "interactive_sigma1": a.sigma1,
+                                           "interactive_sigma2": a.sigma2}),
+        "student": tiny.student.model_copy(update={"arch": "cnn", "lr": 1e-3})})
+    assert config_differences(tiny, written) == [] == config_differences(written, tiny)
+    prepare_run_dir(written, run)
+    assert parse_config(run.config.read_text(), "again") == written
+    prepare_run_dir(tiny, run)  # left out again
+    assert (run.log.read_text().count("config.toml: the same settings, a default written out "
+                                      "or left out") == 2)
+    other = written.model_copy(update={
+        "data": written.data.model_copy(update={"pool_size": pool - 1}),
+        "student": written.student.model_copy(update={"arch": "mlp"}),
+        "aggregator": a.model_copy(update={"interactive_sigma2": a.sigma2 + 1})})
+    with pytest.raises(UserError, match=r"other data\.pool_size, aggregator\.interactive_sigma2, "
+                                        r"student\.arch, on which"):
+        prepare_run_dir(other, run)
+    with pytest.raises(UserError, match=r"other data\.pool_size, on which"):
+        prepare_run_dir(tiny.model_copy(update={
+            "data": tiny.data.model_copy(update={"pool_size": pool + 1})}), run)
 
 def test_a_budget_is_the_ledgers_once_it_is_open(tmp_path: Path) -> None:
     """Before any round, the budget may be mended; once the run's ledger is open it holds the
