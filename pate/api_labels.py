@@ -157,7 +157,7 @@ class PrivateLabels:
         try:
             if teachers is not None:
                 note_ledger(teachers.private_fingerprint_, url,
-                            rows_fingerprint=teachers.private_rows_fingerprint_)
+                            rows_fingerprints=(teachers.private_rows_fingerprint_,))
         except BaseException:
             self.service.close()
             raise

@@ -246,10 +246,10 @@ def _other_budgets(config: RunConfig, run: RunDir, task: Task) -> str | None:
     ledger = config.aggregator.ledger
     url = canonical_url(ledger_url(ledger) if ledger is not None
                         else f"sqlite:///{run.root.resolve() / LEDGER_FILE}")
-    # the rows' key in order (older versions entered the data's ledgers under it), and in any
-    # order and format (its copies' ledgers)
-    others = other_ledgers((private, task.private_fingerprint, task.private_rows_fingerprint),
-                           url)
+    # the rows' key in order (older versions entered the data's ledgers under it), in any order
+    # and format (its copies' ledgers), and as encoded (the Python API's of the same arrays)
+    others = other_ledgers((private, task.private_fingerprint, task.private_rows_fingerprint,
+                            task.private_encoded_rows_fingerprint), url)
     if not others:
         return None
     return (f"this private data is already charged to {len(others)} other ledger(s) "

@@ -361,6 +361,8 @@ def _prepare(run_dir: Path, job: TrainJob, to_train: bool) -> tuple[dict, Task, 
     manifest.setdefault("private_fingerprint", data.private_fingerprint)
     manifest.setdefault("private_data_fingerprint", data.private_data_fingerprint)
     manifest.setdefault("private_rows_fingerprint", data.private_rows_fingerprint)
+    manifest.setdefault("private_encoded_rows_fingerprint",
+                        data.private_encoded_rows_fingerprint)
     return manifest, data, part
 
 

@@ -135,6 +135,12 @@ class TeachersManifest:
         return self.record.get("private_rows_fingerprint")
 
     @property
+    def encoded_rows_fingerprint(self) -> str | None:
+        """The private rows' fingerprint as encoded, where the second key is of them as read
+        before (the ledgers' third key, ``Task.private_encoded_rows_fingerprint``)."""
+        return self.record.get("private_encoded_rows_fingerprint")
+
+    @property
     def accuracy(self) -> Mapping[str, Any]:
         """What ``pate teachers votes`` measured (``per_teacher``, ``plurality``, ...); empty
         before it ran."""

@@ -265,6 +265,7 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
     # the rows' key beside it, under which older versions entered the same data's ledgers
     private, former = manifest.data_fingerprint, manifest.former_data_fingerprint
     rows = manifest.rows_fingerprint  # its rows in any format: a second key
+    encoded = manifest.encoded_rows_fingerprint  # and as encoded, where that differs: a third
     by = manifest.partition  # what the analysis covers (public setting)
     write_with_atomic(RunDir(run_dir).votes, lambda fh: np.savez(
         fh, votes=votes, pool_index=np.arange(len(task.pool_x), dtype=np.int64),
@@ -272,7 +273,8 @@ def collect_votes(run_dir: str | Path, device: str = "cpu", data_dir: str | None
         **({} if records is None else {"private_records": np.array(records, np.int64)}),
         **({} if private is None else {"private_fingerprint": np.array(private)}),
         **({} if former is None else {"former_private_fingerprint": np.array(former)}),
-        **({} if rows is None else {"private_rows_fingerprint": np.array(rows)})),
+        **({} if rows is None else {"private_rows_fingerprint": np.array(rows)}),
+        **({} if encoded is None else {"private_encoded_rows_fingerprint": np.array(encoded)})),
         private=True)
     accuracy: dict = {"split": None if task.eval_y is None else "evaluation"}
     if task.eval_x is not None and task.eval_y is not None:

@@ -326,7 +326,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
         if pool is not None:
             note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint,
-                        pool.private_rows_fingerprint)
+                        (pool.private_rows_fingerprint, pool.private_encoded_rows_fingerprint))
     except BaseException:
         service.close()
         raise

@@ -29,19 +29,22 @@ class VotePool:
     private data's (``Task.private_data_fingerprint``, PRIVATE), if known,
     ``former_private_fingerprint`` the key older versions knew it by (its rows' in order), and
     ``private_rows_fingerprint`` its rows' in any order and format
-    (``Task.private_rows_fingerprint``), the second key of its ledgers."""
+    (``Task.private_rows_fingerprint``), the second key of its ledgers, and
+    ``private_encoded_rows_fingerprint`` the third (``Task.private_encoded_rows_fingerprint``)."""
 
     def __init__(self, votes: NDArray[np.integer], pool_index: NDArray[np.integer] | None = None,
                  fingerprint: str | None = None, private_records: int | None = None,
                  private_fingerprint: str | None = None,
                  former_private_fingerprint: str | None = None,
-                 private_rows_fingerprint: str | None = None) -> None:
+                 private_rows_fingerprint: str | None = None,
+                 private_encoded_rows_fingerprint: str | None = None) -> None:
         self.votes = np.asarray(votes, np.int64)
         self.fingerprint = fingerprint
         self.private_records = private_records
         self.private_fingerprint = private_fingerprint
         self.former_private_fingerprint = former_private_fingerprint
         self.private_rows_fingerprint = private_rows_fingerprint
+        self.private_encoded_rows_fingerprint = private_encoded_rows_fingerprint
         index = (np.arange(len(self.votes)) if pool_index is None
                  else np.asarray(pool_index, np.int64))
         if index.shape != (len(self.votes),):

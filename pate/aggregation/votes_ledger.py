@@ -10,6 +10,7 @@ user's registry under the private data's fingerprints, and one new beside others
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from pate.aggregation.budget_registry import enter_ledger, ledgers_said, other_ledgers
@@ -26,22 +27,26 @@ BUDGET_SPENT_HINT = ("this private data's budget is spent: one body of private d
 
 def note_ledger(private_fingerprint: str | None, url: str,
                 former_fingerprint: str | None = None,
-                rows_fingerprint: str | None = None) -> None:
+                rows_fingerprints: Iterable[str | None] = ()) -> None:
     """Enter the ledger at ``url`` in the registry of the ledgers of the private data whose
     fingerprint the votes record (``budget_registry``; nothing where none is known), and under
-    ``rows_fingerprint``, the key of its rows in any order and format
-    (``Task.private_rows_fingerprint``), where known; warn when it is new under a key while
-    other ledgers charge the same data: their budgets add up (docs/design.md, privacy rule 5).
-    Those older versions entered under ``former_fingerprint`` (the rows' in order) count as
-    others too. A ledger new only under the rows' key (a run of a version before that key)
-    warns only where that key finds ledgers the first had not: of those, it warned then."""
+    ``rows_fingerprints``, the keys of its rows in any order and format
+    (``Task.private_rows_fingerprint``) and as encoded
+    (``Task.private_encoded_rows_fingerprint``), where known (None: not); warn when it is new
+    under a key while other ledgers charge the same data: their budgets add up (docs/design.md,
+    privacy rule 5). Those older versions entered under ``former_fingerprint`` (the rows' in
+    order) count as others too. A ledger new only under a rows' key (a run of a version before
+    that key) warns only where that key finds ledgers the first had not: of those, it warned
+    then."""
     if private_fingerprint is None:
         return
     url = canonical_url(url)
     first, new = enter_ledger(private_fingerprint, url)
     known = list(dict.fromkeys(first + other_ledgers((former_fingerprint,), url)))
-    by_rows, new_rows = (([], False) if rows_fingerprint is None
-                         else enter_ledger(rows_fingerprint, url))
+    by_rows, new_rows = [], False
+    for key in dict.fromkeys(k for k in rows_fingerprints if k is not None):
+        found, new_here = enter_ledger(key, url)
+        by_rows, new_rows = by_rows + found, new_rows or new_here
     others = list(dict.fromkeys(known + by_rows))
     new = new or (new_rows and len(others) > len(known))
     if new and others:

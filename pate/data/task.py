@@ -220,6 +220,17 @@ class Task:
             return None
         return private_rows_key(self.private_rows or rows_content_digest(self.private_x))
 
+    @cached_property
+    def private_encoded_rows_fingerprint(self) -> str | None:
+        """The key of the private rows as encoded (``private_x``, in any order), where
+        ``private_rows_fingerprint`` is of them as read before (a CSV of numbers, an ``.npz``
+        of features, which the pool's statistics standardise): the key the Python API gives
+        the same arrays, a third key of the ledgers. None otherwise: the second key is
+        already of the rows as encoded. PRIVATE."""
+        if self.private_x is None or self.private_rows is None:
+            return None
+        return private_rows_key(rows_content_digest(self.private_x))
+
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.pool_x.shape[1:])

@@ -168,7 +168,9 @@ def load_private_fingerprint(path: str | Path, member: str = "private_fingerprin
     ``pate.aggregation.budget_registry``); None for a file without it. ``member``
     ``former_private_fingerprint``: the rows' one beside it, the key older versions entered
     their ledgers under; ``private_rows_fingerprint``: the rows' in any order and format
-    (``Task.private_rows_fingerprint``), the second key of the data's ledgers."""
+    (``Task.private_rows_fingerprint``), the second key of the data's ledgers;
+    ``private_encoded_rows_fingerprint``: the rows' as encoded, where the second is of them as
+    read before (``Task.private_encoded_rows_fingerprint``), the third."""
     value = _npz_member(path, member)
     if value is None:
         return None
@@ -179,9 +181,10 @@ def load_private_fingerprint(path: str | Path, member: str = "private_fingerprin
 
 
 # the members under which a votes file records the keys of its private data's ledgers: the data
-# as given, the rows' in order (older versions' key), the rows' in any order and format
+# as given, the rows' in order (older versions' key), the rows' in any order and format, and
+# the rows' as encoded where that differs
 PRIVATE_KEY_MEMBERS = ("private_fingerprint", "former_private_fingerprint",
-                       "private_rows_fingerprint")
+                       "private_rows_fingerprint", "private_encoded_rows_fingerprint")
 
 
 def load_private_keys(path: str | Path) -> tuple[str | None, ...]:

@@ -231,3 +231,45 @@ def test_a_csv_with_text_and_the_apis_arrays_of_it_share_the_rows_key(tmp_path: 
     teachers = Teachers(2, 2, epochs=1).fit(task.private_x, task.private_y)
     assert task.private_rows_fingerprint is not None
     assert teachers.private_rows_fingerprint_ == task.private_rows_fingerprint
+
+
+def test_a_csv_of_numbers_and_the_apis_arrays_of_it_share_the_third_key(tmp_path: Path) -> None:
+    """A CSV of numbers keys its ledgers by its cells as read (where its ``.npz`` conversion
+    meets it) and, third, by its rows as encoded: the arrays the Python API is given from
+    ``load_task``. Its votes carry both, so a Python user of the same data is warned of the
+    command line's ledger."""
+    from pate.aggregation.vote_pool import VotePool
+    from pate.aggregation.votes_ledger import note_ledger
+    from pate.api import Teachers
+    from pate.cli.main import main
+    from pate.data.task import DataFiles, load_task
+
+    rng = np.random.default_rng(5)
+    for role, n in (("private", 60), ("public", 30)):
+        x = rng.normal(size=(n, 2)).round(3)
+        (tmp_path / f"{role}.csv").write_text("a,b,label\n" + "".join(
+            f"{a},{b},{int(a > 0)}\n" for a, b in x))
+    private, public = str(tmp_path / "private.csv"), str(tmp_path / "public.csv")
+    task = load_task(DataFiles(private, public, label="label", classes=("0", "1")))
+    teachers = Teachers(2, 2, epochs=1).fit(task.private_x, task.private_y)
+    assert task.private_encoded_rows_fingerprint not in (None, task.private_rows_fingerprint)
+    assert teachers.private_rows_fingerprint_ == task.private_encoded_rows_fingerprint
+    run = tmp_path / "run"
+    for stage in (["train", "--private", private, "--public", public, "--label", "label",
+                   "--classes", "0", "1", "--teachers", "2", "--epochs", "1", "--workers", "1"],
+                  ["votes"]):
+        assert main(["--quiet", "teachers", stage[0], "--run", str(run), *stage[1:]]) == 0
+    pool = VotePool.from_file(run / "votes.npz")
+    assert pool.private_encoded_rows_fingerprint == task.private_encoded_rows_fingerprint
+    ledgers = [tmp_path / "cli.db", tmp_path / "api.db"]
+    for ledger in ledgers:
+        ledger.write_bytes(b"")  # the registry forgets ledgers whose file is gone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first: nothing to warn of
+        note_ledger(pool.private_fingerprint, f"sqlite:///{ledgers[0]}",
+                    pool.former_private_fingerprint,
+                    (pool.private_rows_fingerprint, pool.private_encoded_rows_fingerprint))
+    with pytest.warns(UserWarning, match=r"also charged to 1 other ledger\(s\) \(sqlite:///"
+                                         + str(ledgers[0])):
+        note_ledger(teachers.private_fingerprint_, f"sqlite:///{ledgers[1]}",
+                    rows_fingerprints=(teachers.private_rows_fingerprint_,))
