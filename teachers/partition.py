@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -57,11 +58,18 @@ class Partition:
     def sha256(self) -> str:
         return hashlib.sha256(self.assignment.astype("<i4").tobytes()).hexdigest()
 
+    @cached_property
+    def _by_teacher(self) -> tuple[np.ndarray, np.ndarray]:
+        """The row numbers sorted by teacher (stably: each teacher's in increasing order) and
+        where each teacher's begin and end among them; sorted once, as ``parts`` is asked once
+        per shard."""
+        return (np.argsort(self.assignment, kind="stable"),
+                np.concatenate([[0], np.cumsum(self.sizes)]))
+
     def parts(self, teachers: range | None = None) -> list[np.ndarray]:
         """Row numbers of each teacher in ``teachers`` (default: all), in increasing order."""
         teachers = teachers if teachers is not None else range(self.num_teachers)
-        order = np.argsort(self.assignment, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(self.sizes)])
+        order, bounds = self._by_teacher
         return [order[bounds[t]:bounds[t + 1]] for t in teachers]
 
     def step_rows(self, teachers: range | None = None) -> np.ndarray:

@@ -197,14 +197,22 @@ class Ledger:
 
     def _sync_releases(self, conn: sa.Connection) -> None:
         """Add to ``_releases`` the replayable outcomes committed since the last sync (by this
-        process or another); called inside the write transaction, under the lock."""
+        process or another); called inside the write transaction, under the lock. Each scope's
+        are merged at once, in the order they were committed (``Replays.add`` keeps the first
+        release of an index), not request by request: a merge copies what the scope holds."""
+        found: dict[_Scope, list[tuple[NDArray, NDArray, NDArray]]] = {}
+        last = self._synced_seq
         for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
             if row.indices is not None and row.pool is not None:  # not inputs, nor schema 2
                 fresh = fresh_mask(row.fresh, len(row.labels) // I32.itemsize)
-                self._releases.setdefault((row.mechanism, row.pool), Replays()).add(
+                found.setdefault((row.mechanism, row.pool), []).append((
                     from_blob(row.indices, I64)[fresh], from_blob(row.labels, I32)[fresh],
-                    from_blob(row.branch, I8)[fresh])
-            self._synced_seq = row.seq  # once its releases are kept
+                    from_blob(row.branch, I8)[fresh]))
+            last = row.seq
+        for scope, parts in found.items():
+            indices, labels, branch = (np.concatenate(c) for c in zip(*parts, strict=True))
+            self._releases.setdefault(scope, Replays()).add(indices, labels, branch)
+        self._synced_seq = last  # once its releases are kept
 
     def verify(self) -> None:
         """Check that the budget row equals the sum of the request rows (``check_totals``)."""

@@ -268,7 +268,8 @@ def read_csv(path: str | Path, label: str | None, need_labels: bool, private: bo
 def text_cells(frame: pd.DataFrame) -> pd.DataFrame:
     """Cells of text (``NaN`` where missing) as every CSV file's are read: without surrounding
     spaces, and ``NaN`` where they hold one of ``MISSING_VALUES``."""
-    return frame.apply(lambda column: column.str.strip()).replace(list(MISSING_VALUES), np.nan)
+    stripped = frame.apply(lambda column: column.str.strip())
+    return stripped.mask(stripped.isin(MISSING_VALUES))  # a tenth of replace()'s time
 
 
 def _integers_or_text(column: pd.Series) -> NDArray:
