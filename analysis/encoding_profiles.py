@@ -21,6 +21,16 @@ _ROWS_PER_CHUNK = 64
 MAX_PROFILE_BYTES = 4 * 2**30
 
 
+def profiles_problem(count: int, dimension: int) -> str | None:
+    """Why ``count`` profiles of ``dimension`` coordinates cannot be made (their matrix Psi
+    over ``MAX_PROFILE_BYTES``), or None."""
+    size = count * dimension * np.dtype(np.float64).itemsize
+    if size <= MAX_PROFILE_BYTES:
+        return None
+    return (f"{count} profiles of {dimension} coordinates would take {size / 2**30:.3g} GiB; "
+            f"Psi is limited to {MAX_PROFILE_BYTES / 2**30:g} GiB (fewer profiles)")
+
+
 def sorted_profiles(count: int, dimension: int, seed: int) -> NDArray[np.float64]:
     """[count, dimension] float64: each row a unit-norm magnitude profile, sorted descending."""
     if count < 1 or dimension < 1:
@@ -28,11 +38,8 @@ def sorted_profiles(count: int, dimension: int, seed: int) -> NDArray[np.float64
                          f"model's parameters), got {count} profiles of {dimension}")
     if not 0 <= seed < 2**63:
         raise ValueError(f"the profiles' seed (encode_seed) must be in [0, 2^63), got {seed}")
-    size = count * dimension * np.dtype(np.float64).itemsize
-    if size > MAX_PROFILE_BYTES:
-        raise ValueError(f"{count} profiles of {dimension} coordinates would take "
-                         f"{size / 2**30:.3g} GiB; Psi is limited to "
-                         f"{MAX_PROFILE_BYTES / 2**30:g} GiB (fewer profiles)")
+    if problem := profiles_problem(count, dimension):
+        raise ValueError(problem)
     rng = np.random.default_rng(seed)
     out = np.empty((count, dimension), np.float64)
     for start in range(0, count, _ROWS_PER_CHUNK):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from analysis.costs import realised_rdp_independent, worst_case_queries
+from analysis.encoding_profiles import profiles_problem
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
 from pate.aggregation.budget_registry import ledgers_said, other_ledgers
@@ -44,6 +45,7 @@ from pate.service.server import open_server
 from student.asking import AggregatorSession
 from student.baseline import train_dpsgd_baseline
 from student.choices import dpsgd_model_for
+from student.dpsgd import dpsgd_network, trained_parameters
 from student.models import check_network
 from student.options import StudentOptions
 from student.workflow import train_student
@@ -303,9 +305,13 @@ def _check_data(config: RunConfig, run: RunDir) -> tuple[int, str | None]:
         raise UserError(f"student.{exc}") from None
     if config.dpsgd.enabled or config.compare.enabled:  # DP-SGD trains in those stages
         try:
-            dpsgd_model_for(config.dpsgd.model, task.kind)
+            network = dpsgd_model_for(config.dpsgd.model, task.kind)
         except ValueError as exc:
             raise UserError(f"dpsgd.{exc}") from None
+        if config.dpsgd.encode is not None and (problem := profiles_problem(
+                config.dpsgd.encode, trained_parameters(dpsgd_network(
+                    network, task.input_shape, task.num_classes, 0.0, 1.0)[1]))):
+            raise UserError(f"dpsgd.encode: {problem}")
         if task.eval_y is None:
             raise UserError("the DP-SGD baseline and the comparison are measured on test "
                             "data: give data.test, or leave dpsgd and compare off")

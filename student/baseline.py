@@ -41,17 +41,15 @@ def fit_dpsgd(private_x: np.ndarray, private_y: np.ndarray, eval_x: np.ndarray |
               norm: tuple[float, float], progress: Callable[[int, int], None] | None = None,
               encoding: EncodingConfig | None = None) -> DPSGDResult:
     """``student.dpsgd.train_dpsgd``, or ``student.encoded_dpsgd`` for a non-plain
-    ``encoding`` (which needs evaluation rows); what the learner refuses (an epsilon no noise
-    reaches, a network that does not suit the data) as one ``UserError``."""
-    try:
-        if encoding is None or encoding.plain:
-            return train_dpsgd(private_x, private_y, eval_x, eval_y, num_classes, config, norm,
-                               progress)
-        assert eval_x is not None and eval_y is not None
-        return train_encoded_dpsgd(private_x, private_y, eval_x, eval_y, num_classes, config,
-                                   encoding, norm, progress)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    ``encoding`` (which needs evaluation rows); what the learner refuses before it trains (an
+    epsilon no noise reaches, a network that does not suit the data) is one ``UserError``
+    (``student.dpsgd.refusals``)."""
+    if encoding is None or encoding.plain:
+        return train_dpsgd(private_x, private_y, eval_x, eval_y, num_classes, config, norm,
+                           progress)
+    assert eval_x is not None and eval_y is not None
+    return train_encoded_dpsgd(private_x, private_y, eval_x, eval_y, num_classes, config,
+                               encoding, norm, progress)
 
 
 def split_bayesian(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

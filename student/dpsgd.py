@@ -42,6 +42,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,7 @@ from torch.utils.data import TensorDataset
 from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
+from pate.errors import UserError
 from student.choices import DPSGD_MODELS, dpsgd_model_for
 from student.defaults import DPSGD
 from student.gradient_encoding import clip_factors
@@ -70,6 +72,11 @@ if TYPE_CHECKING:
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
 _MIN_SIDE = 28
+# what a float32 network and its noise can hold: a larger learning rate or clipping norm would
+# overflow in the first step
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+# the Bayesian accountant's distances are kept for every step (8 bytes each): at most 2 GiB
+_MOST_DISTANCES = 2**28
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,9 @@ class DPSGDConfig:
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            if value is not None and value >= _FLOAT32_MAX:
+                raise ValueError(f"{name} must be below float32's largest number "
+                                 f"({_FLOAT32_MAX:.3g}), got {value!r}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if self.init_seed is not None and not 0 <= self.init_seed < SEED_LIMIT:
@@ -145,6 +155,12 @@ def with_model(config: DPSGDConfig, train_x: np.ndarray) -> DPSGDConfig:
     if problem:
         raise ValueError(f"{problem} (images are [n, C, H, W])")
     return replace(config, model=model)
+
+
+def trained_parameters(model: nn.Module) -> int:
+    """How many parameters of ``model`` DP-SGD trains: the coordinates of each gradient (and
+    of the profiles that encode them, ``student.encoded_dpsgd``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def dpsgd_network(name: str, in_shape: tuple[int, ...], num_classes: int, mean: float,
@@ -312,6 +328,18 @@ class WholeBatches(TensorDataset):
         return batch
 
 
+@contextmanager
+def refusals() -> Iterator[None]:
+    """What a DP-SGD learner refuses before it trains (its settings, an epsilon no noise
+    reaches, a network that does not suit the data, a run too long to account), raised as
+    ``ValueError`` inside the block, as one ``UserError``. Not around the training itself: an
+    error there may quote the private rows."""
+    try:
+        yield
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def dpsgd_setup(train_x: np.ndarray, train_y: np.ndarray, num_classes: int,
                 config: DPSGDConfig, norm: tuple[float, float]) -> DPSGDSetup:
     """The :class:`DPSGDSetup` of a run; the network is initialised from ``config.init_seed``
@@ -384,12 +412,17 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray | N
     (eval_x, eval_y) (None without them), and account the run with the RDP and the Bayesian
     accountant. ``norm`` is the (mean, std) used to standardise inputs, from public data.
     ``progress(step, total)`` is called after every step."""
-    config = with_model(config, train_x)
-    setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
-    q, total_steps, n = setup.q, setup.total_steps, len(train_y)
-    sigma = (config.noise_multiplier if config.noise_multiplier is not None
-             else noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
-                                               config.delta, config.conversion))
+    with refusals():
+        config = with_model(config, train_x)
+        setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
+        q, total_steps, n = setup.q, setup.total_steps, len(train_y)
+        if total_steps * config.bayesian_pairs > _MOST_DISTANCES:
+            raise ValueError(f"{total_steps} steps of {config.bayesian_pairs} Bayesian pairs "
+                             "each: their distances would not fit in 2 GiB; fewer epochs, a "
+                             "larger batch or fewer pairs")
+        sigma = (config.noise_multiplier if config.noise_multiplier is not None
+                 else noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
+                                                   config.delta, config.conversion))
     noise_gen, noise_source = secure_generator()
     twin = copy.deepcopy(setup.model)  # for the pairs' gradients: without Opacus's hooks
     trained = {k: p for k, p in setup.model.named_parameters() if p.requires_grad}
@@ -404,6 +437,9 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray | N
         loss_fn(gsm(xb), yb).backward()
         distances[step] = pair_distances(twin, trained, xb, yb, config.max_grad_norm,
                                          config.bayesian_pairs, setup.sample_generator).numpy()
+        if not np.isfinite(distances[step]).all():
+            raise UserError("DP-SGD diverged (its gradients are no longer finite numbers): a "
+                            "smaller learning rate (--lr, [dpsgd] lr)")
         bayes.accumulate(distances[step], sigma * config.max_grad_norm, q)
         optimizer.step()
     seconds = time.perf_counter() - start

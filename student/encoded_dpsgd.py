@@ -33,7 +33,9 @@ from student.dpsgd import (
     DPSGDConfig,
     DPSGDResult,
     dpsgd_setup,
+    refusals,
     secure_generator,
+    trained_parameters,
     training_batches,
     whole_model,
     with_model,
@@ -87,20 +89,21 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
     denoiser; metrics as ``student.dpsgd.train_dpsgd``'s less the Bayesian accountant's."""
     from opacus import GradSampleModule
 
-    config = with_model(config, train_x)
-    setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
-    q, total_steps, n = setup.q, setup.total_steps, len(train_y)
-    params = [p for p in setup.model.parameters() if p.requires_grad]
-    dimension = sum(p.numel() for p in params)
-    accountant = encoded_accountant(encoding.noise, encoding.dof, encoding.encode, dimension,
-                                    encoding.encode_seed, encoding.grid_size)
-    sigma = (config.noise_multiplier if config.noise_multiplier is not None
-             else accountant.noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
-                                                          config.delta, config.conversion))
-    family = accountant.family
-    chooser = (None if encoding.encode is None else ProfileChooser(float32_profiles(
-        sorted_profiles(encoding.encode, dimension, encoding.encode_seed),
-        config.max_grad_norm)))
+    with refusals():
+        config = with_model(config, train_x)
+        setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
+        q, total_steps, n = setup.q, setup.total_steps, len(train_y)
+        params = [p for p in setup.model.parameters() if p.requires_grad]
+        dimension = trained_parameters(setup.model)
+        accountant = encoded_accountant(encoding.noise, encoding.dof, encoding.encode,
+                                        dimension, encoding.encode_seed, encoding.grid_size)
+        sigma = (config.noise_multiplier if config.noise_multiplier is not None
+                 else accountant.noise_multiplier_for_epsilon(
+                     config.target_epsilon, q, total_steps, config.delta, config.conversion))
+        family = accountant.family
+        chooser = (None if encoding.encode is None else ProfileChooser(float32_profiles(
+            sorted_profiles(encoding.encode, dimension, encoding.encode_seed),
+            config.max_grad_norm)))
     noise_gen, noise_source = secure_generator()
     std = sigma * config.max_grad_norm
     gsm = GradSampleModule(setup.model)

@@ -452,9 +452,13 @@ def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
     need += ((options.control_rows + options.control_canaries)
              if "control" in options.targets else 0)
     if need > len(run.train_y):
-        raise UserError(f"the audit needs up to {need} private rows (audited teachers' "
-                        f"partitions, non-private rows and canaries, control canaries), the run "
-                        f"has {len(run.train_y)}: ask for fewer")
+        what = "audited teachers' partitions, non-private rows and canaries, control canaries"
+        if run.manifest.partition != "position":  # dealt by record or key, the partitions'
+            # sizes and the number of records are statistics of the private data: not said
+            raise UserError(f"the audit needs more private rows than the run has ({what}): "
+                            "ask for fewer")
+        raise UserError(f"the audit needs up to {need} private rows ({what}), the run has "
+                        f"{len(run.train_y)}: ask for fewer")
 
 
 def _references_asked(target: str, run: Run, options: ModelsAuditOptions) -> int | None:

@@ -14,10 +14,24 @@ from pate.cli.paths import path_arg, path_text
 
 def _port(value: str) -> int:
     """argparse type: a TCP port, 0 to 65535."""
-    port = int(value)
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a number, 0 to 65535, got {value!r}"
+                                         ) from None
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
     return port
+
+
+def _host(value: str) -> str:
+    """argparse type: an address to listen on; an empty one (an unset ``$HOST``) is refused,
+    as the server would take it for every interface, not the loopback of the default."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an address to listen on, not an empty one (which "
+                                         "would listen on every interface): 127.0.0.1 for "
+                                         "this machine only, 0.0.0.0 for every interface")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger", type=path_text, metavar="URL",
                    help="an SQLite file or a SQLAlchemy URL (default: DIR/ledger.db next to the "
                         "votes; postgresql://... for PostgreSQL)")
-    p.add_argument("--host", default="127.0.0.1",
+    p.add_argument("--host", type=_host, default="127.0.0.1",
                    help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=_port, default=8470, help="0 picks a free port (printed)")
     add_device_flag(p, "the teacher ensemble (inputs mode)")

@@ -354,9 +354,14 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     prepare_run_dir(unset, RunDir(run))
     for change, message in (('dataset = "digits"\npool_size = 100000',
                              "the pool size (--pool-size, data.pool_size) must be"),
-                            ("delta = 0.01", "pate: error: aggregator.delta 0.01 is at least 1/n")):
+                            ("delta = 0.01", "pate: error: aggregator.delta 0.01 is at least 1/n"),
+                            # DP-SGD's profiles, refused after the teachers had trained before
+                            ('noise = "laplace"\nencode = 1000000000',
+                             "pate: error: dpsgd.encode: 1000000000 profiles of")):
         config = tmp_path / "early.toml"
         config.write_text(tiny.replace('dataset = "digits"', change) if "pool" in change
+                          else tiny.replace('noise = "gaussian"', change).replace(
+                              "# encode = (not set)", "") if "encode" in change
                           else tiny.replace("delta = 1e-05", change))
         assert main(["run", str(config), "--run", str(tmp_path / "early"), "--quiet"]) == 2
         assert message in capsys.readouterr().err

@@ -357,6 +357,9 @@ def test_cli_trains_on_the_runs_data_and_checks_its_input_first(
     (["--noise-multiplier", "-1"], "noise_multiplier must be a finite number > 0, got -1.0"),
     (["--noise-multiplier", "inf"], "noise_multiplier must be a finite number > 0, got inf"),
     (["--epsilon", "2", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
+    # a float32 network would overflow in its first step (an internal error before)
+    (["--epsilon", "2", "--lr", "1e308"], "lr must be below float32's largest number"),
+    (["--noise-multiplier", "1e300"], "noise_multiplier must be below float32's largest"),
     (["--epsilon", "2", "--max-grad-norm", "inf"], "max_grad_norm must be a finite number > 0"),
     (["--epsilon", "2", "--init-seed", "-5"], "init_seed must be in [0, 2^63), got -5"),
     (["--epsilon", "2", "--init-seed", str(2**63)], "init_seed must be in [0, 2^63)"),
@@ -370,6 +373,18 @@ def test_cli_refuses_bad_settings_before_the_data(tmp_path: Path, args: list[str
     err = capsys.readouterr().err
     assert err == f"pate: error: {message}" + err.split(message, 1)[1] and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_run_too_long_to_account_is_refused_before_it_trains(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Bayesian accountant keeps each step's distances: epochs beyond what they fit in
+    are one line (numpy's "Maximum allowed dimension exceeded" before)."""
+    assert main(["dpsgd", "train", "--run", str(tmp_path / "r"), "--dataset", "digits",
+                 "--noise-multiplier", "1", "--batch-size", "64", "--epochs", str(10**20),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "their distances would not fit in 2 GiB; fewer epochs" in err
+    assert err.count("\n") == 1
 
 
 def test_cli_needs_one_noise_setting(tmp_path: Path) -> None:
