@@ -39,6 +39,8 @@ from analysis.sampled_gaussian import log_binomial_moment
 # lowest there is: a minimum over more moments is never larger, and a well-noised run often has its
 # optimum at moment 2, which would otherwise sit at the grid's end.
 DEFAULT_MOMENTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+# the largest moment accounted: the binomial expansion of moment lam holds lam + 1 terms
+MAX_MOMENT = 1024
 
 
 def _pair_log_moments(distances: NDArray[np.float64], noise_std: float, sampling_rate: float,
@@ -89,6 +91,8 @@ class BayesianAccountant:
         lam = np.asarray(moments, np.float64)
         if lam.ndim != 1 or lam.size == 0 or np.any(lam < 1) or np.any(lam != np.round(lam)):
             raise ValueError(f"moments must be positive integers, got {moments!r}")
+        if np.any(lam > MAX_MOMENT):  # each costs its order's terms for every pair and step
+            raise ValueError(f"moments must be at most {MAX_MOMENT}, got {int(lam.max())}")
         if int(total_steps) != total_steps or total_steps < 1:
             raise ValueError(f"total_steps must be a positive integer, got {total_steps!r}")
         gamma = 1.0 - confidence if failure_probability is None else failure_probability
@@ -193,6 +197,8 @@ def bayesian_epsilon(distances: NDArray[np.float64], noise_std: float, sampling_
     accounted (``BayesianAccountant.accumulate_each``), then converted (Triastcyn & Faltings
     2020, Theorem 2). ``ValueError`` for distances that are not finite, non-negative numbers
     ``[steps, pairs]``."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     distances = np.asarray(distances)
     if (distances.ndim != 2 or not np.issubdtype(distances.dtype, np.number)
             or 0 in distances.shape):

@@ -67,6 +67,11 @@ from teachers.user_models import (
 RAY_CONNECT_TIMEOUT_S = 10.0  # a cluster's address that does not answer in this long is refused
 
 
+# The most teachers a run may ask for: ten million, far beyond any ensemble PATE has used (its
+# papers' largest is 5 000), and each needs at least one private row of its own.
+MAX_TEACHERS = 10_000_000
+
+
 @dataclass(frozen=True)
 class TrainJob:
     """What ``pate teachers train`` trains; all of it but where the data lies is fixed per run.
@@ -410,6 +415,8 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
 
     if cluster.workers < 1 or job.shard_size < 1:
         raise UserError("--workers and --shard-size must be at least 1")
+    if job.num_teachers > MAX_TEACHERS:  # before its shards are listed (a hang, before)
+        raise UserError(f"--teachers must be at most {MAX_TEACHERS:,}, got {job.num_teachers}")
     if problem := gpu_share_problem(cluster.gpus_per_shard):
         raise UserError(f"--gpus-per-shard {problem}")
     if problem := ray_address_problem(cluster.address):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -48,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0.0 < args.delta < 1.0:
         raise UserError(f"--delta must be in (0, 1), got {args.delta:g}")
-    if args.order is not None and not args.order > 1.0:
-        raise UserError(f"--order must be > 1, got {args.order:g}")
+    if args.order is not None and not 1.0 < args.order < math.inf:
+        raise UserError(f"--order must be a finite number > 1, got {args.order:g}")
     if args.beta is not None and not args.beta >= 0.0:
         raise UserError(f"--beta must be >= 0, got {args.beta:g}")
     if args.queries is not None and args.queries < 1:

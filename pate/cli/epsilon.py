@@ -16,6 +16,7 @@ from analysis.encoded_rdp import encoded_accountant
 from analysis.noise_families import DEFAULT_DOF, NOISE_FAMILIES
 from analysis.rdp import CONVERSIONS
 from pate.cli.paths import path_arg
+from pate.data.votes_file import READ_ERRORS
 from pate.errors import UserError
 from student.choices import DEFAULT_CNN_PARAMETERS
 
@@ -97,7 +98,7 @@ def _read_npy(path: Path) -> np.ndarray:
     """The one array of a ``.npy`` file; ``UserError`` where it is not one."""
     try:
         d = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:  # numpy's own text would advise allow_pickle
+    except READ_ERRORS as exc:  # numpy's own text would advise allow_pickle
         raise UserError(f"{path}: not a readable .npy file of distances "
                         f"({exc.__class__.__name__})") from None
     if not isinstance(d, np.ndarray):  # an .npz archive

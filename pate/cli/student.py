@@ -152,7 +152,7 @@ def _session(args: argparse.Namespace, check_votes: Callable[[VotePool], None]
     votes), which ``check_votes`` sees before the ledger opens."""
     from pate.service.sessions import local_session, remote_session
 
-    if args.server:
+    if args.server is not None:
         if given_parameters(args) or args.budget_epsilon is not None or args.ledger:
             raise UserError("with --server the mechanism's parameters, budget and ledger are the "
                             "server's: give only --mechanism")
@@ -172,6 +172,7 @@ def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
+    from pate.service.sessions import said_url
     from student.options import StudentOptions
     from student.workflow import train_student
     from teachers.manifest import teachers_source
@@ -179,7 +180,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.threads is not None:
         if args.threads < 1:
             raise UserError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+        try:
+            torch.set_num_threads(args.threads)
+        except (ValueError, RuntimeError, OverflowError):  # beyond a C int
+            raise UserError(f"--threads {args.threads}: more than torch can take") from None
     options = StudentOptions(
         method=args.method, arch=args.arch, width=args.width, queries=args.queries,
         select=args.select, request_size=args.request_size, epochs=args.epochs,
@@ -202,7 +206,8 @@ def run_train(args: argparse.Namespace) -> int:
                                     conversion=args.conversion, mechanism=args.mechanism,
                                     on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:
-            raise UserError(f"cannot reach {args.server}: {exc.__class__.__name__}") from None
+            raise UserError(f"cannot reach {said_url(args.server or '')}: "
+                            f"{exc.__class__.__name__}") from None
     if args.json:
         print(json.dumps(metrics))
     else:

@@ -124,6 +124,9 @@ def load_baseline(path: str | Path, votes: NDArray[np.int64]) -> NDArray[np.floa
     if baseline.shape != votes.shape:
         raise UserError(f"{path}: baseline shape {list(baseline.shape)} differs from the votes' "
                         f"{list(votes.shape)}")
+    if not (np.issubdtype(baseline.dtype, np.integer)
+            or np.issubdtype(baseline.dtype, np.floating)):  # not text, nor complex
+        raise UserError(f"{path}: baseline must be real numbers, got dtype {baseline.dtype}")
     baseline = baseline.astype(np.float64)
     if not np.all(np.isfinite(baseline)) or np.any(baseline < 0):
         raise UserError(f"{path}: baseline must be finite and non-negative")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from analysis.mechanisms import Mechanism
 from analysis.rdp import Conversion
@@ -17,13 +18,25 @@ from pate.service.client import LabelClient
 from student.asking import AggregatorSession
 
 
+def said_url(server: str) -> str:
+    """``server`` as a message names it: a password in it shown as ``***`` (the message may
+    reach a log)."""
+    parts = urlsplit(server)
+    if parts.password is None:
+        return server
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def remote_session(server: str, token_file: str | Path, mechanism: str) -> AggregatorSession:
     """The HTTP client of the ``pate serve`` at ``server``, with the first token of
     ``token_file``, checked to answer before the round starts (rather than after the retries
     of its first request)."""
+    if not server.strip():  # an unset variable, say
+        raise UserError("--server is empty: give a pate serve's address, http://HOST:PORT")
     try:
         client = LabelClient.from_token_file(server, token_file)
-    except OSError as exc:  # said as pate serve says it of its own token file
+    except (OSError, UnicodeDecodeError) as exc:  # said as pate serve says it of its own
         raise UserError(f"{token_file}: cannot read the token file "
                         f"({exc.__class__.__name__})") from None
     except ValueError as exc:
@@ -32,7 +45,8 @@ def remote_session(server: str, token_file: str | Path, mechanism: str) -> Aggre
         client.close()
         hint = (" (give the server's address without /v1: the routes are added to it)"
                 if server.rstrip("/").endswith("/v1") else "")
-        raise UserError(f"cannot reach {server}: is a pate serve running there?{hint}")
+        raise UserError(f"cannot reach {said_url(server)}: is a pate serve running there?"
+                        f"{hint}")
     return AggregatorSession(client, mechanism)
 
 

@@ -214,6 +214,8 @@ def test_cli_rejects_a_delta_below_the_failure_probability(
     (lambda p: np.save(p / "d.npy", np.zeros((0, 10))), "got shape [0, 10]"),
     (lambda p: (p / "d.npy").write_text("hello"), "d.npy: not a readable .npy file of "
                                                   "distances (ValueError)"),
+    (lambda p: (p / "d.npy").write_bytes(b""), "d.npy: not a readable .npy file of "
+                                               "distances (EOFError)"),  # an internal error
 ])
 def test_cli_refuses_distances_that_are_not_a_plain_array_of_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], write, message: str) -> None:
@@ -223,3 +225,17 @@ def test_cli_refuses_distances_that_are_not_a_plain_array_of_them(
                  "--sampling-rate", "0.01", "--delta", "1e-5"])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--delta", "0"], "delta must be in (0, 1), got 0.0"),  # was said as the confidence's
+    (["--moments", "2,100000000"], "moments must be at most 1024, got 100000000"),  # 24 GB
+])
+def test_cli_refuses_a_delta_or_moment_out_of_range(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
+        message: str) -> None:
+    np.save(tmp_path / "d.npy", np.full((10, 4), 0.05))
+    code = main(["epsilon", "bayesian", "--distances", str(tmp_path / "d.npy"),
+                 "--noise-std", "1", "--sampling-rate", "0.01", "--delta", "1e-5", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"pate: error: {message}\n"

@@ -199,6 +199,8 @@ def bad_files(tmp: Path) -> dict[str, Path]:
     out["votes_npz"] = tmp / "a-votes.npz"  # a run's votes.npz given as the rows asked
     (tmp / "junk.npy").write_bytes(b"not numpy")
     out["junk"] = tmp / "junk.npy"
+    np.save(tmp / "text-baseline.npy", np.full(np.load(EXAMPLE).shape, "abc"))
+    out["text_baseline"] = tmp / "text-baseline.npy"  # an internal ValueError before
     return out
 
 
@@ -229,7 +231,12 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1"],
          "--delta must be in (0, 1)"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
-          "--order", "1"], "--order must be > 1"),
+          "--order", "1"], "--order must be a finite number > 1"),
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--order", "inf"], "--order must be a finite number > 1"),  # ZeroDivisionError before
+        (["--votes", good, "--mechanism", "interactive", "--threshold", "200", "--sigma1",
+          "150", "--sigma2", "40", "--delta", "1e-5", "--baseline", str(files["text_baseline"])],
+         "baseline must be real numbers, got dtype <U3"),
         (["--votes", good, "--mechanism", "confident", "--sigma1", "4", "--sigma2", "4",
           "--delta", "1e-5"], "--threshold must be given"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--scale", "2",

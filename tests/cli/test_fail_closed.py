@@ -250,6 +250,20 @@ def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Pa
                      str(tmp_path / ("tokens" if "/v1" in server else "no-tokens")),
                      "--mechanism", "gnmax"]) == 2
         _one_error_line(capsys, said)
+    # a password in the URL is not repeated; an empty URL (an unset variable) is not taken
+    # for no server; a token file of bytes is not said in the codec's words
+    (tmp_path / "binary").write_bytes(bytes(range(128, 256)))
+    (tmp_path / "binary").chmod(0o600)
+    for server, tokens, said in (
+            (f"http://me:s3cret@127.0.0.1:{port}", "tokens",
+             f"cannot reach http://me:***@127.0.0.1:{port}: is a pate serve running"),
+            ("", "tokens", "--server is empty: give a pate serve's address"),
+            (f"http://127.0.0.1:{port}", "binary",
+             "binary: cannot read the token file (UnicodeDecodeError)")):
+        assert main(["student", "train", "--run", str(tmp_path / "run"), "--method",
+                     "supervised", "--dataset", "digits", "--server", server, "--token-file",
+                     str(tmp_path / tokens), "--mechanism", "gnmax"]) == 2
+        _one_error_line(capsys, said)
 
 
 def test_a_request_larger_than_the_budget_allows_is_split(
@@ -414,6 +428,12 @@ def test_a_port_out_of_range_and_a_file_for_the_report_are_one_line(
     with pytest.raises(SystemExit) as info:
         main(["serve", "--votes", str(EXAMPLE), "--port", "70000"])
     assert info.value.code == 2 and "a port is 0 to 65535" in capsys.readouterr().err
+    for flag, value, said in (("--port", "abc", "a port is a number, 0 to 65535, got 'abc'"),
+                              # which the server would take for every interface
+                              ("--host", "", "an address to listen on, not an empty one")):
+        with pytest.raises(SystemExit) as info:
+            main(["serve", "--votes", str(EXAMPLE), flag, value])
+        assert info.value.code == 2 and said in capsys.readouterr().err
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert main(["report", "--runs", str(tmp_path / "r1"), str(tmp_path / "r2"), "--out",

@@ -73,6 +73,14 @@ def test_a_cluster_that_cannot_run_is_refused_before_anything(tmp_path, cluster,
     assert not (tmp_path / "run").exists()
 
 
+def test_more_teachers_than_any_run_could_have_are_refused_at_once(tmp_path):
+    """Said before the shards are listed: 10^20 teachers hung there, before the data could
+    say that each needs a private row of its own."""
+    with pytest.raises(UserError, match=r"--teachers must be at most 10,000,000, got 10{20}"):
+        train_teachers(tmp_path / "run", replace(JOB, num_teachers=10**20))
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_on_a_machine_without_a_gpu_is_refused_before_anything(tmp_path):
     """A local Ray has this machine's GPUs only: said before the partition is written (in a
