@@ -373,14 +373,21 @@ def test_teacher_flags_out_of_range_are_one_line(
     _one_error_line(capsys, message)
 
 
-def test_an_unknown_flag_is_said_with_its_sub_commands_usage(
+def test_a_mistaken_flag_is_one_line_of_its_sub_command(
         capsys: pytest.CaptureFixture) -> None:
+    """Said by the sub-command, in one line: argparse printed its whole usage first (26 lines
+    for pate student train)."""
     with pytest.raises(SystemExit) as info:
         main(["status", "--run", "r", "--bogus", "1"])
-    err = capsys.readouterr().err.splitlines()
     assert info.value.code == 2
-    assert err[0].startswith("usage: pate status ")
-    assert err[-1] == "pate status: error: unrecognized arguments: --bogus 1"
+    assert capsys.readouterr().err == ("pate status: error: unrecognized arguments: --bogus 1 "
+                                       "(pate status --help for its usage)\n")
+    with pytest.raises(SystemExit) as info:
+        main(["student", "train", "--run", "r", "--method", "vat", "--epochs", "x"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("pate student train: error: argument --epochs: invalid "
+                                       "int value: 'x' (pate student train --help for its "
+                                       "usage)\n")
 
 
 @pytest.mark.parametrize("command", [
@@ -395,8 +402,9 @@ def test_an_empty_run_directory_is_a_usage_error_not_the_current_folder(
     with pytest.raises(SystemExit) as info:
         main([*command, "--run", ""])
     assert info.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith(
-        "error: argument --run: an empty path (an unset shell variable?)")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (
+        "error: argument --run: an empty path (an unset shell variable?)" in err)
     assert not any(tmp_path.iterdir())
 
 
@@ -418,8 +426,9 @@ def test_every_path_flag_refuses_an_empty_value(
     with pytest.raises(SystemExit) as info:
         main([*command, ""])
     assert info.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith(
-        f"error: argument {flag}: an empty path (an unset shell variable?)")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (
+        f"error: argument {flag}: an empty path (an unset shell variable?)" in err)
     assert not any(tmp_path.iterdir())
 
 
