@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,12 +236,14 @@ def _check_reachable(address: str) -> None:
     ``RAY_CONNECT_TIMEOUT_S`` and answers as a gRPC server (:func:`_answers_http2`; not
     asked of a cluster whose gRPC is TLS's, ``RAY_USE_TLS``);
     ``UserError`` otherwise, at once (Ray itself retries for minutes, saying little), and for
-    one without a host or with a port that is no number (Ray's traceback). ``auto``, a name
-    without a port and an IPv6 address not in brackets are left to Ray."""
+    one without a host or with a port that is no number (Ray's traceback), or a name without
+    a port (Ray's "Invalid address format", after the partition was written). ``auto``,
+    ``local``, ``ray://`` without a port and an IPv6 address not in brackets are left to Ray."""
     host, colon, port = address.split("://", 1)[-1].rpartition(":")
     if ":" in host and not host.startswith("["):
         return
-    if colon and not (host and port.isascii() and port.isdecimal()):  # Ray's traceback
+    if (colon and not (host and port.isascii() and port.isdecimal())) or (
+            not colon and "://" not in address and address not in ("auto", "local")):
         raise UserError(f"the Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
     if not colon:
         return
@@ -434,6 +436,8 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     # the checkpoints are read once, before the probes; a manifest _prepare starts afresh
     # records none, so all wanted are then to train
     todo = _shards_to_train(run_dir, checkpoints.read_manifest(run_dir), wanted)
+    # no more at once than there are shards to train (a local Ray would be given a CPU each)
+    cluster = replace(cluster, workers=min(cluster.workers, max(1, len(todo))))
     manifest, data, part = _prepare(run_dir, job, bool(todo))
     if not todo:
         _pool_encoder(run_dir, job, manifest, data, cluster.device)  # the recorded one, checked

@@ -64,6 +64,10 @@ from teachers.user_models import (
     warn_one_at_a_time,
 )
 
+# Beyond a million epochs or rows a batch, a teacher's steps and their drawn orders would
+# overflow or exhaust memory deep in training (after the partition is recorded): refused first.
+MOST_EPOCHS_OR_BATCH = 1_000_000
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -93,8 +97,9 @@ class TrainConfig:
         if is_import_path(self.model):
             load_factory(self.model)
         for name, count in (("epochs", self.epochs), ("batch_size", self.batch_size)):
-            if count < 1:
-                raise UserError(f"{name} must be at least 1, got {count}")
+            if not 1 <= count <= MOST_EPOCHS_OR_BATCH:
+                raise UserError(f"{name} must be at least 1 and at most "
+                                f"{MOST_EPOCHS_OR_BATCH:,}, got {count}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise UserError(f"lr must be a finite number > 0, got {self.lr!r}")
         if not 0 <= self.seed < rng.SEED_LIMIT:

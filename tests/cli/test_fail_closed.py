@@ -364,13 +364,17 @@ def test_student_flags_out_of_range_are_one_line(
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
-    (["--epochs", "0"], "epochs must be at least 1, got 0"),
+    (["--epochs", "0"], "epochs must be at least 1 and at most 1,000,000, got 0"),
+    # an OverflowError in the shard before, after partition.json was written
+    (["--epochs", str(10**20)], "epochs must be at least 1 and at most 1,000,000, got 1000"),
+    (["--batch-size", str(10**20)], "batch_size must be at least 1 and at most 1,000,000"),
     (["--seed", "-1"], "the seed must be in [0, 2^63)")])
 def test_teacher_flags_out_of_range_are_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str) -> None:
     assert main(["teachers", "train", "--run", str(tmp_path / "run"), "--dataset", "digits",
                  "--teachers", "2", *flags]) == 2
     _one_error_line(capsys, message)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_mistaken_flag_is_one_line_of_its_sub_command(
