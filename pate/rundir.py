@@ -233,8 +233,16 @@ class RunDir:
 
     # --- creating and recording ---------------------------------------------------------------
     def create(self) -> RunDir:
-        """Create the directory 0700 (parents as needed); ``UserError`` when it cannot be
-        created or written."""
+        """Create the directory 0700 (parents as needed), or take one that is empty or holds
+        what pate writes; ``UserError`` when it cannot be created or written, and for a folder
+        of other files only (pate would write beside them, and make the folder private).
+        Hidden entries (``.DS_Store``, a killed write's temporary file) do not count."""
+        if self.root.is_dir():
+            others = sorted(p.name for p in self.root.iterdir() if not p.name.startswith("."))
+            if others and not set(others) & self.own_names():
+                shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+                raise UserError(f"{self.root} holds other files ({shown}) and nothing of a "
+                                "run's: give a new or empty --run directory")
         try:
             ensure_dir(self.root, private=True)
         except OSError as exc:

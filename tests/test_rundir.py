@@ -26,6 +26,27 @@ def test_a_run_directory_that_cannot_be_created_is_one_user_error(tmp_path: Path
     assert "\n" not in str(info.value)
 
 
+def test_a_folder_of_other_files_is_no_run_directory(tmp_path: Path) -> None:
+    """A stage command given a folder of the user's own files is refused, before it writes
+    beside them and takes others' permissions from it (``pate run`` refused it already); a
+    folder that holds what pate writes, or hidden entries only, is taken."""
+    papers = tmp_path / "papers"
+    papers.mkdir(mode=0o755)
+    for name in ("thesis.tex", "data.csv", "notes", "zeta.txt"):
+        (papers / name).write_text("")
+    with pytest.raises(UserError, match=r"papers holds other files \(data\.csv, notes, "
+                                        r"thesis\.tex, \.\.\.\) and nothing of a run's: give a "
+                                        r"new or empty --run directory$"):
+        RunDir(papers).create()
+    assert stat.S_IMODE(papers.stat().st_mode) == 0o755 and len(list(papers.iterdir())) == 4
+    for entries in ((".DS_Store",), ("votes.npz", "README.txt")):
+        folder = tmp_path / entries[-1]
+        folder.mkdir()
+        for name in entries:
+            (folder / name).write_text("")
+        RunDir(folder).create()
+
+
 def test_stages_and_log_are_recorded(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run").create()
     assert run.finished_stages() == {}
