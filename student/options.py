@@ -17,6 +17,9 @@ from student.defaults import STUDENT
 from student.training import FitConfig, MethodConfig, method_for_data
 from teachers.rng import SEED_LIMIT
 
+# The widest student network: channels beyond this exhaust any memory before they train
+MOST_WIDTH = 65_536
+
 
 @dataclass(frozen=True)
 class StudentOptions:
@@ -56,6 +59,8 @@ class StudentOptions:
                             ("--unlabelled-batch-size", self.unlabelled_batch_size)):
             if count is not None and count < 1:
                 raise UserError(f"{flag} must be >= 1, got {count}")
+        if self.width > MOST_WIDTH:  # torch's own words on a tensor's size, before
+            raise UserError(f"--width must be at most {MOST_WIDTH}, got {self.width}")
         if not 0 <= self.seed < SEED_LIMIT:
             raise UserError(f"--seed must be in [0, 2^63), got {self.seed}")
         if self.pool_encoder is not None and self.encoder_epochs is not None:

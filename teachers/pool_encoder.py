@@ -184,10 +184,13 @@ def load_encoder_file(path: Path, channels: int) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
+    if Path(path).is_dir():  # safetensors says "No such device (os error 19)"
+        raise ValueError("a folder, not a safetensors file")
     try:
         tensors = load_file(str(path))
-    except (SafetensorError, TypeError) as exc:
-        raise ValueError(f"not a safetensors file of numeric tensors ({exc})") from None
+    except (SafetensorError, TypeError) as exc:  # the library's words on what it read
+        raise ValueError(f"not a safetensors file of numeric tensors "
+                         f"({exc.__class__.__name__})") from None
     check_encoder(tensors, channels)
     return tensors
 

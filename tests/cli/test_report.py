@@ -24,7 +24,8 @@ from pate.data.datasets import load_dataset, public_split
 from pate.data.synthetic import synthetic_votes
 from pate.errors import UserError
 from pate.report.content import PRIVATE_TABLE_KEYS, public_rows
-from pate.report.run_report import load_run_data
+from pate.report.run_report import load_run_data, write_comparison
+from pate.rundir import RunDir
 
 
 def make_run(run_dir: Path, rounds: bool) -> dict:
@@ -384,3 +385,17 @@ def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
     top = pixels[:450, :, :3]  # the title and the summary table
     assert top.std() > 0.05 and (top < 0.5).mean() > 0.005  # text was drawn, not a blank page
     os.remove(shot)
+
+
+def test_a_comparison_is_not_written_into_a_run_nor_of_one_run_twice(tmp_path: Path) -> None:
+    """``--out`` naming a run directory would put the comparison's report.html beside the run's
+    own files, and ``--runs A A`` compared a run with itself: both refused, before anything is
+    written."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    RunDir(tmp_path / "a").finish_stage("teachers", 1.0)
+    with pytest.raises(UserError, match=r"a is a run directory: give the comparison a folder"):
+        write_comparison([tmp_path / "a", tmp_path / "b"], tmp_path / "a")
+    with pytest.raises(UserError, match="a run is named twice in --runs"):
+        write_comparison([tmp_path / "a", tmp_path / "b" / ".." / "a"], tmp_path / "cmp")
+    assert not (tmp_path / "cmp").exists() and not (tmp_path / "a" / "report.html").exists()

@@ -142,11 +142,13 @@ def test_student_takes_the_teachers_encoder_and_continues_only_with_it(
     save_file(wrong, str(tmp_path / "nan.safetensors"))
     labels, ledger = (run / "labels.npz").read_bytes(), (run / "ledger.db").read_bytes()
     capsys.readouterr()
-    for bad in ("bad", "junk", "nan", "missing"):
+    (tmp_path / "folder.safetensors").mkdir()  # safetensors: "No such device (os error 19)"
+    for bad in ("bad", "junk", "nan", "missing", "folder"):
         assert _train(run, "--queries", "50", "--pool-encoder",
                       str(tmp_path / f"{bad}.safetensors")) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"--pool-encoder {tmp_path / bad}.safetensors" in err
+        assert "os error" not in err
     assert (run / "labels.npz").read_bytes() == labels
     assert (run / "ledger.db").read_bytes() == ledger
     assert _same(_student_encoder(run), other)
