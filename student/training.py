@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -368,6 +369,8 @@ def load_classifier(directory: Path, name: str = "model") -> tuple[nn.Module, Mo
     path = directory / f"{name}.safetensors"
     damaged = UserError(f"{path}: not the weights of the student {spec.arch} that {name}.json "
                         "describes: this run directory is damaged")
+    if path.is_file() and not os.access(path, os.R_OK):  # safetensors says "no such file"
+        raise UserError(f"{path}: not readable by you (its permissions)")
     try:
         state = load_file(str(path))
     except (OSError, SafetensorError):

@@ -1,7 +1,11 @@
 """``pate.rundir.RunDir``: where a run keeps each artifact, created with the right modes, and the
 records it writes itself (stages, log)."""
 
+import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +177,42 @@ def test_a_command_waits_out_a_brief_hold_and_is_refused_a_long_one(tmp_path: Pa
     release.set()
     holder.join()
     assert not run.in_use()
+
+
+_UNREADABLE = """
+import os, sys
+from pathlib import Path
+import numpy as np
+from pate.data.votes_file import load_private_fingerprint
+from pate.errors import UserError
+from student.models import ModelSpec, build_classifier
+from student.training import load_classifier, save_model
+folder = Path(sys.argv[1])
+np.savez(folder / "votes.npz", votes=np.zeros((2, 2)))
+spec = ModelSpec("mlp", (1, 4, 4), 2, 8)
+save_model(build_classifier(spec), spec, folder)
+for path in (folder / "votes.npz", folder / "model.safetensors"):
+    path.chmod(0)
+for read in (lambda: load_private_fingerprint(folder / "votes.npz"),
+             lambda: load_classifier(folder)):
+    try:
+        read()
+    except UserError as exc:
+        print(exc)
+"""
+
+
+def test_a_file_you_may_not_read_is_said_so_not_called_damaged(tmp_path: Path) -> None:
+    """Its permissions, not a damaged file (votes.npz), nor a damaged run directory (the
+    student's weights, which safetensors calls a missing file). Run without the power to read
+    what root may (CAP_DAC_OVERRIDE) where the tests run as root."""
+    drop = ([] if os.geteuid() != 0 else
+            ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"])
+    if drop and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv to drop the power to read any file")
+    said = subprocess.run([*drop, sys.executable, "-c", _UNREADABLE, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert said.stdout.splitlines() == [
+        f"{tmp_path / 'votes.npz'}: not readable by you (its permissions)",
+        f"{tmp_path / 'model.safetensors'}: not readable by you (its permissions)"], said.stderr

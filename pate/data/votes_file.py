@@ -205,6 +205,8 @@ def _npz_member(path: str | Path, key: str) -> NDArray | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             return data[key] if key in data.files else None
+    except PermissionError:
+        raise UserError(f"{path}: not readable by you (its permissions)") from None
     except READ_ERRORS as exc:
         raise UserError(f"{path}: its {key} cannot be read ({exc.__class__.__name__}: a "
                         "damaged file)") from None
