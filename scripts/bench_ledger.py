@@ -1,6 +1,8 @@
 """Benchmark of opening a ledger that holds many answered requests: the seconds ``Ledger(url)``
 takes to check its totals and to gather the outcomes it replays, for ledgers of R requests of
-Q pool indices each, every answer replayable (one scope: one mechanism, one votes file).
+Q pool indices each, every answer replayable (one scope: one mechanism, one votes file); and
+the microseconds each new release costs the outcomes a ledger replays (``Replays.add``, which
+a charge calls under the ledger's writer) once R indices are released, one index a charge.
 
 The requests are written straight into an SQLite ledger's table (``ledger_store``), with the
 same costs each, so that building it takes seconds where charging it request by request
@@ -8,6 +10,7 @@ would take minutes; opening reads them as it reads any. Prints one JSON object p
 writes them all to results/bench_ledger.json.
 
     python scripts/bench_ledger.py [--requests 25000 50000 100000] [--queries 1] [--repeats 3]
+                                   [--adds 10000]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from bench_common import emit
 
 from analysis.orders import default_orders
 from pate.aggregation.ledger import Ledger
+from pate.aggregation.ledger_replays import Replays
 from pate.aggregation.ledger_store import F64, I8, I32, I64, budget_table, requests_table, to_blob
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,11 +57,25 @@ def build(path: Path, requests: int, queries: int) -> str:
     return url
 
 
+def add_microseconds(released: int, adds: int) -> float:
+    """The mean microseconds of ``adds`` one-index releases into a scope holding ``released``
+    (each a new index, as a round's fresh queries are)."""
+    replays = Replays()
+    replays.add(np.arange(released), np.zeros(released, np.int32), np.ones(released, np.int8))
+    label, branch = np.zeros(1, np.int32), np.ones(1, np.int8)
+    start = time.perf_counter()
+    for i in range(released, released + adds):
+        replays.add(np.array([i]), label, branch)
+    return (time.perf_counter() - start) / adds * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[25_000, 50_000, 100_000])
     parser.add_argument("--queries", type=int, default=1, help="pool indices per request")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--adds", type=int, default=10_000,
+                        help="one-index releases timed per size (0: none)")
     args = parser.parse_args()
     out = ROOT / "results" / "bench_ledger.json"
     for requests in args.requests:
@@ -71,6 +89,10 @@ def main() -> None:
         emit({"case": "open", "requests": requests, "queries_per_request": args.queries,
               "open_s_median": round(float(np.median(seconds)), 3),
               "open_s": [round(s, 3) for s in seconds]}, out)
+        if args.adds:
+            emit({"case": "add", "released": requests * args.queries, "adds": args.adds,
+                  "us_per_add": round(add_microseconds(requests * args.queries, args.adds), 1)},
+                 out)
 
 
 if __name__ == "__main__":
