@@ -237,12 +237,14 @@ class RunDir:
         what pate writes; ``UserError`` when it cannot be created or written, and for a folder
         of other files only (pate would write beside them, and make the folder private).
         Hidden entries (``.DS_Store``, a killed write's temporary file) do not count."""
-        if self.root.is_dir():
+        try:  # a folder that cannot be listed is said below, as one that cannot be written
             others = sorted(p.name for p in self.root.iterdir() if not p.name.startswith("."))
-            if others and not set(others) & self.own_names():
-                shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-                raise UserError(f"{self.root} holds other files ({shown}) and nothing of a "
-                                "run's: give a new or empty --run directory")
+        except OSError:  # not there yet, a file, or no permission
+            others = []
+        if others and not set(others) & self.own_names():
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise UserError(f"{self.root} holds other files ({shown}) and nothing of a "
+                            "run's: give a new or empty --run directory")
         try:
             ensure_dir(self.root, private=True)
         except OSError as exc:
