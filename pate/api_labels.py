@@ -157,7 +157,8 @@ class PrivateLabels:
         try:
             if teachers is not None:
                 note_ledger(teachers.private_fingerprint_, url,
-                            rows_fingerprints=(teachers.private_rows_fingerprint_,))
+                            rows_fingerprints=(teachers.private_rows_fingerprint_,
+                                               teachers.private_encoded_rows_fingerprint_))
         except BaseException:
             self.service.close()
             raise

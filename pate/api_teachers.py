@@ -95,6 +95,9 @@ class Teachers:
         self.private_records_: int | None = None
         self.private_fingerprint_: str | None = None
         self.private_rows_fingerprint_: str | None = None
+        # loaded from a run whose rows were read before they were encoded (a CSV of numbers):
+        # the key of them as encoded too (Task.private_encoded_rows_fingerprint; PRIVATE)
+        self.private_encoded_rows_fingerprint_: str | None = None
         self._private_rows: NDArray | None = None
 
     @property
@@ -216,4 +219,5 @@ class Teachers:
         # the key of the ledgers of their data, as their votes carry it
         teachers.private_fingerprint_ = manifest.data_fingerprint
         teachers.private_rows_fingerprint_ = manifest.rows_fingerprint
+        teachers.private_encoded_rows_fingerprint_ = manifest.encoded_rows_fingerprint
         return teachers

@@ -40,7 +40,7 @@ from student.choices import (
     DPSGD_MODELS,
     arch_method_problem,
 )
-from student.defaults import DPSGD, STUDENT
+from student.defaults import DPSGD, MOST_WIDTH, STUDENT
 from teachers.choices import (
     MODELS,
     gpu_share_problem,
@@ -229,7 +229,7 @@ class StudentConfig(_Section):
     select: Literal["first", "random"] = "random"
     request_size: int = Field(default=STUDENT.request_size, ge=1)
     epochs: int = Field(default=STUDENT.epochs, ge=1)
-    width: int = Field(default=STUDENT.width, ge=1)
+    width: int = Field(default=STUDENT.width, ge=1, le=MOST_WIDTH)
     batch_size: int = Field(default=STUDENT.batch_size, ge=1)
     unlabelled_batch_size: int = Field(default=STUDENT.unlabelled_batch_size, ge=1)
     lr: float | None = Field(default=None, gt=0)

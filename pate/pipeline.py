@@ -308,6 +308,7 @@ def _check_data(config: RunConfig, run: RunDir) -> tuple[int, str | None]:
             network = dpsgd_model_for(config.dpsgd.model, task.kind)
         except ValueError as exc:
             raise UserError(f"dpsgd.{exc}") from None
+        dpsgd_settings(config, config.dpsgd.epsilon)  # its bounds (lr, clipping), said now
         if config.dpsgd.encode is not None and (problem := profiles_problem(
                 config.dpsgd.encode, trained_parameters(dpsgd_network(
                     network, task.input_shape, task.num_classes, 0.0, 1.0)[1]))):

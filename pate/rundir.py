@@ -236,9 +236,11 @@ class RunDir:
         """Create the directory 0700 (parents as needed), or take one that is empty or holds
         what pate writes; ``UserError`` when it cannot be created or written, and for a folder
         of other files only (pate would write beside them, and make the folder private).
-        Hidden entries (``.DS_Store``, a killed write's temporary file) do not count."""
+        Hidden entries (``.DS_Store``, a killed write's temporary file) and a mounted volume's
+        ``lost+found`` do not count."""
         try:  # a folder that cannot be listed is said below, as one that cannot be written
-            others = sorted(p.name for p in self.root.iterdir() if not p.name.startswith("."))
+            others = sorted(p.name for p in self.root.iterdir()
+                            if not p.name.startswith(".") and p.name != "lost+found")
         except OSError:  # not there yet, a file, or no permission
             others = []
         if others and not set(others) & self.own_names():

@@ -38,3 +38,5 @@ class DPSGDDefaults:
 
 STUDENT = StudentDefaults()
 DPSGD = DPSGDDefaults()
+# The widest student network: channels beyond this exhaust any memory before they train
+MOST_WIDTH = 65_536

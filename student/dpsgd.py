@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant
+from analysis.bayesian import DEFAULT_MOMENTS, BayesianAccountant, failure_probability
 from analysis.rdp import Conversion
 from analysis.sampled_gaussian import dpsgd_epsilon, noise_multiplier_for_epsilon
 from pate.errors import UserError
@@ -77,6 +77,9 @@ _MIN_SIDE = 28
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 # the Bayesian accountant's distances are kept for every step (8 bytes each): at most 2 GiB
 _MOST_DISTANCES = 2**28
+# said where a run's gradients or weights are no longer finite numbers
+DIVERGED = ("DP-SGD diverged (its gradients or weights are no longer finite numbers): a smaller "
+            "learning rate (--lr, [dpsgd] lr)")
 
 
 @dataclass(frozen=True)
@@ -416,10 +419,17 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray | N
         config = with_model(config, train_x)
         setup = dpsgd_setup(train_x, train_y, num_classes, config, norm)
         q, total_steps, n = setup.q, setup.total_steps, len(train_y)
-        if total_steps * config.bayesian_pairs > _MOST_DISTANCES:
-            raise ValueError(f"{total_steps} steps of {config.bayesian_pairs} Bayesian pairs "
-                             "each: their distances would not fit in 2 GiB; fewer epochs, a "
-                             "larger batch or fewer pairs")
+        if total_steps * config.bayesian_pairs > _MOST_DISTANCES:  # said without the steps,
+            # which tell the number of private rows
+            raise ValueError(f"the run's steps of {config.bayesian_pairs} Bayesian pairs each: "
+                             "their distances would not fit in 2 GiB; fewer epochs, a larger "
+                             "batch or fewer pairs")
+        bayes = BayesianAccountant(config.moments, total_steps=total_steps)
+        if not failure_probability(bayes.gamma, total_steps) < config.delta:  # refused
+            # after training otherwise, when the accountant converts
+            raise ValueError(f"delta {config.delta:g} is not above the Bayesian accountant's "
+                             "failure probability over the run's steps: a larger delta or "
+                             "fewer steps")
         sigma = (config.noise_multiplier if config.noise_multiplier is not None
                  else noise_multiplier_for_epsilon(config.target_epsilon, q, total_steps,
                                                    config.delta, config.conversion))
@@ -428,7 +438,6 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray | N
     trained = {k: p for k, p in setup.model.named_parameters() if p.requires_grad}
     gsm, optimizer, loss_fn = ghost_clipped_sgd(setup.model, config, sigma,
                                                 max(1, round(q * n)), noise_gen)
-    bayes = BayesianAccountant(config.moments, total_steps=total_steps)
     distances = np.empty((total_steps, config.bayesian_pairs), np.float64)
 
     start = time.perf_counter()
@@ -438,8 +447,7 @@ def train_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.ndarray | N
         distances[step] = pair_distances(twin, trained, xb, yb, config.max_grad_norm,
                                          config.bayesian_pairs, setup.sample_generator).numpy()
         if not np.isfinite(distances[step]).all():
-            raise UserError("DP-SGD diverged (its gradients are no longer finite numbers): a "
-                            "smaller learning rate (--lr, [dpsgd] lr)")
+            raise UserError(DIVERGED)
         bayes.accumulate(distances[step], sigma * config.max_grad_norm, q)
         optimizer.step()
     seconds = time.perf_counter() - start

@@ -29,7 +29,9 @@ from torch import nn
 from analysis.encoded_rdp import DEFAULT_GRID_SIZE, encoded_accountant
 from analysis.encoding_profiles import sorted_profiles
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, ks_distance, noise_family
+from pate.errors import UserError
 from student.dpsgd import (
+    DIVERGED,
     DPSGDConfig,
     DPSGDResult,
     dpsgd_setup,
@@ -118,6 +120,8 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
         if len(yb) > 0:
             loss_fn(gsm(xb), yb).backward()
             grads = torch.cat([p.grad_sample.reshape(len(yb), -1) for p in params], 1)
+            if not torch.isfinite(grads).all():  # an encoding's argmax fails on them
+                raise UserError(DIVERGED)
             per_example = (clip_flat(grads, config.max_grad_norm) if chooser is None
                            else encode(grads, chooser))
             total = per_example.sum(dim=0)
@@ -127,6 +131,8 @@ def train_encoded_dpsgd(train_x: np.ndarray, train_y: np.ndarray, eval_x: np.nda
             noisy = noisy * factors[-1]
         _set_grads(params, noisy / max(1.0, q * n))
         optimizer.step()
+    if not all(torch.isfinite(p).all() for p in params):  # not written out as the baseline
+        raise UserError(DIVERGED)
     seconds = time.perf_counter() - start
     gsm.cleanup()  # Opacus's hooks and attributes off the published model
     published = whole_model(setup.fixed, setup.model)

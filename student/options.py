@@ -13,12 +13,9 @@ from pate.data.augment import AUGMENTATIONS
 from pate.devices import device_problem
 from pate.errors import UserError
 from student.choices import SELECTIONS
-from student.defaults import STUDENT
+from student.defaults import MOST_WIDTH, STUDENT
 from student.training import FitConfig, MethodConfig, method_for_data
 from teachers.rng import SEED_LIMIT
-
-# The widest student network: channels beyond this exhaust any memory before they train
-MOST_WIDTH = 65_536
 
 
 @dataclass(frozen=True)

@@ -436,15 +436,15 @@ def train_teachers(run_dir: str | Path, job: TrainJob, cluster: Cluster = Cluste
     # the checkpoints are read once, before the probes; a manifest _prepare starts afresh
     # records none, so all wanted are then to train
     todo = _shards_to_train(run_dir, checkpoints.read_manifest(run_dir), wanted)
-    # no more at once than there are shards to train (a local Ray would be given a CPU each)
-    cluster = replace(cluster, workers=min(cluster.workers, max(1, len(todo))))
     manifest, data, part = _prepare(run_dir, job, bool(todo))
     if not todo:
         _pool_encoder(run_dir, job, manifest, data, cluster.device)  # the recorded one, checked
     else:
         shards_todo = [(i, shards[i]) for i in todo]
         manifest["done"] = False  # until every shard is back (a resume of a damaged run)
-        in_process = cluster.in_process
+        in_process = cluster.in_process  # as asked: more than one worker is Ray's, retries too
+        # but no more at once than there are shards to train (a local Ray gets a CPU each)
+        cluster = replace(cluster, workers=min(cluster.workers, len(todo)))
         with (contextlib.nullcontext() if in_process
               else _ray_session(cluster, ray_runtime_env(job.train.model))):
             if not in_process:  # before a pool encoder's minutes

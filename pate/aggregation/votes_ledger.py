@@ -36,19 +36,19 @@ def note_ledger(private_fingerprint: str | None, url: str,
     under a key while other ledgers charge the same data: their budgets add up (docs/design.md,
     privacy rule 5). Those older versions entered under ``former_fingerprint`` (the rows' in
     order) count as others too. A ledger new only under a rows' key (a run of a version before
-    that key) warns only where that key finds ledgers the first had not: of those, it warned
-    then."""
+    that key) warns only where the keys new to it find ledgers the others had not: of those,
+    it warned then."""
     if private_fingerprint is None:
         return
     url = canonical_url(url)
     first, new = enter_ledger(private_fingerprint, url)
-    known = list(dict.fromkeys(first + other_ledgers((former_fingerprint,), url)))
-    by_rows, new_rows = [], False
+    seen = first + other_ledgers((former_fingerprint,), url)  # under keys it had before
+    fresh: list[str] = []  # under rows' keys new to it
     for key in dict.fromkeys(k for k in rows_fingerprints if k is not None):
         found, new_here = enter_ledger(key, url)
-        by_rows, new_rows = by_rows + found, new_rows or new_here
-    others = list(dict.fromkeys(known + by_rows))
-    new = new or (new_rows and len(others) > len(known))
+        (fresh if new_here else seen).extend(found)
+    others = list(dict.fromkeys(seen + fresh))
+    new = new or bool(set(fresh) - set(seen))
     if new and others:
         warnings.warn(f"the private data of these votes is also charged to {len(others)} "
                       f"other ledger(s) ({ledgers_said(others)}): the budgets of one body of "

@@ -301,9 +301,10 @@ def audit_supervised(run: Run, target: str, base_rows: int, canary_count: int, e
     training and in the attack): a model can fit such a record only by memorising it, so a
     non-private model surely reveals its membership. Returns the audit and the rows it used."""
     free = rng.permutation(_free_rows(run, used))
-    if base_rows + canary_count > len(free):
-        raise UserError(f"{target}: {base_rows + canary_count} rows asked for, "
-                        f"{len(free)} private rows left")
+    if base_rows + canary_count > len(free):  # the rows left unsaid where their count is
+        left = (f"{len(free)} private rows left" if run.manifest.partition == "position"
+                else "more than the private rows left")  # a statistic of the data
+        raise UserError(f"{target}: {base_rows + canary_count} rows asked for, {left}")
     canaries = _flip(rng, free[:canary_count], np.zeros(canary_count, np.int64))
     c = run.recipe.num_classes
     labels = run.train_y[canaries.rows]

@@ -172,7 +172,7 @@ def run_train(args: argparse.Namespace) -> int:
     import httpx
     import torch
 
-    from pate.service.sessions import said_url
+    from pate.service.client import said_url
     from student.options import StudentOptions
     from student.workflow import train_student
     from teachers.manifest import teachers_source

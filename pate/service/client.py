@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from numpy.typing import ArrayLike
@@ -20,6 +21,20 @@ from pate.errors import UserError, remote_error
 from pate.service.tokens import parse_tokens, shared_problem
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})  # 429: after its Retry-After
+
+
+def said_url(server: str) -> str:
+    """``server`` as a message names it: a password in it shown as ``***`` (the message may
+    reach a log)."""
+    try:
+        parts = urlsplit(server)
+        password = parts.password
+    except ValueError:  # a bracket left open, say: said whole unless it may hold a password
+        return "the server's URL" if "@" in server else server
+    if password is None:
+        return server
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class LabelClient:
@@ -32,7 +47,8 @@ class LabelClient:
     def __init__(self, base_url: str, token: str, *, timeout: float = 60.0, retries: int = 5,
                  backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
         if not str(base_url).startswith(("http://", "https://")):
-            raise UserError(f"{base_url}: the server's URL starts with http:// or https://")
+            raise UserError(f"{said_url(str(base_url))}: the server's URL starts with "
+                            "http:// or https://")
         self.retries, self.backoff = retries, backoff
         self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
                                   headers={"Authorization": f"Bearer {token}"})

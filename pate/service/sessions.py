@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from analysis.mechanisms import Mechanism
 from analysis.rdp import Conversion
@@ -14,18 +13,8 @@ from pate.aggregation.label_service import InProcessLabels, open_label_service
 from pate.aggregation.vote_pool import VotePool
 from pate.errors import UserError
 from pate.rundir import RunDir
-from pate.service.client import LabelClient
+from pate.service.client import LabelClient, said_url
 from student.asking import AggregatorSession
-
-
-def said_url(server: str) -> str:
-    """``server`` as a message names it: a password in it shown as ``***`` (the message may
-    reach a log)."""
-    parts = urlsplit(server)
-    if parts.password is None:
-        return server
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def remote_session(server: str, token_file: str | Path, mechanism: str) -> AggregatorSession:

@@ -261,6 +261,8 @@ def test_a_csv_of_numbers_and_the_apis_arrays_of_it_share_the_third_key(tmp_path
         assert main(["--quiet", "teachers", stage[0], "--run", str(run), *stage[1:]]) == 0
     pool = VotePool.from_file(run / "votes.npz")
     assert pool.private_encoded_rows_fingerprint == task.private_encoded_rows_fingerprint
+    loaded = Teachers.load(run)  # the command line's teachers, asked from Python
+    assert loaded.private_encoded_rows_fingerprint_ == task.private_encoded_rows_fingerprint
     ledgers = [tmp_path / "cli.db", tmp_path / "api.db"]
     for ledger in ledgers:
         ledger.write_bytes(b"")  # the registry forgets ledgers whose file is gone
@@ -273,3 +275,26 @@ def test_a_csv_of_numbers_and_the_apis_arrays_of_it_share_the_third_key(tmp_path
                                          + str(ledgers[0])):
         note_ledger(teachers.private_fingerprint_, f"sqlite:///{ledgers[1]}",
                     rows_fingerprints=(teachers.private_rows_fingerprint_,))
+
+
+def test_a_key_new_to_a_ledger_warns_only_of_ledgers_its_other_keys_did_not_find(
+        tmp_path: Path) -> None:
+    """A ledger reopened by a version with a third key (new to it) is not warned again of a
+    ledger its rows' key found before, of which it warned then; a ledger only the new key
+    finds is warned of."""
+    from pate.aggregation.votes_ledger import note_ledger
+
+    first, rows, encoded = "d" * 64, "r" * 64, "e" * 64
+    urls = {}
+    for name in ("this", "met", "new"):
+        (tmp_path / f"{name}.db").write_bytes(b"")
+        urls[name] = f"sqlite:///{tmp_path / name}.db"
+    enter_ledger(first, urls["this"])
+    enter_ledger(rows, urls["this"])
+    enter_ledger(rows, urls["met"])  # warned of when it was entered
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        note_ledger(first, urls["this"], rows_fingerprints=(rows, encoded))
+    enter_ledger("g" * 64, urls["new"])  # found by a key new to this ledger only
+    with pytest.warns(UserWarning, match=r"also charged to 2 other ledger\(s\)"):
+        note_ledger(first, urls["this"], rows_fingerprints=(rows, encoded, "g" * 64))

@@ -232,6 +232,10 @@ def test_a_server_url_without_its_scheme_or_unreachable_is_one_line(tmp_path: Pa
                  "--dataset", "digits", "--server", "127.0.0.1:8470", "--token-file",
                  str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
     _one_error_line(capsys, "127.0.0.1:8470: the server's URL starts with http:// or https://")
+    assert main(["student", "train", "--run", str(tmp_path / "run"), "--method", "supervised",
+                 "--dataset", "digits", "--server", "htp://me:s3cret@h:1", "--token-file",
+                 str(tmp_path / "tokens"), "--mechanism", "gnmax"]) == 2
+    _one_error_line(capsys, "htp://me:***@h:1: the server's URL starts with http://")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

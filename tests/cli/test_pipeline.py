@@ -355,13 +355,16 @@ def test_a_config_mended_after_a_failed_start_replaces_it(
     for change, message in (('dataset = "digits"\npool_size = 100000',
                              "the pool size (--pool-size, data.pool_size) must be"),
                             ("delta = 0.01", "pate: error: aggregator.delta 0.01 is at least 1/n"),
-                            # DP-SGD's profiles, refused after the teachers had trained before
+                            # DP-SGD's profiles and rate, refused after the teachers had
+                            # trained and the rounds had charged the ledger before
                             ('noise = "laplace"\nencode = 1000000000',
-                             "pate: error: dpsgd.encode: 1000000000 profiles of")):
+                             "pate: error: dpsgd.encode: 1000000000 profiles of"),
+                            ("lr = 1e39", "pate: error: [dpsgd]: lr must be below float32's")):
         config = tmp_path / "early.toml"
         config.write_text(tiny.replace('dataset = "digits"', change) if "pool" in change
                           else tiny.replace('noise = "gaussian"', change).replace(
                               "# encode = (not set)", "") if "encode" in change
+                          else tiny.replace("lr = 4.0", change) if "1e39" in change
                           else tiny.replace("delta = 1e-05", change))
         assert main(["run", str(config), "--run", str(tmp_path / "early"), "--quiet"]) == 2
         assert message in capsys.readouterr().err

@@ -387,6 +387,19 @@ def test_a_run_too_long_to_account_is_refused_before_it_trains(
     assert err.count("\n") == 1
 
 
+def test_a_delta_the_bayesian_accountant_cannot_cover_is_refused_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its failure probability grows with the steps: a delta below it was refused after
+    training (and, for a while, an internal error there)."""
+    assert main(["dpsgd", "train", "--run", str(tmp_path / "r"), "--dataset", "digits",
+                 "--model", "linear", "--epsilon", "3", "--delta", "1e-14", "--epochs", "2",
+                 "--batch-size", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("pate: error: delta 1e-14 is not above the Bayesian accountant's failure "
+                   "probability over the run's steps: a larger delta or fewer steps\n")
+    assert not (tmp_path / "r" / "dpsgd").exists()
+
+
 def test_cli_needs_one_noise_setting(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["dpsgd", "train", "--run", str(tmp_path), "--dataset", "digits"])
