@@ -353,6 +353,7 @@ def test_a_damaged_run_directory_is_one_line(tmp_path: Path,
     (["--vat-eps", "inf"], "--vat-eps must be a finite number > 0"),
     (["--width", "0"], "--width must be >= 1, got 0"),
     (["--width", str(10**20)], "--width must be at most 65536"),  # torch's words before
+    (["--threads", str(10**20)], f"--threads {10**20}: more than torch can take"),
     (["--unlabelled-batch-size", "0"], "--unlabelled-batch-size must be >= 1"),
     (["--seed", "-1"], "--seed must be in [0, 2^63), got -1"),
     (["--queries", "-5"], "--queries must be >= 0, got -5"),
