@@ -389,6 +389,16 @@ def preset_names() -> list[str]:
                   if p.name.endswith(".toml"))
 
 
+# pydantic's errors of a config's shape, in its words: said of a section (a top-level table),
+# or of a key
+_SAID: dict[str, tuple[str, str]] = {
+    "extra_forbidden": ("no such section", "no such key"),
+    "missing": ("a required section, missing", "a required key, missing"),
+    "model_type": ("must be a section ([name] and its keys), not a value",
+                   "must be a section ([name] and its keys), not a value"),
+}
+
+
 def _first_error(exc: ValidationError) -> str:
     """The first error, key and message; an unknown key comes first, since a key missing
     beside it is most likely the same key misspelt."""
@@ -397,6 +407,12 @@ def _first_error(exc: ValidationError) -> str:
     message = err["msg"].removeprefix("Value error, ")  # pydantic's, of our validators' words
     if not err["loc"]:  # a check of the whole config: its message names the keys
         return message
+    said = _SAID.get(err["type"])  # in the config's words, not pydantic's
+    if said is not None:
+        loc = err["loc"]
+        section = len(loc) == 1 and (isinstance(err.get("input"), dict)
+                                     if err["type"] == "extra_forbidden" else bool(_keys_of(loc)))
+        message = said[0 if section else 1]
     if err["type"] == "extra_forbidden":
         near = difflib.get_close_matches(str(err["loc"][-1]), _keys_of(err["loc"][:-1]), n=1)
         message += f" (did you mean {near[0]}?)" if near else ""
@@ -455,7 +471,7 @@ def load_config(preset_or_path: str) -> RunConfig:
         if not path.is_file():
             raise UserError(f"{path}: no such config file")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write
         except UnicodeDecodeError:
             raise UserError(f"{path}: not a TOML file (not UTF-8 text)") from None
         config = parse_config(text, str(path))

@@ -45,7 +45,7 @@ def test_dumped_config_names_every_key() -> None:
 
 
 @pytest.mark.parametrize("text,message", [
-    ("name = 'x'\n", "aggregator: Field required"),
+    ("name = 'x'\n", "aggregator: a required section, missing"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 0\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator.sigma1: Input should be greater than 0"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
@@ -57,14 +57,13 @@ def test_dumped_config_names_every_key() -> None:
      "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n",
      "teachers.gpus_per_shard: must be a share of one GPU (at most 1) or a whole number of GPUs"),
     ("name = 'x'\n[teachers]\ncount = 5\nbogus = 1\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
-     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: Extra inputs"),
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.bogus: no such key"),
     # a required key misspelt: the unknown key is named, not only the missing one
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsgima1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator.sgima1: Extra inputs are not permitted (did you mean "
-     "sigma1?)"),
+     "delta = 1e-5\n", "aggregator.sgima1: no such key (did you mean sigma1?)"),
     ("name = 'x'\n[teacher]\ncount = 5\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
-     "budget_epsilon = 1\ndelta = 1e-5\n", "teacher: Extra inputs are not permitted (did you "
-     "mean teachers?)"),
+     "budget_epsilon = 1\ndelta = 1e-5\n", "teacher: no such section (did you mean "
+     "teachers?)"),
     ("name = 'x'\n[teachers]\ncount = 5\n[aggregator]\nthreshold = 9\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n",
      "aggregator.threshold 9 exceeds the number of teachers"),
@@ -112,6 +111,13 @@ def test_dumped_config_names_every_key() -> None:
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "interactive_sigma2 = 1e-300\ndelta = 1e-5\n",
      "aggregator: interactive_sigma2 must lie in [1e-06, 1e+12]"),
+    # the config's shape in its own words (pydantic's: "Input should be a valid dictionary or
+    # instance of DataConfig", "Field required")
+    ("name = 'x'\ndata = 3\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
+     "budget_epsilon = 1\ndelta = 1e-5\n",
+     "data: must be a section ([name] and its keys), not a value"),
+    ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n",
+     "aggregator.sigma2: a required key, missing"),
 ])
 def test_bad_configs(text: str, message: str) -> None:
     with pytest.raises(UserError, match="bad.toml: .*" + message.split(":")[0]) as info:
@@ -131,7 +137,7 @@ def test_older_run_directories_still_read() -> None:
                                          r"read: the compare stage measures"):
         assert parse_config(current + "[report]\nnon_private_baseline = 0.9\n",
                             "old.toml") == load_config("digits-tiny")
-    with pytest.raises(UserError, match="report: Extra inputs"):
+    with pytest.raises(UserError, match="report: no such section"):
         parse_config(current + "[report]\nsomething = 1\n", "old.toml")
 
 
@@ -270,3 +276,10 @@ def test_a_network_module_beside_the_config_file_is_found(
     monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
     assert load_config(str(config)).teachers.model == "nets_beside_config:small"
     assert callable(load_factory("nets_beside_config:small"))
+
+
+def test_a_config_written_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Some editors begin a UTF-8 file with one: TOML's "Invalid statement" at line 1 before."""
+    config = tmp_path / "bom.toml"
+    config.write_bytes(b"\xef\xbb\xbf" + dump_config(load_config("digits-tiny")).encode())
+    assert load_config(str(config)) == load_config("digits-tiny")
