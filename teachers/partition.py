@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from pate.data.partitions import PARTITIONS
+from pate.data.partitions import PARTITIONS, counts_private
 from pate.errors import UserError
 from pate.io import write_json_atomic
 from pate.rundir import RunDir
@@ -172,7 +172,7 @@ def write_partition(run_dir: Path, part: Partition, dataset: str) -> None:
     write_json_atomic(RunDir(run_dir).partition, {
         "dataset": dataset, "by": part.by, "seed": part.seed, "num_teachers": part.num_teachers,
         "num_rows": len(part.assignment), "sizes": part.sizes.tolist(), "sha256": part.sha256},
-        private=part.by != "position")
+        private=counts_private(part.by))
 
 
 def read_partition(run_dir: Path) -> dict | None:

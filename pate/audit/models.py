@@ -74,6 +74,7 @@ from pate.audit.retraining import (
     train_student,
 )
 from pate.config import parse_config
+from pate.data.partitions import counts_private
 from pate.data.task import DataSource, load_task
 from pate.data.votes_file import load_votes_with_index
 from pate.errors import UserError
@@ -301,9 +302,9 @@ def audit_supervised(run: Run, target: str, base_rows: int, canary_count: int, e
     training and in the attack): a model can fit such a record only by memorising it, so a
     non-private model surely reveals its membership. Returns the audit and the rows it used."""
     free = rng.permutation(_free_rows(run, used))
-    if base_rows + canary_count > len(free):  # the rows left unsaid where their count is
-        left = (f"{len(free)} private rows left" if run.manifest.partition == "position"
-                else "more than the private rows left")  # a statistic of the data
+    if base_rows + canary_count > len(free):  # the rows left unsaid where their count is private
+        left = ("more than the private rows left" if counts_private(run.manifest.partition)
+                else f"{len(free)} private rows left")
         raise UserError(f"{target}: {base_rows + canary_count} rows asked for, {left}")
     canaries = _flip(rng, free[:canary_count], np.zeros(canary_count, np.int64))
     c = run.recipe.num_classes
@@ -454,8 +455,7 @@ def _check_rows(run: Run, options: ModelsAuditOptions) -> None:
              if "control" in options.targets else 0)
     if need > len(run.train_y):
         what = "audited teachers' partitions, non-private rows and canaries, control canaries"
-        if run.manifest.partition != "position":  # dealt by record or key, the partitions'
-            # sizes and the number of records are statistics of the private data: not said
+        if counts_private(run.manifest.partition):
             raise UserError(f"the audit needs more private rows than the run has ({what}): "
                             "ask for fewer")
         raise UserError(f"the audit needs up to {need} private rows ({what}), the run has "

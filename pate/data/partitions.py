@@ -8,6 +8,14 @@ the data keeps the others' rows as they are depends on how the rows are dealt.""
 PARTITIONS = ("position", "record", "key")
 
 
+def counts_private(partition: str) -> bool:
+    """Whether the number of private records, and each teacher's share of them, are private
+    under ``partition``: dealt by record or key, the analysis covers adding or removing a
+    record (or a person), which changes them, so they are said nowhere public (a report, an
+    error line); dealt by position, a changed record leaves them as they are."""
+    return partition != "position"
+
+
 def partition_problem(partition: str, key: str | None) -> str | None:
     """Why dealing the rows by ``partition`` does not go with the key column ``key`` (the
     column of a CSV that names whose each row is), or None: a key is what ``key`` deals by, and

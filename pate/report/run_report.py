@@ -16,6 +16,7 @@ from analysis.costs import steps
 from pate.aggregation.vote_pool import VotePool
 from pate.aggregation.votes_ledger import ledgers_beside
 from pate.config import AggregatorConfig, parse_config
+from pate.data.partitions import counts_private
 from pate.data.task import Benchmark, DataSource, Task, load_task
 from pate.data.votes_file import load_partition, load_private_records, load_votes_with_index
 from pate.errors import UserError
@@ -143,10 +144,8 @@ def load_run_data(run_dir: str | Path) -> RunData:
     task = _public_task(facts.source)
     pool_y = None if task is None or task.pool_y is None else task.pool_y[pool_index]
     student = run.read_json(run.student_metrics)
-    # dealt by record, the analysis covers adding or removing a record, and the number of
-    # records is then private: it is not shown
-    partition = load_partition(run.votes)
-    records = load_private_records(run.votes) if partition == "position" else None
+    partition = load_partition(run.votes)  # the number of records is shown where public
+    records = None if counts_private(partition) else load_private_records(run.votes)
     return RunData(
         name=run.root.resolve().name,
         dataset=_dataset_name(task, facts.source, student),
