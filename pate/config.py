@@ -394,8 +394,7 @@ def preset_names() -> list[str]:
 _SAID: dict[str, tuple[str, str]] = {
     "extra_forbidden": ("no such section", "no such key"),
     "missing": ("a required section, missing", "a required key, missing"),
-    "model_type": ("must be a section ([name] and its keys), not a value",
-                   "must be a section ([name] and its keys), not a value"),
+    "model_type": ("must be a section ([name] and its keys), not a value",) * 2,  # sections only
 }
 
 
