@@ -30,11 +30,12 @@ import numpy as np
 import torch
 
 from pate.data.datasets import load_dataset, public_split
+from pate.data.partitions import PARTITIONS
 from pate.io import ensure_dir, write_json_atomic
 from teachers.choices import MODEL_RECORDS, POOL_ENCODER_MODELS, SIMCLR
-from teachers.ensemble import TrainConfig, train_group, train_one
+from teachers.ensemble import TrainConfig, total_steps, train_group, train_one
 from teachers.models import fit_pool_encoder
-from teachers.partition import make_partition
+from teachers.partition import deal_rows
 from teachers.pool_encoder import EPOCHS
 from teachers.votes import Ensemble, load_ensemble
 
@@ -62,6 +63,9 @@ def main() -> None:
     ap.add_argument("--encoder-epochs", type=int, default=EPOCHS,
                     help="SimCLR epochs of the pool encoder (cnn-pool-hog-simclr)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--partition", choices=PARTITIONS, default="position",
+                    help="how the rows are dealt: by record, each teacher takes the steps of "
+                         "its own rows, so the teachers of a group take different numbers")
     ap.add_argument("--run", type=Path, help="a trained run whose ensemble votes (votes case)")
     ap.add_argument("--vote-rows", type=int, default=1000, help="pool rows voted on")
     ap.add_argument("--cases", nargs="+",
@@ -71,13 +75,12 @@ def main() -> None:
     cfg = TrainConfig(model=args.model, epochs=args.epochs, mixup=args.mixup)
     ds = load_dataset("fashion-mnist")
     (pool_x, pool_y), (eval_x, eval_y) = public_split(ds)
-    part = make_partition(len(ds.train_y), args.teachers, cfg.seed)
-    min_size = int(part.sizes.min())
+    part = deal_rows(args.partition, ds.train_x, ds.train_y, args.teachers, cfg.seed)
     x = torch.as_tensor(ds.train_x, device=args.device)
     y = torch.as_tensor(ds.train_y, device=args.device)
     common = {"dataset": "fashion-mnist", "partition_teachers": args.teachers,
               "model": cfg.model, "epochs": cfg.epochs, "mixup": cfg.mixup,
-              "device": args.device}
+              "device": args.device, "partition": args.partition}
     encoder = None
     if cfg.model in POOL_ENCODER_MODELS:
         t0 = time.perf_counter()
@@ -103,7 +106,8 @@ def main() -> None:
 
     if "one_at_a_time" in args.cases:
         t0 = time.perf_counter()
-        models = [train_one(cfg, x, y, 10, t, part.parts([t])[0], min_size, encoder)
+        models = [train_one(cfg, x, y, 10, t, part.parts([t])[0],
+                            int(part.step_rows(range(t, t + 1))[0]), encoder)
                   for t in range(args.one)]
         dt = time.perf_counter() - t0
         stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
@@ -115,8 +119,11 @@ def main() -> None:
         ids = range(args.group)
         t0 = time.perf_counter()
         group_params = train_group(cfg, x, y, 10, np.arange(args.group), part.parts(ids),
-                                   min_size, encoder)
+                                   part.step_rows(ids), encoder)
         dt = time.perf_counter() - t0
+        steps = total_steps(cfg, part.step_rows(ids))
+        common.update(steps_most=int(steps.max()), steps_fewest=int(steps.min()),
+                      distinct_step_counts=len(np.unique(steps)))
         group_params = {k: v.to(args.device) for k, v in group_params.items()}
         emit("vectorised", teachers=args.group, seconds=round(dt, 2),
              teachers_per_second=args.group / dt, **scores(ensemble([group_params])), **common)
@@ -127,7 +134,7 @@ def main() -> None:
         # imported for the driver cases only: a GPU machine without Ray runs the others
         from teachers.distributed import Cluster, TrainJob, train_teachers
 
-        job = TrainJob("fashion-mnist", args.teachers, args.group, cfg)
+        job = TrainJob("fashion-mnist", args.teachers, args.group, cfg, partition=args.partition)
         shards = list(range(-(-args.ray_teachers // args.group)))
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
@@ -147,7 +154,7 @@ def main() -> None:
             if group_params is None:
                 group_params = train_group(replace(cfg, epochs=1), x, y, 10,
                                            np.arange(args.group), part.parts(range(args.group)),
-                                           min_size, encoder)
+                                           part.step_rows(range(args.group)), encoder)
             reps = -(-args.teachers // args.group)
             ens = ensemble([{k: v.to(args.device) for k, v in group_params.items()}] * reps)
         ens.vote(pool_x[:64])  # warm-up

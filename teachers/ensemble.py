@@ -8,7 +8,8 @@ minibatch ``[b, C, H, W]`` drawn from its own partition; the loss is the sum ove
 teacher's mean cross-entropy, so every teacher's gradient is its own. AdamW (I. Loshchilov,
 F. Hutter, ICLR 2019) acts elementwise, so one optimiser over the stack is K independent ones;
 the learning rate follows a one-cycle schedule (L. N. Smith, N. Topin, "Super-Convergence",
-2019), which suits the few hundred steps a small teacher gets.
+2019), which suits the few hundred steps a small teacher gets. Both are
+:mod:`teachers.optimiser`'s, which give each teacher its own schedule.
 
 Determinism: a teacher's initial weights, its minibatch order (a fresh permutation of its
 partition each epoch), its augmentation and its mixup weights are counter-based random numbers
@@ -16,8 +17,9 @@ of (seed, teacher id, position) (:mod:`teachers.rng`), independent of which teac
 group. A teacher takes ``epochs * ceil(rows / batch_size)`` steps, ``rows`` what its partition
 sets (``teachers.partition.Partition.step_rows``): the smallest partition of the whole run where
 the rows were dealt by position, its own where they were dealt by record or key. Teachers of a group
-that take different numbers of steps train in sub-groups, one per number. Either way a group
-reproduces the teachers trained one by one (:func:`train_one`).
+that take different numbers of steps still train as one stack: it is ordered by steps, most
+first, and each step trains the teachers that have steps left, on their own schedules. Either
+way a group reproduces the teachers trained one by one (:func:`train_one`).
 
 Where every path of a built-in network starts with a fixed map (``hog``, ``scatter``,
 ``hog-scatter``: :func:`teachers.models.on_features`), only its head is mapped over the teachers;
@@ -38,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -54,6 +57,7 @@ from teachers.choices import DEFAULT_MODEL, MODELS, is_import_path, model_name_p
 from teachers.defaults import TEACHERS
 from teachers.fixed_maps import FixedMap, feature_table, table_fits, table_width
 from teachers.models import build_model, initial_state, on_features
+from teachers.optimiser import TeacherAdamW
 from teachers.partition import check_disjoint, own_rows
 from teachers.user_models import (
     load_factory,
@@ -257,30 +261,31 @@ def train_group(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes:
                   for t, part, r in zip(ids, parts, rows, strict=True)]
         return {k: torch.stack([s[k] for s in states]).cpu() for k in states[0]}
     steps = total_steps(cfg, rows)
-    groups = [np.flatnonzero(steps == s) for s in np.unique(steps)]
-    states = [_train_stacked(cfg, x, y, num_classes, ids[g], [parts[i] for i in g],
-                             int(steps[g[0]]), encoder, on_epochs, memory_share)
-              for g in groups]
-    order = torch.as_tensor(np.argsort(np.concatenate(groups), kind="stable"))
-    return {k: torch.cat([s[k] for s in states])[order] for k in states[0]}
+    order = np.argsort(-steps, kind="stable")  # most steps first
+    state = _train_stacked(cfg, x, y, num_classes, ids[order], [parts[i] for i in order],
+                           steps[order], encoder, on_epochs, memory_share)
+    back = torch.as_tensor(np.argsort(order, kind="stable"))
+    return {k: v[back] for k, v in state.items()}
 
 
 def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                   ids: np.ndarray, parts: list[np.ndarray], steps: int,
+                   ids: np.ndarray, parts: list[np.ndarray], steps: np.ndarray,
                    encoder: dict[str, torch.Tensor] | None,
                    on_epochs: Callable[[int], None] | None,
                    memory_share: float) -> dict[str, torch.Tensor]:
-    """:func:`train_group`'s vectorised path for teachers that all take ``steps`` steps."""
+    """:func:`train_group`'s vectorised path: teacher k takes ``steps[k]`` steps (most first).
+    Step s trains the teachers that still have steps to take, the group's first ones, on
+    their own one-cycle schedules (:mod:`teachers.optimiser`); the others are done."""
     device = x.device
     in_shape = tuple(x.shape[1:])
     # The module's own parameters are never used (functional_call replaces them), its buffers
     # (a frozen encoder's) are: so it lives on the device.
     base = build_model(cfg.model, in_shape, num_classes, encoder).to(device)
-    trained = {n for n, p in base.named_parameters() if p.requires_grad}
-    init = initial_state(cfg.model, base, in_shape, num_classes, ids, cfg.seed)
-    state = {k: v.to(device).requires_grad_(k in trained) for k, v in init.items()}
-    opt = torch.optim.AdamW([v for k, v in state.items() if k in trained], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay, fused=True)
+    trainable = {n for n, p in base.named_parameters() if p.requires_grad}
+    state = {k: v.to(device) for k, v in
+             initial_state(cfg.model, base, in_shape, num_classes, ids, cfg.seed).items()}
+    trained = [k for k in state if k in trainable]
+    opt = TeacherAdamW([state[k] for k in trained], steps, cfg.lr, cfg.weight_decay)
     split = None if is_import_path(cfg.model) else on_features(base, in_shape)
     maps: list[FixedMap] = []
     if split is not None:  # the head is mapped over the teachers, the fixed maps run outside
@@ -290,28 +295,30 @@ def _train_stacked(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_class
                 sum(len(p) for p in parts), table_width(base), device, memory_share):
             x, y, parts = _mapped_rows(maps, x, y, parts)
             maps = []
-    batch = _batches(cfg, ids, parts, steps, device)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
+    batch = _batches(cfg, ids, parts, int(steps[0]), device)
     head = vmap(lambda p, xb: functional_call(base, p, (xb,)))
 
-    def forward(xb: torch.Tensor) -> torch.Tensor:
-        """Logits of the teachers on their batches ``xb [K, b, ...]`` (shifted or mixed rows
-        through the fixed maps first, if any)."""
+    def forward(params: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+        """Logits of the teachers ``params`` on their batches ``xb [live, b, ...]`` (shifted
+        or mixed rows through the fixed maps first, if any)."""
         if maps:
             xb = feature_table(maps, xb.flatten(0, 1)).unflatten(0, xb.shape[:2])
-        return head(state, xb)
+        return head(params, xb)
 
     per_epoch = steps // cfg.epochs
-    for step in range(steps):
-        rows, dy, dx, flip, lam = batch(step)
-        loss = _loss(cfg, forward, _augmented(cfg, x, rows, dy, dx, flip), y[rows], lam)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if on_epochs is not None and (step + 1) % per_epoch == 0:
-            on_epochs(len(ids))
-    return {k: v.detach().cpu() for k, v in state.items()}
+    for step in range(int(steps[0])):
+        live = int(np.count_nonzero(steps > step))
+        params = {k: v[:live].detach().requires_grad_(k in trained) for k, v in state.items()}
+        rows, dy, dx, flip, lam = (t[:live] for t in batch(step))
+        loss = _loss(cfg, partial(forward, params), _augmented(cfg, x, rows, dy, dx, flip),
+                     y[rows], lam)
+        grads = torch.autograd.grad(loss, [params[k] for k in trained], allow_unused=True)
+        opt.step(step, list(grads))
+        if on_epochs is not None:
+            ended = np.count_nonzero((step + 1) % per_epoch[:live] == 0)
+            if ended:
+                on_epochs(int(ended))
+    return {k: v.cpu() for k, v in state.items()}
 
 
 def _mapped_rows(maps: list[FixedMap], x: torch.Tensor, y: torch.Tensor,
@@ -337,21 +344,19 @@ def train_one(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, num_classes: i
     in_shape = tuple(x.shape[1:])
     model = build_model(cfg.model, in_shape, num_classes, encoder).to(x.device)
     load_state(model, initial_state(cfg.model, model, in_shape, num_classes, ids, cfg.seed), 0)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            fused=True)
+    trained = [p for p in model.parameters() if p.requires_grad]
     steps = int(total_steps(cfg, step_rows))
+    opt = TeacherAdamW([p.detach()[None] for p in trained], np.array([steps]), cfg.lr,
+                       cfg.weight_decay)
     batch = _batches(cfg, ids, [part], steps, x.device)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps)
     per_epoch = steps // cfg.epochs
     with seeded(cfg.seed, teacher_id, rng.FORWARD, x.device):
         for step in range(steps):
             rows, dy, dx, flip, lam = batch(step)
             loss = _loss(cfg, lambda xb: model(xb[0])[None],
                          _augmented(cfg, x, rows, dy, dx, flip), y[rows], lam)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
+            grads = torch.autograd.grad(loss, trained, allow_unused=True)
+            opt.step(step, [None if g is None else g[None] for g in grads])
             if on_epochs is not None and (step + 1) % per_epoch == 0:
                 on_epochs(1)
     return model

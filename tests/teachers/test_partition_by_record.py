@@ -87,16 +87,22 @@ def test_a_run_dealt_otherwise_is_refused(tmp_path):
 
 def test_a_teachers_training_ignores_the_other_teachers_sizes(digits):
     """Teachers of one group taking different numbers of steps (sizes 60 and 40 or 70, batch
-    8: 8, 5 or 9 steps an epoch) train in sub-groups, each teacher as it trains alone."""
+    8: 8, 5 or 9 steps an epoch) train on one stack, each teacher as it trains alone, whether
+    it stops first or last."""
     x, y = torch.as_tensor(digits.train_x), torch.as_tensor(digits.train_y)
     cfg = TrainConfig(model="cnn", epochs=2, batch_size=8, lr=3e-3, seed=3)
     a, small, large = np.arange(0, 60), np.arange(60, 100), np.arange(100, 170)
-    first = train_group(cfg, x, y, 10, np.array([4, 9]), [a, small], np.array([60, 40]))
+    epochs_done: list[int] = []  # teacher-epochs, as each teacher ends one
+    first = train_group(cfg, x, y, 10, np.array([4, 9]), [a, small], np.array([60, 40]),
+                        on_epochs=epochs_done.append)
+    assert epochs_done == [1, 1, 1, 1]  # teacher 9 ends its epochs at steps 5, 10; 4 at 8, 16
     second = train_group(cfg, x, y, 10, np.array([4, 9]), [a, large], np.array([60, 70]))
-    alone = train_one(cfg, x, y, 10, 9, large, 70)
-    for name, p in alone.named_parameters():
-        assert torch.equal(first[name][0], second[name][0])  # teacher 4: the same
-        assert not torch.equal(first[name][1], second[name][1])
+    alone = {4: train_one(cfg, x, y, 10, 4, a, 60), 9: train_one(cfg, x, y, 10, 9, large, 70)}
+    for name, p in alone[4].named_parameters():
+        for group in (first, second):  # teacher 4 stops last, then first
+            torch.testing.assert_close(group[name][0], p.detach(), rtol=1e-4, atol=1e-5)
+    for name, p in alone[9].named_parameters():
+        assert not torch.allclose(first[name][1], second[name][1], rtol=1e-3, atol=1e-4)
         torch.testing.assert_close(second[name][1], p.detach(), rtol=1e-4, atol=1e-5)
 
 
