@@ -31,7 +31,7 @@ from analysis.costs import check_threshold
 from analysis.mechanisms import ConfidentGNMax, InteractiveGNMax, ParameterError
 from analysis.noise_families import DEFAULT_DOF, DENOISERS, NOISE_FAMILIES
 from pate.data.augment import AUGMENTATIONS
-from pate.data.datasets import DEFAULT_DATASET, LOADERS
+from pate.data.datasets import DEFAULT_DATASET, LOADERS, data_dir_problem
 from pate.data.partitions import PARTITIONS, partition_problem
 from pate.data.task import Benchmark, DataFiles, DataSource
 from pate.errors import UserError
@@ -88,6 +88,9 @@ class DataConfig(_Section):
                 self.source()  # the files' own checks (pate.data.task.DataFiles), at load
             except UserError as exc:  # said as the config's other mistakes are, with its key
                 raise ValueError(str(exc)) from None
+        problem = data_dir_problem(self.dataset or DEFAULT_DATASET, self.data_dir)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def source(self) -> DataSource:

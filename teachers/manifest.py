@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pate.data.datasets import data_dir_problem
 from pate.data.task import Benchmark, DataSource, Task, source_from_record
 from pate.errors import UserError
 from pate.rundir import RunDir
@@ -148,12 +149,18 @@ class TeachersManifest:
 
     def data_source(self, data_dir: str | Path | None = None) -> DataSource:
         """Where the teachers' data came from (the manifest's record); a built-in dataset's
-        files are looked for in ``data_dir`` when given. ``KeyError``, ``TypeError`` or
-        ``ValueError`` for a record of another version."""
+        files are looked for in ``data_dir`` when given (``UserError`` where the data read no
+        folder: a user's files, ``digits``). ``KeyError``, ``TypeError`` or ``ValueError`` for
+        a record of another version."""
         source = source_from_record(self.record["data"])
-        if isinstance(source, Benchmark) and data_dir is not None:
-            source = replace(source, data_dir=str(data_dir))
-        return source
+        if data_dir is None:
+            return source
+        if not isinstance(source, Benchmark):
+            raise UserError("--data-dir is for a built-in dataset; the run's data are your files")
+        problem = data_dir_problem(source.name, str(data_dir))
+        if problem:
+            raise UserError(problem)
+        return replace(source, data_dir=str(data_dir))
 
     def readable_source(self) -> DataSource | None:
         """:meth:`data_source`, or None where the manifest holds no data record this version

@@ -10,7 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from pate.cli.paths import path_text
-from pate.data.datasets import DEFAULT_DATASET, LOADERS
+from pate.data.datasets import (
+    DEFAULT_DATASET,
+    LOADERS,
+    data_dir_problem,
+    dataset_name_problem,
+)
 from pate.data.task import Benchmark, DataFiles, DataSource, unused_setting_problem
 from pate.errors import UserError
 
@@ -75,10 +80,15 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
                 raise UserError("--pool-size and --data-dir are for a built-in dataset; the "
                                 "run's data are your files")
             return default
-        return replace(default, data_dir=(default.data_dir if args.data_dir is None
-                                          else str(Path(args.data_dir).resolve())),
+        name = default.name
+    else:
+        name = DEFAULT_DATASET if args.dataset is None else args.dataset
+    problem = dataset_name_problem(name) or data_dir_problem(name, args.data_dir)
+    if problem:
+        raise UserError(problem)
+    data_dir = None if args.data_dir is None else str(Path(args.data_dir).resolve())
+    if args.dataset is None and isinstance(default, Benchmark):
+        return replace(default, data_dir=default.data_dir if data_dir is None else data_dir,
                        pool_size=default.pool_size if args.pool_size is None
                        else args.pool_size)
-    return Benchmark(args.dataset or DEFAULT_DATASET,
-                     None if args.data_dir is None else str(Path(args.data_dir).resolve()),
-                     args.pool_size)
+    return Benchmark(name, data_dir, args.pool_size)

@@ -66,25 +66,47 @@ LOADERS: dict[str, Loader] = {}
 # own (0.73 against 0.75), so the 28x28 sets train without; the colour sets keep the usual
 # shifts (mirroring only where it preserves the label).
 TEACHER_AUGMENT: dict[str, str] = {}
+# Where a built-in dataset that reads no files comes from (a folder given for it is refused).
+NO_FOLDER: dict[str, str] = {}
 # The built-in dataset of a run or command that names none.
 DEFAULT_DATASET = "fashion-mnist"
 
 
-def register(name: str, teacher_augment: str = "none") -> Callable[[Loader], Loader]:
+def register(name: str, teacher_augment: str = "none", comes_from: str | None = None
+             ) -> Callable[[Loader], Loader]:
     """Add a loader ``f(data_dir, need_train) -> Dataset`` to the registry under ``name``, with
-    the augmentation its teachers train with by default (:data:`TEACHER_AUGMENT`)."""
+    the augmentation its teachers train with by default (:data:`TEACHER_AUGMENT`);
+    ``comes_from``: where a dataset that reads no files comes from (:data:`NO_FOLDER`)."""
     def wrap(fn: Loader) -> Loader:
         LOADERS[name] = fn
         TEACHER_AUGMENT[name] = teacher_augment
+        if comes_from is not None:
+            NO_FOLDER[name] = comes_from
         return fn
     return wrap
+
+
+def dataset_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a built-in dataset, or None."""
+    if name in LOADERS:
+        return None
+    return f"unknown dataset {name!r}; choose one of {', '.join(sorted(LOADERS))}"
+
+
+def data_dir_problem(name: str, data_dir: str | None) -> str | None:
+    """Why a folder given for built-in dataset ``name`` would go unread (it reads no files),
+    or None: refused where input comes in (flags, a config) rather than silently ignored."""
+    if data_dir is None or name not in NO_FOLDER:
+        return None
+    return f"{name} {NO_FOLDER[name]}: it reads no folder (--data-dir, data.data_dir)"
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, need_train: bool = True) -> Dataset:
     """Load dataset ``name`` (one of :data:`LOADERS`); ``data_dir`` is searched first where the
     loader reads files. With ``need_train=False`` the training files are not required."""
-    if name not in LOADERS:
-        raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(sorted(LOADERS))}")
+    problem = dataset_name_problem(name)
+    if problem:
+        raise UserError(problem)
     return LOADERS[name](Path(data_dir) if data_dir else None, need_train)
 
 
@@ -248,7 +270,7 @@ def _cifar10(data_dir: Path | None, need_train: bool) -> Dataset:
 DIGITS_TEST = 500
 
 
-@register("digits")
+@register("digits", comes_from="ships with scikit-learn")
 def _digits(data_dir: Path | None, need_train: bool) -> Dataset:
     """scikit-learn's 8x8 digits (1 797 images, shipped with scikit-learn): a fixed shuffle, the
     last 500 rows are the test split."""
@@ -263,7 +285,7 @@ def _digits(data_dir: Path | None, need_train: bool) -> Dataset:
                    x[n:], y[n:], 10, pixel_max=16.0)
 
 
-@register("glyphs")
+@register("glyphs", comes_from="is drawn from the installed fonts")
 def _glyphs(data_dir: Path | None, need_train: bool) -> Dataset:
     """The synthetic Glyph stand-in, rendered on the fly from the installed fonts
     (pate.data.glyphs); ``data_dir`` is not used. Sizes: ``PATE_GLYPHS_SIZE=TRAIN,TEST``."""

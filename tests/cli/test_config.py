@@ -27,8 +27,15 @@ def test_any_string_round_trips_through_config_toml() -> None:
     config = load_config("digits-tiny")
     for text in ('we"ird\\path', "line\nbreak\ttab\x01\x7f", "é 😀"):
         odd = config.model_copy(update={"data": config.data.model_copy(
-            update={"data_dir": text})})
+            update={"dataset": "mnist", "data_dir": text})})
         assert parse_config(dump_config(odd), "again") == odd
+
+
+def test_a_folder_for_a_dataset_that_reads_none_is_refused() -> None:
+    text = dump_config(load_config("digits-tiny")).replace(
+        "# data_dir = (not set)", 'data_dir = "somewhere"')
+    with pytest.raises(UserError, match="digits ships with scikit-learn: it reads no folder"):
+        parse_config(text, "c.toml")
 
 
 def test_dumped_config_names_every_key() -> None:

@@ -27,8 +27,21 @@ def test_file_paths_are_made_absolute_where_they_are_given(
     assert isinstance(files, DataFiles)
     assert (files.private, files.public, files.test) == (
         str(tmp_path / "p.csv"), str(tmp_path / "sub" / "q.csv"), None)
-    bench = _source(["--dataset", "digits", "--data-dir", "data"])
+    bench = _source(["--dataset", "mnist", "--data-dir", "data"])
     assert isinstance(bench, Benchmark) and bench.data_dir == str(tmp_path / "data")
+
+
+def test_a_folder_for_a_dataset_that_reads_none_and_an_empty_name_are_refused() -> None:
+    """digits ships with scikit-learn and glyphs are drawn: a --data-dir for them was ignored
+    without a word; --dataset "" ran the default dataset."""
+    with pytest.raises(UserError, match="digits ships with scikit-learn: it reads no folder"):
+        _source(["--dataset", "digits", "--data-dir", "data"])
+    parser = argparse.ArgumentParser()
+    add_data_flags(parser)
+    with pytest.raises(UserError, match="glyphs is drawn from the installed fonts"):
+        source_from_flags(parser.parse_args(["--data-dir", "d"]), Benchmark("glyphs"))
+    with pytest.raises(UserError, match="unknown dataset ''; choose one of"):
+        _source(["--dataset", ""])
 
 
 def test_a_runs_data_is_the_default_and_a_pool_size_applies_to_it(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pate.data.task import Benchmark, DataFiles, source_record
 from pate.errors import UserError
 from pate.rundir import RunDir
 from teachers.manifest import TeachersManifest, teachers_source
@@ -57,3 +58,17 @@ def test_a_data_record_of_another_version_is_no_source(tmp_path: Path) -> None:
     assert teachers_source(tmp_path) is None
     _write(tmp_path, {"data": "not a record"})
     assert teachers_source(tmp_path) is None
+
+
+def test_a_data_dir_for_data_that_read_no_folder_is_refused() -> None:
+    """``pate teachers votes --data-dir`` was ignored without a word for a run on a user's
+    files or on digits."""
+    on = {name: TeachersManifest({"data": source_record(source)}) for name, source in (
+        ("mnist", Benchmark("mnist")), ("digits", Benchmark("digits")),
+        ("files", DataFiles("/p.csv", "/q.csv", label="y")))}
+    assert on["mnist"].data_source("/d") == Benchmark("mnist", "/d")
+    assert on["digits"].data_source() == Benchmark("digits")
+    with pytest.raises(UserError, match="digits ships with scikit-learn: it reads no folder"):
+        on["digits"].data_source("/d")
+    with pytest.raises(UserError, match="--data-dir is for a built-in dataset"):
+        on["files"].data_source("/d")
