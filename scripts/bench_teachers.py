@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("--encoder-epochs", type=int, default=EPOCHS,
                     help="SimCLR epochs of the pool encoder (cnn-pool-hog-simclr)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--partition", choices=PARTITIONS, default="position",
+    ap.add_argument("--partition", choices=[p for p in PARTITIONS if p != "key"],
+                    default="position",
                     help="how the rows are dealt: by record, each teacher takes the steps of "
                          "its own rows, so the teachers of a group take different numbers")
     ap.add_argument("--run", type=Path, help="a trained run whose ensemble votes (votes case)")

@@ -23,6 +23,8 @@ Both are checked against torch's ``AdamW`` and ``OneCycleLR`` teacher by teacher
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -76,19 +78,23 @@ class TeacherAdamW:
         starts = np.flatnonzero(np.r_[True, np.diff(self.steps) != 0])
         self.bounds = list(zip(starts.tolist(), [*starts[1:].tolist(), len(self.steps)],
                                strict=True))
+        self.group_steps = self.steps[starts]
         self.max_lr = max_lr
+        if any(len(t) != len(self.steps) for t in tensors):
+            raise ValueError("every tensor's leading axis must be the teachers'")
         self.optimiser = torch.optim.AdamW(
             [{"params": [t[a:b].detach() for t in tensors]} for a, b in self.bounds],
             lr=max_lr, weight_decay=weight_decay, fused=True)
 
-    def step(self, step: int, grads: list[torch.Tensor | None]) -> None:
+    def step(self, step: int, grads: Sequence[torch.Tensor | None]) -> None:
         """Step ``step`` (from 0) of the teachers that have not taken all theirs, the first
         ones, whose gradients ``grads`` are (one per tensor, leading axis: those teachers). A
         tensor whose gradient is None (unused by the loss) is left, as torch leaves it."""
-        lr, beta1 = one_cycle(step, self.steps[[a for a, _ in self.bounds]], self.max_lr)
-        for (a, b), group, rate, momentum in zip(self.bounds, self.optimiser.param_groups,
-                                                 lr, beta1, strict=True):
-            live = self.steps[a] > step
+        lr, beta1 = one_cycle(step, self.group_steps, self.max_lr)
+        for (a, b), total, group, rate, momentum in zip(
+                self.bounds, self.group_steps, self.optimiser.param_groups, lr, beta1,
+                strict=True):
+            live = total > step
             group["lr"], group["betas"] = float(rate), (float(momentum), BETA2)
             for view, grad in zip(group["params"], grads, strict=True):
                 view.grad = None if not live or grad is None else _laid_out_as(view, grad[a:b])

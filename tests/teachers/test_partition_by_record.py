@@ -8,6 +8,7 @@ import json
 import stat
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +145,18 @@ def test_the_python_teachers_deal_by_record_and_keep_it(tmp_path: Path) -> None:
     np.testing.assert_array_equal(loaded.vote(x[:50]), teachers.vote(x[:50]))
     with pytest.raises(UserError, match="partition must be one of position, record"):
         Teachers(3, 2, partition="hash")
+
+
+def test_a_teacher_of_one_row_beside_a_large_one_draws_only_its_own_orders(digits):
+    """The minibatch orders are drawn per number of steps: drawn for both at the larger one's,
+    the teacher of one row took (its epochs) x (the larger partition) keys: 157 MB here."""
+    x, y = torch.as_tensor(digits.train_x), torch.as_tensor(digits.train_y)
+    cfg = TrainConfig(model="mlp", epochs=2, batch_size=8, seed=0)
+    parts = [np.arange(0, 1), np.arange(1, 1201)]
+    tracemalloc.start()
+    try:
+        train_group(cfg, x, y, 10, np.array([0, 1]), parts, np.array([1, 1200]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50e6, peak
