@@ -314,6 +314,20 @@ def test_functional_user_model_trains_vectorised_like_one_by_one(data):
             torch.testing.assert_close(logits[k], alone.eval()(x[:100]), rtol=1e-3, atol=1e-3)
 
 
+def test_a_user_model_of_unequal_partitions_trains_on_one_stack_like_one_by_one(data):
+    """Teachers taking different numbers of steps (as dealt by record or key) share one
+    stack; each teacher's parameters and BatchNorm statistics are its own as if alone."""
+    x, y, part, _ = data
+    cfg = TrainConfig(model=MODEL, **SETTINGS)
+    parts = [part.parts([0])[0], np.concatenate(part.parts([1, 2])), part.parts([3])[0][:60]]
+    rows = np.array([len(p) for p in parts])
+    group = train_group(cfg, x, y, 10, np.array([0, 1, 2]), parts, rows)
+    for k in range(3):
+        alone = train_one(cfg, x, y, 10, k, parts[k], int(rows[k]))
+        for name, value in module_state(alone).items():
+            torch.testing.assert_close(group[name][k], value, rtol=1e-4, atol=1e-5)
+
+
 def _per_teacher_votes(name: str, shards: list[dict[str, torch.Tensor]], x: torch.Tensor
                        ) -> np.ndarray:
     """The vote histogram from every teacher's own module, one at a time."""
