@@ -407,6 +407,9 @@ def _first_error(exc: ValidationError) -> str:
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
     message = err["msg"].removeprefix("Value error, ")  # pydantic's, of our validators' words
+    # a value's type or range, in the voice of the project's other messages ("must be ...")
+    if message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
     if not err["loc"]:  # a check of the whole config: its message names the keys
         return message
     said = _SAID.get(err["type"])  # in the config's words, not pydantic's

@@ -54,7 +54,7 @@ def test_dumped_config_names_every_key() -> None:
 @pytest.mark.parametrize("text,message", [
     ("name = 'x'\n", "aggregator: a required section, missing"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 0\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator.sigma1: Input should be greater than 0"),
+     "delta = 1e-5\n", "aggregator.sigma1: must be greater than 0"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 2\n", "aggregator.delta"),
     ("name = 'x'\n[teachers]\ngpus_per_shard = 0\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
@@ -82,28 +82,28 @@ def test_dumped_config_names_every_key() -> None:
     # refused when the config is read, not after the teachers and the rounds' budget
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n[dpsgd]\nencode = 10\nencode_seed = -5\n",
-     "dpsgd.encode_seed: Input should be greater than or equal to 0"),
+     "dpsgd.encode_seed: must be greater than or equal to 0"),
     ("name = \n", "invalid TOML"),
     # a seed is an int64, or training would stop with an overflow after the budget is spent
     ("name = 'x'\n[student]\nseed = 9223372036854775808\n[aggregator]\nthreshold = 1\n"
      "sigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n",
-     "student.seed: Input should be less than 9223372036854775808"),
+     "student.seed: must be less than 9223372036854775808"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = '2'\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator.sigma1: Input should be a valid number"),
+     "delta = 1e-5\n", "aggregator.sigma1: must be a valid number"),
     ("name = 'x'\n[teachers]\ncount = 10.0\n[aggregator]\nthreshold = 1\nsigma1 = 1\n"
-     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.count: Input should be a valid "
+     "sigma2 = 1\nbudget_epsilon = 1\ndelta = 1e-5\n", "teachers.count: must be a valid "
      "integer"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n[compare]\nenabled = 'yes'\n", "compare.enabled: Input should be a valid "
+     "delta = 1e-5\n[compare]\nenabled = 'yes'\n", "compare.enabled: must be a valid "
      "boolean"),
     ("name = '../escape'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "name: name must be a folder name"),
     ("name = \"a\\nb\"\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\n"
      "budget_epsilon = 1\ndelta = 1e-5\n", "name: name must be a folder name"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = inf\nsigma2 = 1\nbudget_epsilon = 1\n"
-     "delta = 1e-5\n", "aggregator.sigma1: Input should be a finite number"),
+     "delta = 1e-5\n", "aggregator.sigma1: must be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1\nsigma2 = 1\nbudget_epsilon = inf\n"
-     "delta = 1e-5\n", "aggregator.budget_epsilon: Input should be a finite number"),
+     "delta = 1e-5\n", "aggregator.budget_epsilon: must be a finite number"),
     ("name = 'x'\n[aggregator]\nthreshold = 1\nsigma1 = 1e-300\nsigma2 = 1\nbudget_epsilon = 1\n"
      "delta = 1e-5\n", "aggregator: sigma1 must lie in [1e-06, 1e+12]"),
     # a file's own check, said as the config's other mistakes are (the file and the section)
