@@ -3,10 +3,10 @@
 Teachers dealt by record or key take different numbers of steps (``epochs * ceil(rows /
 batch_size)`` of their own rows), so at a given step each has its own learning rate and
 momentum, and a teacher that has taken all its steps must stop. torch's optimisers take one
-learning rate per parameter tensor, and here a tensor holds every teacher of the group on its
-leading axis. Here the stack, ordered by steps (most first), is cut into views, one parameter
-group per number of steps, and each group follows its own schedule and stops at its last step,
-so the teachers train as one stack whatever their partitions' sizes.
+learning rate per parameter group, and a tensor holds every teacher of the group on its leading
+axis. So the stack, ordered by steps (most first), is cut into views, one parameter group per
+number of steps; each group follows its own schedule and stops at its last step, and the
+teachers train as one stack whatever their partitions' sizes.
 
 - :func:`one_cycle`: the learning rate and beta1 of a step, per teacher, as torch's
   ``OneCycleLR`` sets them with its defaults (L. N. Smith, N. Topin, "Super-Convergence: Very
