@@ -74,21 +74,16 @@ def source_from_flags(args: argparse.Namespace, default: DataSource | None = Non
         if problem:
             raise UserError(problem)
         return source
-    if args.dataset is None and default is not None:
-        if not isinstance(default, Benchmark):
-            if args.pool_size is not None or args.data_dir is not None:
-                raise UserError("--pool-size and --data-dir are for a built-in dataset; the "
-                                "run's data are your files")
-            return default
-        name = default.name
-    else:
-        name = DEFAULT_DATASET if args.dataset is None else args.dataset
-    problem = dataset_name_problem(name) or data_dir_problem(name, args.data_dir)
+    if args.dataset is None and default is not None and not isinstance(default, Benchmark):
+        if args.pool_size is not None or args.data_dir is not None:
+            raise UserError("--pool-size and --data-dir are for a built-in dataset; the "
+                            "run's data are your files")
+        return default
+    base = (default if args.dataset is None and isinstance(default, Benchmark)
+            else Benchmark(DEFAULT_DATASET if args.dataset is None else args.dataset))
+    problem = dataset_name_problem(base.name) or data_dir_problem(base.name, args.data_dir)
     if problem:
         raise UserError(problem)
-    data_dir = None if args.data_dir is None else str(Path(args.data_dir).resolve())
-    if args.dataset is None and isinstance(default, Benchmark):
-        return replace(default, data_dir=default.data_dir if data_dir is None else data_dir,
-                       pool_size=default.pool_size if args.pool_size is None
-                       else args.pool_size)
-    return Benchmark(name, data_dir, args.pool_size)
+    return replace(base, data_dir=base.data_dir if args.data_dir is None
+                   else str(Path(args.data_dir).resolve()),
+                   pool_size=base.pool_size if args.pool_size is None else args.pool_size)
