@@ -50,9 +50,17 @@ import sqlalchemy as sa
 from numpy.typing import NDArray
 
 from analysis.rdp import CONVERSIONS, Conversion, epsilon_from_rdp
-from pate.aggregation.ledger_records import Budget, Charge, Stored, budget_basis, fresh_mask
+from pate.aggregation.ledger_records import (
+    Budget,
+    Charge,
+    Stored,
+    budget_basis,
+    fresh_mask,
+    fresh_masks,
+)
 from pate.aggregation.ledger_replays import Replays
 from pate.aggregation.ledger_store import (
+    ANSWERS_UNLIKE_COUNTS,
     F64,
     I8,
     I32,
@@ -60,10 +68,13 @@ from pate.aggregation.ledger_store import (
     LEDGER_ID,
     OPEN_HINT,
     RELEASE_FIELDS,
+    ROWS_AT_ONCE,
     SCHEMA_VERSION,
     budget_table,
     engines,
     from_blob,
+    from_blobs,
+    inconsistent,
     meta_table,
     metadata,
     migrate,
@@ -94,6 +105,28 @@ _SELECT_ID = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id == sa.bindparam("rid"))
 _SELECT_IDS = sa.select(*_ANSWER_COLUMNS).where(
     requests_table.c.request_id.in_(sa.bindparam("ids", expanding=True)))
+
+
+def _released_by_scope(rows: list[Any]) -> dict[_Scope, tuple[NDArray, NDArray, NDArray]]:
+    """The outcomes that request rows (of ``_SELECT_RELEASES``, each with indices and a pool)
+    released afresh, by scope: the pool indices, labels and branches, in the rows' order.
+    ``LedgerError`` for a row whose arrays differ in length."""
+    _, mechanisms, pools, indices, labels, branch, fresh = zip(*rows, strict=True)
+    labels, sizes = from_blobs(labels, I32)
+    indices, index_sizes = from_blobs(indices, I64)
+    branch, branch_sizes = from_blobs(branch, I8)
+    if not (np.array_equal(index_sizes, sizes) and np.array_equal(branch_sizes, sizes)):
+        raise inconsistent(ANSWERS_UNLIKE_COUNTS)
+    released = fresh_masks(fresh, sizes)
+    scopes: dict[_Scope, int] = {}
+    scope_of_row = np.array([scopes.setdefault(scope, len(scopes))
+                             for scope in zip(mechanisms, pools, strict=True)])
+    scope_of = np.repeat(scope_of_row, sizes)
+    out = {}
+    for scope, number in scopes.items():
+        mine = released & (scope_of == number)
+        out[scope] = indices[mine], labels[mine], branch[mine]
+    return out
 
 
 class Ledger:
@@ -197,18 +230,22 @@ class Ledger:
 
     def _sync_releases(self, conn: sa.Connection) -> None:
         """Add to ``_releases`` the replayable outcomes committed since the last sync (by this
-        process or another); called inside the write transaction, under the lock. Each scope's
-        are merged at once, in the order they were committed (``Replays.add`` keeps the first
-        release of an index), not request by request: a merge copies what the scope holds."""
+        process or another); called inside the write transaction, under the lock. The rows are
+        read ``ROWS_AT_ONCE`` at a time, each column's blobs as one array, and each scope's
+        outcomes merged at once, in the order they were committed (``Replays.add`` keeps the
+        first release of an index), not request by request: a merge copies what the scope
+        holds."""
         found: dict[_Scope, list[tuple[NDArray, NDArray, NDArray]]] = {}
         last = self._synced_seq
-        for row in conn.execute(_SELECT_RELEASES, {"after": self._synced_seq}):
-            if row.indices is not None and row.pool is not None:  # not inputs, nor schema 2
-                fresh = fresh_mask(row.fresh, len(row.labels) // I32.itemsize)
-                found.setdefault((row.mechanism, row.pool), []).append((
-                    from_blob(row.indices, I64)[fresh], from_blob(row.labels, I32)[fresh],
-                    from_blob(row.branch, I8)[fresh]))
-            last = row.seq
+        rows = conn.execute(_SELECT_RELEASES, {"after": self._synced_seq},
+                            execution_options={"yield_per": ROWS_AT_ONCE})
+        for part in rows.partitions():
+            last = part[-1].seq
+            kept = [row for row in part  # not inputs, nor rows of schema 2
+                    if row.indices is not None and row.pool is not None]
+            if kept:
+                for scope, outcomes in _released_by_scope(kept).items():
+                    found.setdefault(scope, []).append(outcomes)
         for scope, parts in found.items():
             indices, labels, branch = (np.concatenate(c) for c in zip(*parts, strict=True))
             self._releases.setdefault(scope, Replays()).add(indices, labels, branch)

@@ -6,6 +6,7 @@ costs), its stored answer, and the public state of the budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,7 +14,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from analysis.rdp import Conversion
-from pate.aggregation.ledger_store import I8, from_blob
+from pate.aggregation.ledger_store import (
+    ANSWERS_UNLIKE_COUNTS,
+    I8,
+    from_blob,
+    from_blobs,
+    inconsistent,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,16 @@ def fresh_mask(blob: bytes | None, queries: int) -> NDArray[np.bool_]:
     """A request row's ``fresh`` column: which of its ``queries`` were answered afresh and
     charged (all of them in a row written before the column existed, ``None``)."""
     return np.ones(queries, bool) if blob is None else from_blob(blob, I8).astype(bool)
+
+
+def fresh_masks(blobs: Sequence[bytes | None], queries: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """``fresh_mask`` of many request rows, end to end (``queries``: each row's). A mask of
+    another length than its row's queries is ``LedgerError``."""
+    masks, sizes = from_blobs([b"\x01" * int(n) if b is None else b
+                               for b, n in zip(blobs, queries, strict=True)], I8)
+    if not np.array_equal(sizes, queries):
+        raise inconsistent(ANSWERS_UNLIKE_COUNTS)
+    return masks.astype(bool)
 
 
 class CostSource(Protocol):

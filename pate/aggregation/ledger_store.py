@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,30 @@ def to_blob(a: NDArray, dtype: np.dtype) -> bytes:
 def from_blob(b: bytes, dtype: np.dtype) -> NDArray:
     """The read-only array of a blob column written by ``to_blob`` with ``dtype``."""
     return np.frombuffer(b, dtype=dtype)
+
+
+def inconsistent(how: str) -> LedgerError:
+    """The error of a ledger whose rows disagree (``how``: in what): it is refused, whatever
+    reads it."""
+    return LedgerError(f"the ledger is inconsistent: {how}")
+
+
+# what a request row whose answers and counts disagree makes the ledger
+ANSWERS_UNLIKE_COUNTS = "a request's answers do not match its counts"
+
+# request rows read at once when a ledger reads them all (its totals, its replays): a block's
+# blobs are joined into one array per column
+ROWS_AT_ONCE = 1000
+
+
+def from_blobs(blobs: Sequence[bytes], dtype: np.dtype) -> tuple[NDArray, NDArray[np.int64]]:
+    """Many rows' blobs of one column, each written by ``to_blob`` with ``dtype``, read at
+    once: their arrays end to end (read-only) and each one's length. ``LedgerError`` for a
+    blob that is not a whole number of ``dtype``'s items."""
+    sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
+    if np.any(sizes % dtype.itemsize):
+        raise inconsistent("a stored array is cut short")
+    return np.frombuffer(b"".join(blobs), dtype=dtype), sizes // dtype.itemsize
 
 
 # said with a ledger that cannot be opened (only the error's class is named: its text may hold

@@ -17,6 +17,8 @@ import pytest
 from analysis.mechanisms import GNMax
 from analysis.orders import default_orders
 from analysis.rdp import epsilon_from_rdp
+from pate.aggregation import ledger as ledger_module
+from pate.aggregation import ledger_totals
 from pate.aggregation.aggregators import Aggregator
 from pate.aggregation.label_requests import LabelsRequest
 from pate.aggregation.ledger import Ledger
@@ -249,6 +251,57 @@ def test_a_pool_index_asked_again_replays_its_release(tmp_path: Path,
     again, budget = reopened.record(charge(agg, "c1", client="carol", indices=[6]))
     assert not again.fresh.any() and again.labels[0] == first.labels[1] and budget.queries == 5
     reopened.close()
+
+
+@pytest.mark.parametrize("rows_at_once", [1, 2, 1000])
+def test_a_reopened_ledger_replays_the_first_releases_whatever_its_reading_blocks(
+        tmp_path: Path, agg: Aggregator, monkeypatch: pytest.MonkeyPatch,
+        rows_at_once: int) -> None:
+    """A ledger reads its request rows in blocks (its totals, its replays): whatever their
+    size, the totals check and each scope's first release of an index is the one replayed."""
+    db = tmp_path / "ledger.db"
+    ledger = open_ledger(db, budget=100.0)
+    first: dict[tuple[str, int], int] = {}
+    asked = [("votes-a", [0, 1, 2]), ("votes-b", [1, 2]), ("votes-a", [2, 3]),
+             ("votes-a", [4]), ("votes-b", [0, 2])]
+    for k, (pool, indices) in enumerate(asked):
+        stored, _ = ledger.record(replace(charge(agg, f"r{k}", indices=indices), pool=pool))
+        for index, label in zip(indices, stored.labels.tolist(), strict=True):
+            assert first.setdefault((pool, index), label) == label
+    fresh_noise = replace(charge(agg, "again", indices=[0, 1]), pool="votes-a",
+                          replayable=False)  # charged afresh, never replayed
+    ledger.record(fresh_noise)
+    spent = ledger.budget()
+    ledger.close()
+    monkeypatch.setattr(ledger_module, "ROWS_AT_ONCE", rows_at_once)
+    monkeypatch.setattr(ledger_totals, "ROWS_AT_ONCE", rows_at_once)
+    reopened = open_ledger(db, budget=100.0)
+    assert reopened.budget() == spent
+    for pool, indices in (("votes-a", [4, 3, 2, 1, 0]), ("votes-b", [0, 1, 2])):
+        stored, budget = reopened.record(replace(charge(agg, f"re-{pool}", indices=indices),
+                                                 pool=pool))
+        assert not stored.fresh.any()
+        assert stored.labels.tolist() == [first[pool, i] for i in indices]
+    assert budget.queries == spent.queries
+    reopened.close()
+
+
+def test_a_request_row_with_arrays_out_of_step_is_refused(tmp_path: Path,
+                                                          agg: Aggregator) -> None:
+    """A request row whose arrays disagree in length (a cost curve off the orders grid, pool
+    indices of another count than its labels) makes the ledger inconsistent, said as such."""
+    for column, value in (("rdp_dependent", np.zeros(ORDERS.size - 1).tobytes()),
+                          ("indices", np.arange(2, dtype="<i8").tobytes()),
+                          ("labels", b"\x00\x00")):
+        db = tmp_path / f"{column}.db"
+        ledger = open_ledger(db)
+        ledger.record(charge(agg, "r1", indices=[5, 6, 7]))
+        ledger.close()
+        with sqlite3.connect(db) as con:
+            con.execute(f"UPDATE ledger_requests SET {column} = ?", (value,))
+        con.close()
+        with pytest.raises(LedgerError, match="inconsistent"):
+            open_ledger(db)
 
 
 def test_two_replicas_racing_on_one_index_charge_it_once(tmp_path: Path,
