@@ -51,16 +51,15 @@ from numpy.typing import NDArray
 
 from analysis.rdp import CONVERSIONS, Conversion, epsilon_from_rdp
 from pate.aggregation.ledger_records import (
+    AnswerBlock,
     Budget,
     Charge,
     Stored,
     budget_basis,
     fresh_mask,
-    fresh_masks,
 )
 from pate.aggregation.ledger_replays import Replays
 from pate.aggregation.ledger_store import (
-    ANSWERS_UNLIKE_COUNTS,
     F64,
     I8,
     I32,
@@ -73,8 +72,6 @@ from pate.aggregation.ledger_store import (
     budget_table,
     engines,
     from_blob,
-    from_blobs,
-    inconsistent,
     meta_table,
     metadata,
     migrate,
@@ -112,20 +109,14 @@ def _released_by_scope(rows: list[Any]) -> dict[_Scope, tuple[NDArray, NDArray, 
     released afresh, by scope: the pool indices, labels and branches, in the rows' order.
     ``LedgerError`` for a row whose arrays differ in length."""
     _, mechanisms, pools, indices, labels, branch, fresh = zip(*rows, strict=True)
-    labels, sizes = from_blobs(labels, I32)
-    indices, index_sizes = from_blobs(indices, I64)
-    branch, branch_sizes = from_blobs(branch, I8)
-    if not (np.array_equal(index_sizes, sizes) and np.array_equal(branch_sizes, sizes)):
-        raise inconsistent(ANSWERS_UNLIKE_COUNTS)
-    released = fresh_masks(fresh, sizes)
+    block = AnswerBlock.read(labels, branch, fresh, indices)
     scopes: dict[_Scope, int] = {}
     scope_of_row = np.array([scopes.setdefault(scope, len(scopes))
                              for scope in zip(mechanisms, pools, strict=True)])
-    scope_of = np.repeat(scope_of_row, sizes)
     out = {}
     for scope, number in scopes.items():
-        mine = released & (scope_of == number)
-        out[scope] = indices[mine], labels[mine], branch[mine]
+        mine = block.fresh & np.repeat(scope_of_row == number, block.queries)
+        out[scope] = block.indices[mine], block.labels[mine], block.branch[mine]
     return out
 
 
@@ -320,7 +311,7 @@ class Ledger:
     def history(self) -> Iterator[Stored]:
         """Every recorded request's answer, in commit order."""
         with self._reader.connect() as conn:
-            rows = conn.execution_options(yield_per=1000).execute(
+            rows = conn.execution_options(yield_per=ROWS_AT_ONCE).execute(
                 sa.select(*_ANSWER_COLUMNS).order_by(requests_table.c.seq))
             for row in rows:
                 yield self._stored(row, retried=True)

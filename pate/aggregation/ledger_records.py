@@ -17,6 +17,9 @@ from analysis.rdp import Conversion
 from pate.aggregation.ledger_store import (
     ANSWERS_UNLIKE_COUNTS,
     I8,
+    I32,
+    I64,
+    blob_sizes,
     from_blob,
     from_blobs,
     inconsistent,
@@ -53,14 +56,52 @@ def fresh_mask(blob: bytes | None, queries: int) -> NDArray[np.bool_]:
     return np.ones(queries, bool) if blob is None else from_blob(blob, I8).astype(bool)
 
 
-def fresh_masks(blobs: Sequence[bytes | None], queries: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """``fresh_mask`` of many request rows, end to end (``queries``: each row's). A mask of
-    another length than its row's queries is ``LedgerError``."""
-    masks, sizes = from_blobs([b"\x01" * int(n) if b is None else b
-                               for b, n in zip(blobs, queries, strict=True)], I8)
-    if not np.array_equal(sizes, queries):
-        raise inconsistent(ANSWERS_UNLIKE_COUNTS)
-    return masks.astype(bool)
+@dataclass(frozen=True)
+class AnswerBlock:
+    """The answers of request rows read together (``ledger_store.ROWS_AT_ONCE`` at a time),
+    each array the rows' end to end: each row's number of ``queries``, then per query its
+    ``labels`` and whether it was charged afresh (``fresh``, ``fresh_mask``), and, where read,
+    its ``branch`` and the pool ``indices`` of the rows that have them (all of them for
+    replayable rows)."""
+
+    queries: NDArray[np.int64]
+    labels: NDArray[np.int32]
+    fresh: NDArray[np.bool_]
+    branch: NDArray[np.int8] | None
+    indices: NDArray[np.int64] | None
+
+    @classmethod
+    def read(cls, labels: Sequence[bytes], branch: Sequence[bytes],
+             fresh: Sequence[bytes | None], indices: Sequence[bytes | None],
+             outcomes: bool = True) -> AnswerBlock:
+        """The rows' blob columns, decoded at once (the branches and the indices only where
+        ``outcomes``: otherwise their lengths are checked, unread); ``LedgerError`` for a row
+        whose arrays differ in length."""
+        label_array, queries = from_blobs(labels, I32)
+        fresh_array, fresh_sizes = from_blobs(
+            [b"\x01" * int(n) if b is None else b for b, n in zip(fresh, queries, strict=True)],
+            I8)
+        has_indices = np.fromiter((b is not None for b in indices), bool, len(indices))
+        index_blobs = [b for b in indices if b is not None]
+        branch_array = index_array = None
+        if outcomes:
+            branch_array, branch_sizes = from_blobs(branch, I8)
+            index_array, index_sizes = from_blobs(index_blobs, I64)
+        else:
+            branch_sizes, index_sizes = blob_sizes(branch, I8), blob_sizes(index_blobs, I64)
+        if not (np.array_equal(branch_sizes, queries) and np.array_equal(fresh_sizes, queries)
+                and np.array_equal(index_sizes, queries[has_indices])):
+            raise inconsistent(ANSWERS_UNLIKE_COUNTS)
+        return cls(queries, label_array, fresh_array.astype(bool), branch_array, index_array)
+
+    def per_row(self, marks: NDArray[np.bool_]) -> NDArray[np.int64]:
+        """How many of each row's queries ``marks`` (one per query) marks."""
+        counts = np.zeros(self.queries.size, np.int64)
+        asked = self.queries > 0
+        starts = np.cumsum(self.queries) - self.queries
+        if asked.any():
+            counts[asked] = np.add.reduceat(marks, starts[asked], dtype=np.int64)
+        return counts
 
 
 class CostSource(Protocol):

@@ -122,14 +122,21 @@ ANSWERS_UNLIKE_COUNTS = "a request's answers do not match its counts"
 ROWS_AT_ONCE = 1000
 
 
-def from_blobs(blobs: Sequence[bytes], dtype: np.dtype) -> tuple[NDArray, NDArray[np.int64]]:
-    """Many rows' blobs of one column, each written by ``to_blob`` with ``dtype``, read at
-    once: their arrays end to end (read-only) and each one's length. ``LedgerError`` for a
-    blob that is not a whole number of ``dtype``'s items."""
+def blob_sizes(blobs: Sequence[bytes], dtype: np.dtype) -> NDArray[np.int64]:
+    """The length of the array each blob of one column holds (each written by ``to_blob`` with
+    ``dtype``), without reading it. ``LedgerError`` for a blob that is not a whole number of
+    ``dtype``'s items."""
     sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
     if np.any(sizes % dtype.itemsize):
         raise inconsistent("a stored array is cut short")
-    return np.frombuffer(b"".join(blobs), dtype=dtype), sizes // dtype.itemsize
+    return sizes // dtype.itemsize
+
+
+def from_blobs(blobs: Sequence[bytes], dtype: np.dtype) -> tuple[NDArray, NDArray[np.int64]]:
+    """Many rows' blobs of one column read at once: their arrays end to end (read-only) and
+    each one's length (``blob_sizes``)."""
+    sizes = blob_sizes(blobs, dtype)
+    return np.frombuffer(b"".join(blobs), dtype=dtype), sizes
 
 
 # said with a ledger that cannot be opened (only the error's class is named: its text may hold

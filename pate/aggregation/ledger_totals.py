@@ -3,15 +3,16 @@ the sum of its request rows, and its budget for ``pate status``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import sqlalchemy as sa
 from numpy.typing import NDArray
 
-from pate.aggregation.ledger_records import Budget, budget_basis, fresh_masks
+from pate.aggregation.ledger_records import AnswerBlock, Budget, budget_basis
 from pate.aggregation.ledger_store import (
     ANSWERS_UNLIKE_COUNTS,
     F64,
-    I32,
     LEDGER_ID,
     ROWS_AT_ONCE,
     budget_table,
@@ -40,24 +41,23 @@ def check_totals(reader: sa.Engine) -> None:
         dep = np.zeros_like(ind)
         rows = conn.execute(
             sa.select(requests_table.c.queries, requests_table.c.answered,
-                      requests_table.c.labels, requests_table.c.fresh,
+                      requests_table.c.labels, requests_table.c.branch,
+                      requests_table.c.fresh, requests_table.c.indices,
                       requests_table.c.rdp_independent,
                       requests_table.c.rdp_dependent).order_by(requests_table.c.seq),
             execution_options={"yield_per": ROWS_AT_ONCE})
         for part in rows.partitions():
-            counts, answers, labels, fresh, independent, dependent = zip(*part, strict=True)
-            labels, sizes = from_blobs(labels, I32)
-            if not np.array_equal(sizes, counts):
-                raise inconsistent(ANSWERS_UNLIKE_COUNTS)
-            charged = fresh_masks(fresh, sizes)
-            row_of = np.repeat(np.arange(sizes.size), sizes)
-            answered_by_row = np.bincount(row_of[charged & (labels >= 0)], minlength=sizes.size)
-            if not np.array_equal(answered_by_row, answers):
+            counts, answers, labels, branch, fresh, indices, independent, dependent = zip(
+                *part, strict=True)
+            block = AnswerBlock.read(labels, branch, fresh, indices, outcomes=False)
+            answered_by_row = block.per_row(block.fresh & (block.labels >= 0))
+            if not (np.array_equal(block.queries, counts)
+                    and np.array_equal(answered_by_row, answers)):
                 raise inconsistent(ANSWERS_UNLIKE_COUNTS)
             ind = ind + _cost_curves(independent, ind.size).sum(axis=0)
             dep = dep + _cost_curves(dependent, ind.size).sum(axis=0)
-            requests += sizes.size
-            queries += int(charged.sum())
+            requests += block.queries.size
+            queries += int(block.fresh.sum())
             answered += int(answered_by_row.sum())
     same = (total.requests == requests and total.queries == queries
             and total.answered == answered
@@ -67,7 +67,7 @@ def check_totals(reader: sa.Engine) -> None:
         raise inconsistent("the budget totals differ from the sum of the recorded requests")
 
 
-def _cost_curves(blobs: tuple[bytes, ...], orders: int) -> NDArray[np.float64]:
+def _cost_curves(blobs: Sequence[bytes], orders: int) -> NDArray[np.float64]:
     """Request rows' cost curves (one column), ``[rows, orders]``; ``LedgerError`` for a curve
     of another length than the budget's."""
     curves, sizes = from_blobs(blobs, F64)

@@ -258,26 +258,32 @@ def test_a_reopened_ledger_replays_the_first_releases_whatever_its_reading_block
         tmp_path: Path, agg: Aggregator, monkeypatch: pytest.MonkeyPatch,
         rows_at_once: int) -> None:
     """A ledger reads its request rows in blocks (its totals, its replays): whatever their
-    size, the totals check and each scope's first release of an index is the one replayed."""
+    size, the totals check and each scope's first release of an index is the one replayed,
+    an index asked twice in one request included."""
     db = tmp_path / "ledger.db"
     ledger = open_ledger(db, budget=100.0)
+    rng = np.random.default_rng(0)
     first: dict[tuple[str, int], int] = {}
     asked = [("votes-a", [0, 1, 2]), ("votes-b", [1, 2]), ("votes-a", [2, 3]),
-             ("votes-a", [4]), ("votes-b", [0, 2])]
+             ("votes-a", [4, 4]), ("votes-b", [0, 2]), ("votes-a", [5])]
     for k, (pool, indices) in enumerate(asked):
-        stored, _ = ledger.record(replace(charge(agg, f"r{k}", indices=indices), pool=pool))
-        for index, label in zip(indices, stored.labels.tolist(), strict=True):
-            assert first.setdefault((pool, index), label) == label
-    fresh_noise = replace(charge(agg, "again", indices=[0, 1]), pool="votes-a",
-                          replayable=False)  # charged afresh, never replayed
-    ledger.record(fresh_noise)
+        labels = rng.permutation(3)[:len(indices)]  # labels that tell one release from another
+        stored, _ = ledger.record(replace(charge(agg, f"r{k}", indices=indices), pool=pool,
+                                          labels=labels))
+        for index, label, fresh in zip(indices, stored.labels.tolist(), stored.fresh,
+                                       strict=True):
+            known = first.setdefault((pool, index), label)
+            assert fresh or known == label  # a replay gives the first release
+    assert first["votes-a", 4] != ledger.lookup("client", "r3").labels[1]  # released twice
+    ledger.record(replace(charge(agg, "again", indices=[0, 1]), pool="votes-a",
+                          labels=np.array([2, 2]), replayable=False))  # never replayed
     spent = ledger.budget()
     ledger.close()
     monkeypatch.setattr(ledger_module, "ROWS_AT_ONCE", rows_at_once)
     monkeypatch.setattr(ledger_totals, "ROWS_AT_ONCE", rows_at_once)
     reopened = open_ledger(db, budget=100.0)
     assert reopened.budget() == spent
-    for pool, indices in (("votes-a", [4, 3, 2, 1, 0]), ("votes-b", [0, 1, 2])):
+    for pool, indices in (("votes-a", [5, 4, 3, 2, 1, 0]), ("votes-b", [0, 1, 2])):
         stored, budget = reopened.record(replace(charge(agg, f"re-{pool}", indices=indices),
                                                  pool=pool))
         assert not stored.fresh.any()
@@ -289,9 +295,11 @@ def test_a_reopened_ledger_replays_the_first_releases_whatever_its_reading_block
 def test_a_request_row_with_arrays_out_of_step_is_refused(tmp_path: Path,
                                                           agg: Aggregator) -> None:
     """A request row whose arrays disagree in length (a cost curve off the orders grid, pool
-    indices of another count than its labels) makes the ledger inconsistent, said as such."""
+    indices or branches of another count than its labels, labels cut short) makes the ledger
+    inconsistent, said as such by its opening and by ``pate status``'s reading."""
     for column, value in (("rdp_dependent", np.zeros(ORDERS.size - 1).tobytes()),
                           ("indices", np.arange(2, dtype="<i8").tobytes()),
+                          ("branch", np.ones(2, dtype="i1").tobytes()),
                           ("labels", b"\x00\x00")):
         db = tmp_path / f"{column}.db"
         ledger = open_ledger(db)
@@ -302,6 +310,8 @@ def test_a_request_row_with_arrays_out_of_step_is_refused(tmp_path: Path,
         con.close()
         with pytest.raises(LedgerError, match="inconsistent"):
             open_ledger(db)
+        with pytest.raises(LedgerError, match="inconsistent"):  # pate status reads it so too
+            stored_budget(f"sqlite:///{db}")
 
 
 def test_two_replicas_racing_on_one_index_charge_it_once(tmp_path: Path,
