@@ -41,11 +41,12 @@ class Progress(Protocol):
 
 class _Lines:
     """Plain lines, ``desc: unit 3/10, 12.3 s``: one per update, or at most one per ``every``
-    seconds (and the last)."""
+    seconds (and the last); ``close`` says where the work stopped, if no line has."""
 
     def __init__(self, desc: str, total: int | None, unit: str, every: float) -> None:
         self.desc, self.total, self.unit, self.every = desc, total, unit, every
         self.done, self.start, self.shown = 0, time.monotonic(), -float("inf")
+        self.said = 0  # the steps done at the last line
 
     def update(self, n: int = 1, total: int | None = None) -> None:
         self.done += n
@@ -55,6 +56,16 @@ class _Lines:
         if (now - self.shown < self.every and not last) or (last and self.shown == float("inf")):
             return
         self.shown = float("inf") if last else now  # the last line is said once
+        self._say(now)
+
+    def close(self) -> None:
+        """The line of the steps done, where the last one said fewer (work stopped short of
+        its total, as a round at the budget does, or between two lines)."""
+        if self.done != self.said:
+            self._say(time.monotonic())
+
+    def _say(self, now: float) -> None:
+        self.said = self.done
         of = "" if self.total is None else f"/{self.total}"
         say(f"{self.desc}: {self.unit} {self.done}{of}, {now - self.start:.1f} s")
 
@@ -104,7 +115,11 @@ def progress_bar(desc: str, total: int | None, unit: str, every: float = 0.0,
         yield _Silent()
         return
     if not sys.stderr.isatty():
-        yield _Lines(desc, total, unit, every)
+        lines = _Lines(desc, total, unit, every)
+        try:
+            yield lines
+        finally:
+            lines.close()
         return
     bar = _Bar(desc, total, unit)
     try:

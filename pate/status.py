@@ -129,8 +129,9 @@ def _networks(run: RunDir, manifest: TeachersManifest | None) -> dict[str, str |
 
 
 def _to_quote(run: RunDir) -> dict[str, Any] | None:
-    """The report's ``epsilon_to_quote`` (``{"epsilon", "delta", "figure"}``: a public figure,
-    docs/privacy-math.md §12) where the report is current; None where there is none, or it is
-    out of date. The report's other figures stay where they are."""
+    """The report's ``epsilon_to_quote`` (``{"epsilon", "delta", "figure"}`` and, where it is
+    above the budget, ``"above_budget"``, why: public figures, docs/privacy-math.md §12) where
+    the report is current; None where there is none, or it is out of date. The report's other
+    figures stay where they are."""
     report = current_report(run.root)
     return None if report is None else report.get("epsilon_to_quote")

@@ -298,7 +298,7 @@ class DPSGDResult:
 
     metrics: dict
     model: nn.Module
-    distances: np.ndarray
+    distances: np.ndarray = field(repr=False)
 
 
 @dataclass

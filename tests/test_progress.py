@@ -24,6 +24,21 @@ def test_throttled_lines_keep_the_last(capsys: pytest.CaptureFixture) -> None:
     assert [line.split(",")[0] for line in lines] == ["DP-SGD: step 1/50", "DP-SGD: step 50/50"]
 
 
+def test_work_stopped_short_says_where(capsys: pytest.CaptureFixture) -> None:
+    """A round stopped at the budget (or interrupted) between two lines says, at its end,
+    how far it went; one that stopped on a line said says nothing more."""
+    with pytest.raises(KeyboardInterrupt), progress_bar("queries", 50, "query",
+                                                        every=3600.0) as bar:
+        for _ in range(3):
+            bar.update(1)
+        raise KeyboardInterrupt
+    with progress_bar("queries", 50, "query") as bar:
+        bar.update(2)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "queries: query 1/50", "queries: query 3/50", "queries: query 2/50"]
+
+
 def test_steps_by_epoch_say_no_count(capsys: pytest.CaptureFixture) -> None:
     """DP-SGD's steps are the private rows over the batch: its progress moves by epochs, the
     same lines whatever the number of steps."""

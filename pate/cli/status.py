@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if quoted:
         print(f"  epsilon to quote: {quoted['epsilon']:.4g} at delta {quoted['delta']:g} "
               f"({quoted['figure']}; the report says what it rests on)")
+        if quoted.get("above_budget"):
+            print(f"  {quoted['above_budget']}")
     if status["last_log"]:
         print(f"  last: {status['last_log']}")
     return 0

@@ -23,7 +23,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Hashable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -162,12 +162,13 @@ class Task:
     pool_y: NDArray[np.int64] | None
     eval_x: NDArray[np.float32] | None
     eval_y: NDArray[np.int64] | None
-    private_x: NDArray[np.float32] | None = None
-    private_y: NDArray[np.int64] | None = None
+    # the private rows and what is made of them are left out of the printed task
+    private_x: NDArray[np.float32] | None = field(default=None, repr=False)
+    private_y: NDArray[np.int64] | None = field(default=None, repr=False)
     preprocessing: dict[str, Any] | None = None
-    private_content: str | None = None
-    private_keys: NDArray[np.str_] | None = None
-    private_rows: str | None = None
+    private_content: str | None = field(default=None, repr=False)
+    private_keys: NDArray[np.str_] | None = field(default=None, repr=False)
+    private_rows: str | None = field(default=None, repr=False)
 
     @property
     def num_classes(self) -> int:
@@ -307,12 +308,13 @@ class _Read:
     the format gives them, the private data's digest as given, its key column and its rows'
     digest (``Task.private_content``, ``private_keys``, ``private_rows``)."""
 
-    rows: _Rows
+    rows: _Rows = field(repr=False)  # the private ones among them
     preprocessing: dict[str, Any]
-    private_content: str | None = None
-    private_keys: NDArray | None = None
-    private_rows: str | None = None
-    row_keys: dict[str, NDArray] | None = None  # rows to compare as read; None: as encoded
+    private_content: str | None = field(default=None, repr=False)
+    private_keys: NDArray | None = field(default=None, repr=False)
+    private_rows: str | None = field(default=None, repr=False)
+    row_keys: dict[str, NDArray] | None = field(default=None, repr=False)  # rows to compare as
+    # read; None: as encoded
 
 
 _Wanted = dict[str, tuple[str | None, bool]]  # role: (path, labelled)

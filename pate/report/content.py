@@ -27,7 +27,7 @@ from pate.report.figures import (
     figure_tradeoff,
 )
 from pate.report.freshness import REPORT_FORMAT
-from pate.report.meaning import epsilon_meaning
+from pate.report.meaning import above_budget, budget_and_charged, epsilon_meaning
 from pate.report.run_data import RunData
 
 
@@ -85,6 +85,9 @@ def build_report(data: RunData) -> tuple[dict[str, Any], dict[str, Figure]]:
         report["table"][0]["epsilon_to_quote"] = quoted["value"]
         report["epsilon_to_quote"] = {"epsilon": quoted["value"], "delta": quoted["delta"],
                                       "figure": quoted["epsilon"]}
+        why = above_budget(quoted, *budget_and_charged(report), epsilon="epsilon")
+        if why is not None:  # said where it is quoted: pate run's line, pate status
+            report["epsilon_to_quote"]["above_budget"] = why
     figures = {
         "epsilon_vs_answered.png": figure_epsilon_vs_answered(data),
         "plurality_histogram.png": figure_plurality_histogram(data, rows, answered),

@@ -96,6 +96,31 @@ def _factor(value: float | None) -> str:
     return f"over 10<sup>{math.floor(math.log10(value))}</sup>"
 
 
+def budget_and_charged(report: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A report's budget (its config's, public) and what its ledger charged (the PATE row's
+    ``epsilon_spent``); None where it has none."""
+    budget = ((report.get("config") or {}).get("aggregator") or {}).get("budget_epsilon")
+    return budget, report["table"][0].get("epsilon_spent") if report["table"] else None
+
+
+def above_budget(held: dict[str, Any], budget: float | None, charged: float | None,
+                 epsilon: str = "ε") -> str | None:
+    """Why the figure to quote (``held``: ``epsilon_meaning``'s first) is above the
+    ``budget`` though the budget held (the ledger ``charged`` within it): what it counts
+    besides (docs/privacy-math.md §12). None where it is not above it. ``epsilon``: the
+    letter's spelling."""
+    if budget is None or charged is None or held["value"] <= budget:
+        return None
+    return (f"The figure to quote is above the budget ({epsilon} = {budget:g}), yet the budget "
+            f"was not exceeded: the ledger charged {epsilon} = {charged:.4g}, the answers' "
+            "data-independent cost as they came. The figure to quote counts more: "
+            + (f"its own release and two standard deviations of its noise besides the answers "
+               f"(with few teachers the sanitised {epsilon} is the larger: a run can decide not "
+               "to release it, before asking, with release_sanitised = false)."
+               if held["epsilon"] == "sanitised, released" else
+               "every query asked as if the teachers had answered it."))
+
+
 def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
                  charged: float | None = None, partition: str = "position") -> str:
     """The report's section: the definition in words, one row per epsilon, the figure to
@@ -113,15 +138,8 @@ def meaning_html(meaning: list[dict[str, Any]], budget: float | None = None,
             "attack: a guess about one person's record may be right "
             f"{_percent(held['membership_accuracy'])} of the time. An ε of a few units or "
             "less is what a meaningful guarantee needs.</p>")
-    above = ("" if budget is None or charged is None or held["value"] <= budget else
-             f'<p class="note">The figure to quote is above the budget (ε = {budget:g}), yet '
-             f"the budget was not exceeded: the ledger charged ε = {charged:.4g}, the answers' "
-             "data-independent cost as they came. The figure to quote counts more: "
-             + ("its own release and two standard deviations of its noise besides the "
-                "answers (with few teachers the sanitised ε is the larger: a run can decide "
-                "not to release it, before asking, with release_sanitised = false)."
-                if held["epsilon"] == "sanitised, released" else
-                "every query asked as if the teachers had answered it.") + "</p>")
+    why = above_budget(held, budget, charged)
+    above = "" if why is None else f'<p class="note">{html.escape(why)}</p>'
     fpr = f"{100 * FALSE_POSITIVE_RATE:g} %"
     rows = "".join(
         f"<tr><td>{html.escape(m['epsilon'])}</td><td>{m['value']:.3g}</td>"

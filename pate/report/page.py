@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from pate.report.figures import figure_png
 from pate.report.freshness import OWNER_STEM
-from pate.report.meaning import meaning_html
+from pate.report.meaning import budget_and_charged, meaning_html
 
 
 def format_value(value: Any) -> str:
@@ -203,9 +203,7 @@ def run_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
             "votes.</p>")
     return [("Summary (in the form of PATE 2018, Table 1)", note + table_html(report["table"])),
             ("What these epsilons mean", meaning_html(
-                report["epsilon_meaning"],
-                ((report.get("config") or {}).get("aggregator") or {}).get("budget_epsilon"),
-                report["table"][0].get("epsilon_spent") if report["table"] else None,
+                report["epsilon_meaning"], *budget_and_charged(report),
                 report.get("partition", "position"))),
             ("Details", f"<table>{detail_rows}</table>")]
 

@@ -29,13 +29,13 @@ class RunData:
     name: str
     dataset: str
     delta: float
-    votes: NDArray[np.int64]                  # PRIVATE: every pool row
+    votes: NDArray[np.int64] = field(repr=False)  # PRIVATE: every pool row
     pool_labels: NDArray[np.int64] | None     # true labels of the pool rows (public data)
     segments: list[Segment]
     lnmax_scale: float
     teacher_accuracies: NDArray[np.float64] | None = None
     student: dict[str, Any] | None = None
     dpsgd: dict[str, Any] | None = None
-    comparison: dict[str, Any] | None = None  # PRIVATE: comparison/metrics.json (owner only)
+    comparison: dict[str, Any] | None = field(default=None, repr=False)  # PRIVATE: owner only
     classes_from: str | None = None           # where the label set came from (public schema)
     extra: dict[str, Any] = field(default_factory=dict)

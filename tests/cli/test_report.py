@@ -180,6 +180,22 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert huge[0]["likelihood_factor"] is None and huge[0]["membership_accuracy"] == 1.0
     assert "<td>∞</td><td>over 99.99 %</td>" in meaning_html(huge)
     assert page.count("(private)</") >= 2  # the private columns; each figure says so too
+    # a figure to quote above the budget says why where it is quoted: pate run's line, status
+    metrics = json.loads((run / "student" / "metrics.json").read_text())
+    metrics["epsilon"]["data_dependent_sanitised"] = 9.25
+    (run / "student" / "metrics.json").write_text(json.dumps(metrics))
+    config = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(config.replace("budget_epsilon = 1000.0",
+                                                    "budget_epsilon = 8.0"))
+    assert pate("report", "--run", str(run)).returncode == 0
+    quoted = json.loads((run / "report" / "report.json").read_text())["epsilon_to_quote"]
+    assert quoted["epsilon"] == 9.25 and quoted["above_budget"].startswith(
+        "The figure to quote is above the budget (epsilon = 8), yet the budget was not "
+        "exceeded: the ledger charged epsilon = 7.5")
+    assert "budget was not exceeded" in (run / "report" / "report.html").read_text()
+    said = pate("status", "--run", str(run)).stdout
+    assert f"  {quoted['above_budget']}" in said.splitlines()
+    (run / "config.toml").write_text(config)
     # a student that failed to train after its answers were charged: the charge is still said
     (run / "student" / "metrics.json").unlink()
     assert pate("report", "--run", str(run)).returncode == 0

@@ -97,6 +97,25 @@ def test_sixteen_bit_grey_and_skipped_entries(tmp_path: Path) -> None:
     assert names == ["a.png"] and np.allclose(x, 128 / 255)
 
 
+def test_public_images_of_mixed_sizes_are_said_to_be_resized(tmp_path: Path) -> None:
+    """Without a size given, every image takes the first public image's: a public image of
+    another size is said (once, with a count); with the size given, nothing is."""
+    for role, count in (("private", 6), ("public", 4)):
+        for c in ("cat", "dog"):
+            (tmp_path / role / c).mkdir(parents=True)
+            for i in range(count):
+                shape = (12, 10) if (role, c, i) == ("public", "dog", 3) else (8, 8)
+                Image.fromarray(np.full(shape, 40 * i + len(role) + len(c), np.uint8)).save(
+                    tmp_path / role / c / f"{i}.png")
+    source = DataFiles(str(tmp_path / "private"), str(tmp_path / "public"))
+    with pytest.warns(UserWarning, match=r"1 of its 8 images are not the size of the first, 8 "
+                                         r"high and 8 wide: every image is resized to it"):
+        assert load_task(source).pool_x.shape == (8, 1, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_task(replace(source, image_size=(8, 8))).pool_x.shape == (8, 1, 8, 8)
+
+
 def test_ragged_rows_repeated_headers_and_out_of_range_pixels_are_refused(tmp_path: Path
                                                                          ) -> None:
     record = _record(tmp_path, "code,x,y\n01,1,a\nA,2,b\n")
@@ -190,3 +209,20 @@ def test_a_column_of_all_different_values_is_warned_of_as_an_identifier() -> Non
         warnings.simplefilter("error")
         TabularEncoder.fit(public.drop(columns=["loan_id", "ref"]))
         TabularEncoder.fit(public.iloc[:20])  # too few rows to tell
+
+
+def test_a_printed_task_shows_no_private_row(tmp_path: Path) -> None:
+    """A task printed (a notebook's echo, a log line) leaves out the private rows, labels and
+    keys, and the digests made of them: only public parts are shown."""
+    for role, offset in (("private", 7000), ("public", 0), ("test", 100)):
+        rows = "".join(f"{offset + i}.5,person{offset + i},{'ab'[i % 2]}\n" for i in range(40))
+        (tmp_path / f"{role}.csv").write_text("x,who,y\n" + rows)
+    task = load_task(DataFiles(str(tmp_path / "private.csv"), str(tmp_path / "public.csv"),
+                               str(tmp_path / "test.csv"), "y", key="who"))
+    assert task.private_x is not None and task.private_keys is not None
+    shown = repr(task)
+    assert "pool_x=" in shown and "person7" not in shown
+    for name in ("private_x", "private_y", "private_keys", "private_content", "private_rows"):
+        assert f"{name}=" not in shown
+    for value in (task.private_content, task.private_rows):
+        assert value is None or value not in shown
