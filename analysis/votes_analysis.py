@@ -9,7 +9,7 @@ the release's noise. The costs come from ``analysis.costs``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ class QuerySegment:
     """Queries answered by one aggregator: their votes and, for Interactive-GNMax, the baseline
     num_teachers * student_probs the threshold step sees subtracted."""
 
-    votes: NDArray[np.int64]
+    votes: NDArray[np.int64] = field(repr=False)  # private
     mechanism: Mechanism
     baseline: NDArray[np.float64] | None = None
 

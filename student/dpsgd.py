@@ -296,7 +296,7 @@ class DPSGDResult:
     """What a run produced: the metrics (JSON-ready), the trained model, and the pair distances
     [steps, pairs] (private: they depend on the training data)."""
 
-    metrics: dict
+    metrics: dict = field(repr=False)  # with the Bayesian figures, private
     model: nn.Module
     distances: np.ndarray = field(repr=False)
 

@@ -12,7 +12,7 @@ weights it lists.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ class ShardRecord:
 class TeachersManifest:
     """A run's teachers' manifest as read; ``record`` is the file's object, as it was written."""
 
-    record: Mapping[str, Any]
+    record: Mapping[str, Any] = field(repr=False)  # with the private data's fingerprints
 
     @classmethod
     def read(cls, run_dir: str | Path) -> TeachersManifest | None:

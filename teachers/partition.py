@@ -26,7 +26,7 @@ the assignment follows their content, both statistics of the data under adding o
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -47,7 +47,7 @@ class Partition:
 
     seed: int
     num_teachers: int
-    assignment: np.ndarray
+    assignment: np.ndarray = field(repr=False)  # private where dealt by record or key
     by: str = "position"
 
     @property

@@ -17,7 +17,7 @@ import enum
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -99,7 +99,7 @@ class Answers:
     labels: NDArray[np.int64]
     branch: NDArray[np.int8]
     independent: QueryCosts
-    dependent: QueryCosts
+    dependent: QueryCosts = field(repr=False)  # private
 
     @property
     def answered(self) -> int:

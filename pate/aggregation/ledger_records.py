@@ -7,7 +7,7 @@ costs), its stored answer, and the public state of the budget.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -129,7 +129,7 @@ class Charge:
     labels: NDArray[np.int64]
     branch: NDArray[np.int8]
     rdp_independent: CostSource
-    rdp_dependent: CostSource              # private
+    rdp_dependent: CostSource = field(repr=False)  # private
     worst_case_rdp: NDArray[np.float64]    # one query's data-independent worst case [orders]
     indices: NDArray[np.int64] | None = None   # the pool indices asked (None: new inputs)
     replayable: bool = False          # may get and store replays of earlier releases

@@ -53,7 +53,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +111,8 @@ class Run:
     dir: RunDir
     manifest: TeachersManifest
     recipe: Recipe
-    train_x: NDArray[np.float32]
-    train_y: NDArray[np.int64]
+    train_x: NDArray[np.float32] = field(repr=False)  # the private rows
+    train_y: NDArray[np.int64] = field(repr=False)
     pool_x: NDArray[np.float32]
     pool_y: NDArray[np.int64] | None
     eval_x: NDArray[np.float32] | None

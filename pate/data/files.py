@@ -466,10 +466,11 @@ def read_image_folder(path: str | Path, need_labels: bool, mode: str | None = No
         size = images[0].size
         others = sum(im.size != size for im in images)
         if others:  # a public folder's (a private one is resized to the public images' size)
-            warnings.warn(f"{p}: {others} of its {len(images)} images are not the size of the "
-                          f"first, {size[1]} high and {size[0]} wide: every image is resized to "
-                          "it (choose the size with --image-size H W, or [data] image_size)",
-                          stacklevel=2)
+            warnings.warn(f"{p}: {others} of its {len(images)} images "
+                          f"{'is' if others == 1 else 'are'} not the size of the first "
+                          f"({files[0].relative_to(p)}), {size[1]} high and {size[0]} wide: "
+                          "every image is resized to it (choose the size with --image-size H W, "
+                          "[data] image_size or DataFiles(image_size=))", stacklevel=2)
     channels = 1 if mode == "L" else 3
     _check_memory(p, len(images), channels, size, private)
     x = np.empty((len(images), channels, size[1], size[0]), np.float32)  # filled in place:

@@ -106,14 +106,15 @@ def budget_and_charged(report: dict[str, Any]) -> tuple[float | None, float | No
 def above_budget(held: dict[str, Any], budget: float | None, charged: float | None,
                  epsilon: str = "ε") -> str | None:
     """Why the figure to quote (``held``: ``epsilon_meaning``'s first) is above the
-    ``budget`` though the budget held (the ledger ``charged`` within it): what it counts
-    besides (docs/privacy-math.md §12). None where it is not above it. ``epsilon``: the
+    ``budget`` though the budget held (the ledger ``charged`` within it, in all): what it
+    counts besides (docs/privacy-math.md §12). None where it is not above the budget, or the
+    charge is not within it (a config's budget that is not the ledger's). ``epsilon``: the
     letter's spelling."""
-    if budget is None or charged is None or held["value"] <= budget:
+    if budget is None or charged is None or not charged <= budget < held["value"]:
         return None
     return (f"The figure to quote is above the budget ({epsilon} = {budget:g}), yet the budget "
-            f"was not exceeded: the ledger charged {epsilon} = {charged:.4g}, the answers' "
-            "data-independent cost as they came. The figure to quote counts more: "
+            f"was not exceeded: the ledger charged {epsilon} = {charged:.4g} in all, the "
+            "data-independent cost of the answers as they came. The figure to quote counts more: "
             + (f"its own release and two standard deviations of its noise besides the answers "
                f"(with few teachers the sanitised {epsilon} is the larger: a run can decide not "
                "to release it, before asking, with release_sanitised = false)."

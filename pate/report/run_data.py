@@ -35,7 +35,7 @@ class RunData:
     lnmax_scale: float
     teacher_accuracies: NDArray[np.float64] | None = None
     student: dict[str, Any] | None = None
-    dpsgd: dict[str, Any] | None = None
+    dpsgd: dict[str, Any] | None = field(default=None, repr=False)  # with the Bayesian ε
     comparison: dict[str, Any] | None = field(default=None, repr=False)  # PRIVATE: owner only
     classes_from: str | None = None           # where the label set came from (public schema)
     extra: dict[str, Any] = field(default_factory=dict)

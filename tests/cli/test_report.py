@@ -168,6 +168,9 @@ def test_report_numbers_equal_analyze_and_metrics(tmp_path: Path) -> None:
     assert "above the budget (ε = 5), yet the budget was not exceeded: the ledger charged " \
            "ε = 4.2" in above and "release_sanitised = false" in above
     assert "No sanitised ε was released" not in above
+    # a charge past the budget (a config's budget that is not the ledger's): no such claim
+    assert "budget was not exceeded" not in meaning_html(report["epsilon_meaning"], budget=5.0,
+                                                         charged=7.0)
     # answers with no sanitised release (a pate serve's rounds): the page does not describe one
     unreleased = meaning_html([m for m in report["epsilon_meaning"]
                                if m["epsilon"] != "sanitised, released"])

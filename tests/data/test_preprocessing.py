@@ -108,8 +108,9 @@ def test_public_images_of_mixed_sizes_are_said_to_be_resized(tmp_path: Path) -> 
                 Image.fromarray(np.full(shape, 40 * i + len(role) + len(c), np.uint8)).save(
                     tmp_path / role / c / f"{i}.png")
     source = DataFiles(str(tmp_path / "private"), str(tmp_path / "public"))
-    with pytest.warns(UserWarning, match=r"1 of its 8 images are not the size of the first, 8 "
-                                         r"high and 8 wide: every image is resized to it"):
+    with pytest.warns(UserWarning, match=r"1 of its 8 images is not the size of the first "
+                                         r"\(cat/0.png\), 8 high and 8 wide: every image is "
+                                         r"resized to it"):
         assert load_task(source).pool_x.shape == (8, 1, 8, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
