@@ -25,6 +25,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -273,6 +274,18 @@ class LabelService:
         self.ledger.close()
 
 
+@dataclass(frozen=True)
+class EnsembleKeys:
+    """The keys of the ledgers of the private data teachers learnt from (``note_ledger``'s:
+    the data's fingerprint, the one older versions knew it by, its rows' in any order and as
+    encoded; None where not known). PRIVATE."""
+
+    fingerprint: str | None
+    former: str | None = None
+    rows: str | None = None
+    encoded_rows: str | None = None
+
+
 def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: float,
                        run_dir: str | Path | None = None, votes_path: str | Path | None = None,
                        ensemble: TeacherEnsemble | None = None,
@@ -281,7 +294,8 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        check_pool: Callable[[VotePool], None] | None = None,
                        charged_before: bool = False, private_records: int | None = None,
                        allow_large_delta: bool = False,
-                       allow_name: str = "--allow-large-delta") -> LabelService:
+                       allow_name: str = "--allow-large-delta",
+                       ensemble_keys: EnsembleKeys | None = None) -> LabelService:
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); ``ledger``, a URL or an SQLite file's path
@@ -294,7 +308,10 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     the votes file's own), where known (``delta_policy.check_delta``: unless
     ``allow_large_delta``, the option the caller calls ``allow_name``). Raises ``UserError``,
     ``LedgerError``, and ``analysis.mechanisms.ParameterError`` for a threshold outside [0, the
-    votes' number of teachers]."""
+    votes' number of teachers]. The ledger is entered in the user's registry under the private
+    data's keys (``note_ledger``): the votes', else ``ensemble_keys``, those of the data the
+    ``ensemble`` learnt from (its teachers' manifest's), so that teachers answering new inputs
+    are one budget with every other use of their data."""
     if (run_dir is None) == (votes_path is None):
         raise UserError("give exactly one of --run DIR and --votes FILE")
     pool = None
@@ -327,6 +344,9 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
         if pool is not None:
             note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint,
                         (pool.private_rows_fingerprint, pool.private_encoded_rows_fingerprint))
+        elif ensemble is not None and ensemble_keys is not None:
+            note_ledger(ensemble_keys.fingerprint, url, ensemble_keys.former,
+                        (ensemble_keys.rows, ensemble_keys.encoded_rows))
     except BaseException:
         service.close()
         raise

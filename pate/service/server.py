@@ -19,11 +19,17 @@ from analysis.mechanisms import Mechanism
 from analysis.rdp import Conversion
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import Limits
-from pate.aggregation.label_service import LabelService, TeacherEnsemble, open_label_service
+from pate.aggregation.label_service import (
+    EnsembleKeys,
+    LabelService,
+    TeacherEnsemble,
+    open_label_service,
+)
 from pate.errors import UserError
 from pate.rundir import RunDir
 from pate.service.app import create_app
 from pate.service.tokens import TokenStore
+from teachers.manifest import TeachersManifest
 
 
 def load_run_ensemble(run_dir: str | Path, device: str = "cpu") -> TeacherEnsemble | None:
@@ -34,6 +40,15 @@ def load_run_ensemble(run_dir: str | Path, device: str = "cpu") -> TeacherEnsemb
     from teachers.votes import load_ensemble  # torch: only where a run's teachers vote
 
     return load_ensemble(run_dir, device)
+
+
+def teachers_keys(run_dir: str | Path) -> EnsembleKeys | None:
+    """The ledger keys of the private data the run's teachers learnt from, as their manifest
+    records them (None without one)."""
+    manifest = TeachersManifest.read(run_dir)
+    return None if manifest is None else EnsembleKeys(
+        manifest.data_fingerprint, manifest.former_data_fingerprint, manifest.rows_fingerprint,
+        manifest.encoded_rows_fingerprint)
 
 
 class _Server(uvicorn.Server):
@@ -128,7 +143,8 @@ def open_server(mechanism: Mechanism, *, token_file: str | Path, epsilon_budget:
             mechanism, epsilon_budget=epsilon_budget, delta=delta, run_dir=run_dir,
             votes_path=votes_path, ensemble=ensemble, ledger=ledger,
             conversion=conversion, limits=limits, private_records=private_records,
-            allow_large_delta=allow_large_delta, allow_name=allow_name)
+            allow_large_delta=allow_large_delta, allow_name=allow_name,
+            ensemble_keys=None if ensemble is None else teachers_keys(run_dir))
     except BaseException:
         sock.close()
         raise

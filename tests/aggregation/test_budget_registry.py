@@ -298,3 +298,36 @@ def test_a_key_new_to_a_ledger_warns_only_of_ledgers_its_other_keys_did_not_find
     enter_ledger("g" * 64, urls["new"])  # found by a key new to this ledger only
     with pytest.warns(UserWarning, match=r"also charged to 2 other ledger\(s\)"):
         note_ledger(first, urls["this"], rows_fingerprints=(rows, encoded, "g" * 64))
+
+
+def test_teachers_served_without_votes_are_one_budget_with_their_votes(tmp_path: Path) -> None:
+    """A run directory of teachers only (no votes), served for new inputs, charges the same
+    private data as the votes those teachers cast: its ledger is entered under the data's keys
+    (the teachers' manifest's) and warned of beside the votes' ledger."""
+    import shutil
+
+    from service_harness import write_tokens
+
+    from pate.cli.main import main
+    from pate.service.server import open_server
+
+    rng = np.random.default_rng(7)
+    for role, n in (("private", 60), ("public", 30)):
+        x = rng.normal(size=(n, 2)).round(3)
+        (tmp_path / f"{role}.csv").write_text("a,b,label\n" + "".join(
+            f"{a},{b},{int(a > 0)}\n" for a, b in x))
+    run = tmp_path / "run"
+    for stage in (["train", "--private", str(tmp_path / "private.csv"), "--public",
+                   str(tmp_path / "public.csv"), "--label", "label", "--classes", "0", "1",
+                   "--teachers", "2", "--epochs", "1", "--workers", "1"], ["votes"]):
+        assert main(["--quiet", "teachers", stage[0], "--run", str(run), *stage[1:]]) == 0
+    assert _open_and_close(run / "votes.npz") == []  # the votes' ledger, the first
+    served = tmp_path / "served"
+    served.mkdir(mode=0o700)
+    shutil.copytree(run / "teachers", served / "teachers")
+    shutil.copy2(run / "partition.json", served / "partition.json")
+    with pytest.warns(UserWarning, match=r"also charged to 1 other ledger\(s\) \(sqlite:///"
+                                         + str(run / "ledger.db")):
+        server = open_server(GNMax(sigma=5.0), token_file=write_tokens(tmp_path / "tokens"),
+                             epsilon_budget=50.0, delta=1e-5, run_dir=served, port=0)
+    server.close()
