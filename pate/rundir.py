@@ -231,6 +231,14 @@ class RunDir:
             self.dpsgd, self.comparison, self.teachers, self.votes, self.ledger,
             self.root / LEDGER_RECORD, self.releases, self.token, self.report, self.audit))
 
+    def holds_a_run(self) -> bool:
+        """Whether pate has written a run here: its stages, teachers, votes, answers, student,
+        baseline, ledger record or report."""
+        return any(p.is_file() for p in (
+            self.stages, self.manifest, self.votes, self.labels, self.student_schema,
+            self.student_metrics, self.dpsgd_metrics, self.root / LEDGER_RECORD,
+            self.report_json))
+
     # --- creating and recording ---------------------------------------------------------------
     def create(self) -> RunDir:
         """Create the directory 0700 (parents as needed), or take one that is empty or holds

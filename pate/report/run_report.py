@@ -267,14 +267,19 @@ def _stale_report(run_dir: str | Path, why: UserError) -> dict[str, Any]:
 
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
     """The report comparing ``run_dirs`` (each run's report written first where missing or of
-    an older layout), in ``out_dir``; ``UserError`` when ``out_dir`` is a file or a run
-    directory (its top would take the comparison's report.html beside its own files), or when
-    a run is named twice (one run compared with itself)."""
+    an older layout), in ``out_dir``; ``UserError`` when ``out_dir`` is a file, or a run
+    directory or inside one (its top would take the comparison's report.html beside its own
+    files, its report/ would lose its own report, its student/, the folder published, would
+    take the comparison's private figures), or when a run is named twice (one run compared
+    with itself)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: a file, not a directory for the report")
-    if RunDir(out_dir).stages.is_file() or RunDir(out_dir).manifest.is_file():
-        raise UserError(f"{out_dir} is a run directory: give the comparison a folder of its "
-                        "own (--out)")
+    for folder in (out_dir.resolve(), *out_dir.resolve().parents):
+        if RunDir(folder).holds_a_run():  # the comparison would replace or publish its files
+            where = ("is a run directory" if folder == out_dir.resolve() else
+                     f"is inside the run directory {folder}")
+            raise UserError(f"{out_dir} {where}: give the comparison a folder of its own "
+                            "(--out)")
     named = [run_dir.resolve() for run_dir in run_dirs]
     if len(set(named)) < len(named):
         raise UserError("a run is named twice in --runs: compare different runs")

@@ -415,6 +415,17 @@ def test_a_comparison_is_not_written_into_a_run_nor_of_one_run_twice(tmp_path: P
     RunDir(tmp_path / "a").finish_stage("teachers", 1.0)
     with pytest.raises(UserError, match=r"a is a run directory: give the comparison a folder"):
         write_comparison([tmp_path / "a", tmp_path / "b"], tmp_path / "a")
+    # nor inside one: its report/ (its own report replaced), its student/ (the folder
+    # published, which would take the comparison's private figures), a student-only run's
+    student_only = tmp_path / "s"
+    (student_only / "student").mkdir(parents=True)
+    (student_only / "student" / "schema.json").write_text("{}")
+    for out in (tmp_path / "a" / "report", tmp_path / "a" / "student" / "new",
+                student_only / "student", student_only):
+        with pytest.raises(UserError, match=r"(is inside the run directory .*|is a run "
+                                            r"directory): give the comparison a folder"):
+            write_comparison([tmp_path / "a", tmp_path / "b"], out)
+        assert not (out / "report.html").exists() and not (out / "report.json").exists()
     with pytest.raises(UserError, match="a run is named twice in --runs"):
         write_comparison([tmp_path / "a", tmp_path / "b" / ".." / "a"], tmp_path / "cmp")
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "a" / "report.html").exists()
