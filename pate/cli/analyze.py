@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -46,11 +45,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+MAX_ORDER = 1e6  # the largest --order taken: larger ones overflow the bounds' terms
+
+
 def _check_args(args: argparse.Namespace) -> None:
     if not 0.0 < args.delta < 1.0:
         raise UserError(f"--delta must be in (0, 1), got {args.delta:g}")
-    if args.order is not None and not 1.0 < args.order < math.inf:
-        raise UserError(f"--order must be a finite number > 1, got {args.order:g}")
+    if args.order is not None and not 1.0 < args.order <= MAX_ORDER:
+        raise UserError(f"--order must be in (1, {MAX_ORDER:g}], got {args.order:g} (past a "
+                        "million the conversion's term in log(1/delta) is gone: no bound "
+                        "gains)")
     if args.beta is not None and not args.beta >= 0.0:
         raise UserError(f"--beta must be >= 0, got {args.beta:g}")
     if args.queries is not None and args.queries < 1:

@@ -231,9 +231,11 @@ def test_bad_input_is_one_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureF
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1"],
          "--delta must be in (0, 1)"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
-          "--order", "1"], "--order must be a finite number > 1"),
+          "--order", "1"], "--order must be in (1, 1e+06], got 1"),
         (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
-          "--order", "inf"], "--order must be a finite number > 1"),  # ZeroDivisionError before
+          "--order", "inf"], "--order must be in (1, 1e+06]"),  # ZeroDivisionError before
+        (["--votes", good, "--mechanism", "gnmax", "--sigma", "4", "--delta", "1e-5",
+          "--order", "1e308"], "--order must be in (1, 1e+06]"),  # Infinity in the JSON
         (["--votes", good, "--mechanism", "interactive", "--threshold", "200", "--sigma1",
           "150", "--sigma2", "40", "--delta", "1e-5", "--baseline", str(files["text_baseline"])],
          "baseline must be real numbers, got dtype <U3"),
