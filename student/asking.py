@@ -229,7 +229,8 @@ def ask_round(run: RunDir, session: AggregatorSession, task: Task, options: Stud
             candidates = np.intersect1d(candidates, session.service.pool.pool_indices)
         if options.queries and not candidates.size:
             raise UserError("every pool row the votes cover has been asked already: nothing "
-                            "is left to ask (--queries 0 trains on the answers so far)")
+                            "is left to ask (--queries 0, with the same aggregator, trains on "
+                            "the answers so far)")
         probs_all = None
         if needs_previous_student(run, session.mechanism, options, previous):
             assert previous is not None
@@ -299,9 +300,14 @@ def answers_in_hand(run: RunDir, before: Received, rounds_before: list[dict[str,
     last = run.read_json(run.student_metrics)
     if not (len(before) and isinstance(last, dict) and isinstance(last.get("epsilon"), dict)
             and last.get("queries") == len(before)):
-        raise UserError("training on the answers in hand needs a round that asked them here "
-                        f"({run.labels} and {run.student_metrics}); else name the aggregator "
-                        "(--mechanism and its flags, or --server)")
+        if not len(before):
+            raise UserError("training on the answers in hand needs a round that asked them "
+                            f"here ({run.labels} and {run.student_metrics}); else name the "
+                            "aggregator (--mechanism and its flags, or --server)")
+        raise UserError(f"the answers in hand ({run.labels}) have no epsilons of their own "
+                        f"yet ({run.student_metrics}: the training after their round did not "
+                        "finish): name their aggregator again with --queries 0 (--mechanism and "
+                        "its flags, or --server): it asks nothing more and trains on them")
     if not pool_recorded and run.votes.is_file():  # labels and metrics of an older version
         check_votes(run, VotePool.from_file(run.votes).describe(), task)
     return before, rounds_before, last["epsilon"]

@@ -206,8 +206,11 @@ def run_train(args: argparse.Namespace) -> int:
                                     conversion=args.conversion, mechanism=args.mechanism,
                                     on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:
+            kept = ("" if not run.labels.is_file() else
+                    f"; the answers received so far are kept ({run.labels}): the same "
+                    "command asks the rest once the server answers")
             raise UserError(f"cannot reach {said_url(args.server or '')}: "
-                            f"{exc.__class__.__name__}") from None
+                            f"{exc.__class__.__name__}{kept}") from None
     if args.json:
         print(json.dumps(metrics))
     else:

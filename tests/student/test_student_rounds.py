@@ -292,6 +292,11 @@ def test_a_student_trains_again_on_the_answers_in_hand_without_an_aggregator(
     first = _metrics(run_dir)
     ledger = (run_dir / "ledger.db").stat().st_mtime_ns
     releases = released(run_dir / "ledger.db")
+    (run_dir / "student" / "metrics.json").unlink()  # as a training interrupted after its round
+    assert main(again) == 2
+    said = capsys.readouterr().err
+    assert "have no epsilons of their own yet" in said and "again with --queries 0" in said
+    (run_dir / "student" / "metrics.json").write_text(json.dumps(first))
     assert main(again) == 0
     second = _metrics(run_dir)
     assert (second["method"], first["method"]) == ("vat", "supervised")
