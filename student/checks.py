@@ -43,8 +43,11 @@ def check_votes(run: RunDir, votes: dict[str, Any], task: Task) -> None:
     (all public; no vote is read)."""
     fingerprint = votes.get("fingerprint")
     if fingerprint is not None and fingerprint != task.pool_fingerprint:
-        raise UserError("the votes were cast on another public pool than the student's (its "
-                        "content, rows or label set differ): they are not this pool's votes")
+        pool = f"the built-in dataset {task.name}" if task.pool_file is None else task.pool_file
+        raise UserError("the votes were cast on another public pool than the student's "
+                        f"(of {pool}; their content, rows or label set differ): they are not this "
+                        "pool's votes; name the votes' pool with the data flags (--dataset, "
+                        "--pool-size, or --private and --public)")
     classes = votes.get("classes")
     if classes is not None and classes != task.num_classes:
         raise UserError(f"the votes have {classes} classes, the data {task.num_classes}: "

@@ -343,7 +343,9 @@ def test_votes_cast_on_another_pool_are_refused_before_anything_is_asked(
     here = ["student", "train", "--run", str(run_dir), "--budget-epsilon", "1e6", *TRAIN,
             *CONFIDENT, "--queries", "20"]
     assert main(here) == 2
-    assert "cast on another public pool" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "another public pool than the student's (of the built-in dataset digits;" in said
+    assert "name the votes' pool with the data flags" in said
     assert not (run_dir / "ledger.db").exists() and not (run_dir / "labels.npz").exists()
 
     tokens = write_tokens(run_dir / "tokens")
