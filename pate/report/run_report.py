@@ -138,6 +138,11 @@ def load_run_data(run_dir: str | Path) -> RunData:
     run = RunDir(run_dir)
     facts = run_facts(run)
     if not run.votes.is_file():
+        if run.labels.is_file() and not run.teachers.is_dir():  # a student of a server's
+            raise UserError(f"{run}: no votes.npz: a report analyses the votes the answers "
+                            "came from, and these came from an aggregator elsewhere (a pate "
+                            "serve); the student's epsilons are in its metrics (`pate status "
+                            f"--run {run}`), the votes' report where they are")
         raise UserError(f"{run}: no votes.npz; run `pate teachers votes --run {run}`")
     votes, pool_index = load_votes_with_index(run.votes)
     segments = _segments(run, facts, votes, pool_index) if run.labels.is_file() else []

@@ -429,3 +429,19 @@ def test_a_comparison_is_not_written_into_a_run_nor_of_one_run_twice(tmp_path: P
     with pytest.raises(UserError, match="a run is named twice in --runs"):
         write_comparison([tmp_path / "a", tmp_path / "b" / ".." / "a"], tmp_path / "cmp")
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "a" / "report.html").exists()
+
+
+def test_a_student_of_a_remote_aggregator_is_told_where_its_report_is(tmp_path: Path) -> None:
+    """A run directory holding a student's answers from a server and no votes cannot be
+    analysed here: said so, not by advice to cast votes it has no teachers for."""
+    np.savez(tmp_path / "labels.npz", pool_index=np.arange(3), label=np.array([1, -1, 0]),
+             branch=np.array([1, 0, 1], np.int8))
+    (tmp_path / "student").mkdir()
+    (tmp_path / "student" / "metrics.json").write_text(json.dumps(
+        {"dataset": "digits", "epsilon": {"delta": 1e-5, "data_independent": 1.0}}))
+    with pytest.raises(UserError, match=r"no votes.npz: a report analyses the votes the answers "
+                                        r"came from, and these came from an aggregator"):
+        load_run_data(tmp_path)
+    (tmp_path / "labels.npz").unlink()
+    with pytest.raises(UserError, match=r"no votes.npz; run `pate teachers votes"):
+        load_run_data(tmp_path)
