@@ -124,9 +124,11 @@ def _guarantee(metrics: dict) -> str:
     with the batch, the steps would say how many private records there are)."""
     noise, epochs = metrics.get("noise", "gaussian"), metrics["config"]["epochs"]
     encoded = metrics.get("encoding", {}).get("encode")
+    batches = ("every step on all the private data (sampling rate 1)"
+               if metrics.get("sampling_rate") == 1.0 else "Poisson-sampled batches of "
+               f"{metrics['config']['expected_batch_size']} expected")
     return (f"the guarantee: ({metrics['epsilon']:.3f}, {metrics['delta']:g})-DP for one "
-            "record added or removed; Poisson-sampled batches of "
-            f"{metrics['config']['expected_batch_size']} expected, each example's gradient "
+            f"record added or removed; {batches}, each example's gradient "
             f"clipped to {metrics['max_grad_norm']:g}"
             + (f" and encoded against {encoded} public profiles" if encoded else "")
             + f", {noise} noise of {metrics['noise_multiplier']:.4g} times that, "

@@ -314,6 +314,11 @@ def test_cli_writes_metrics_and_private_distances(tmp_path: Path,
         "Poisson-sampled batches of 256 expected, each example's gradient clipped to "
         f"{encoded['max_grad_norm']:g} and encoded against 5 public profiles, laplace noise of "
         "1.2 times that, 1 epoch, improved RDP conversion")
+    from pate.cli.dpsgd import _guarantee  # a batch not below the rows: all of them each step
+
+    whole = _guarantee({**encoded, "sampling_rate": 1.0})
+    assert "; every step on all the private data (sampling rate 1), each" in whole
+    assert "expected" not in whole
     # a training stopped before its metrics are written leaves none of an earlier training's
     (run / "dpsgd" / "model.pt").unlink()
     (run / "dpsgd" / "model.pt").mkdir()  # the model cannot be written: a stop part-way
