@@ -299,6 +299,9 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
                 report = _stale_report(run_dir, exc)
         reports.append(report)
     summary, figures = compare_runs(reports)
-    sections = [("Runs compared", table_html(summary["table"], first_column="Run"))]
+    note = ('<p class="note">This comparison contains private statistics, computed from the '
+            "votes: the columns marked private. Share only the data-independent ε, the "
+            "sanitised ε where one was released, and the students' accuracy.</p>")
+    sections = [("Runs compared", note + table_html(summary["table"], first_column="Run"))]
     return write_report(summary, figures, out_dir, "PATE runs compared", sections,
                         _private_writer)

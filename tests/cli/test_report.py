@@ -226,6 +226,8 @@ def test_two_rounds_compose_and_runs_compare(tmp_path: Path) -> None:
         epsilon_from_rdp(rdp, orders, a.delta)[0], rel=1e-12)
     cmp = json.loads((tmp_path / "cmp" / "report.json").read_text())
     assert cmp["runs"] == ["a", "b"] and len(cmp["table"]) == 4
+    assert "This comparison contains private statistics" in (
+        tmp_path / "cmp" / "report.html").read_text()
     # a place the system will not write to is one line, exit 74, not a traceback
     proc = pate("report", "--runs", str(tmp_path / "a"), str(tmp_path / "b"),
                 "--out", str(tmp_path / "cmp" / "report.json" / "sub"))
