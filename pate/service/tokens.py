@@ -62,6 +62,8 @@ class TokenStore:
             log.warning("token file unreadable (%s): refusing every token", type(exc).__name__)
             self._stamp, self._hashes = None, frozenset()
             return
+        if self._stamp is not None and not tokens:  # emptied while serving: said, as unread
+            log.warning("token file holds no token: refusing every token")
         self._hashes = frozenset(token_hash(t) for t in tokens)
         self._stamp = stamp
 

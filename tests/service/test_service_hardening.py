@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import socket
 import stat
 import threading
@@ -225,6 +226,23 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     assert TokenStore(path, allow_world_readable=True).client(TOKENS[0]) is not None
     with pytest.raises(UserError, match="open to other users: chmod 600"):  # nor sent by one
         LabelClient.from_token_file("http://127.0.0.1:9", path)
+
+
+def test_a_token_file_emptied_or_lost_while_serving_refuses_every_token_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write_tokens(tmp_path / "tokens.txt")
+    store = TokenStore(path)
+    assert store.client(TOKENS[0]) is not None
+    with caplog.at_level(logging.WARNING, logger="pate.service.tokens"):
+        path.write_text("# every token revoked\n")
+        assert store.client(TOKENS[0]) is None
+        path.unlink()
+        assert store.client(TOKENS[0]) is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["token file holds no token: refusing every token",
+                    "token file unreadable (FileNotFoundError): refusing every token"]
+    write_tokens(path)
+    assert store.client(TOKENS[0]) is not None
 
 
 def test_student_probs_are_strict_numbers() -> None:
