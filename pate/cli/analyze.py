@@ -15,6 +15,7 @@ from pate.errors import UserError
 if TYPE_CHECKING:
     from analysis.votes_analysis import PrivacyAnalysis
 
+MAX_ORDER = 1e6  # the largest --order taken: larger ones overflow the bounds' terms
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -43,9 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "improved (Canonne et al. 2020; default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
-
-
-MAX_ORDER = 1e6  # the largest --order taken: larger ones overflow the bounds' terms
 
 
 def _check_args(args: argparse.Namespace) -> None:
