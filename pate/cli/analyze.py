@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 MAX_ORDER = 1e6  # the largest --order taken: larger ones overflow the bounds' terms
 
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "analyze", help="privacy analysis of a votes file",
