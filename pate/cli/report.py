@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--run", type=path_arg, metavar="DIR", help="run directory")
     group.add_argument("--runs", type=path_text, metavar="DIR", nargs="+",
-                       help="run directories to compare")
+                       help="run directories to compare (two or more)")
     p.add_argument("--out", type=path_text, metavar="DIR",
                    help="where --runs writes its comparison (default: ./report-comparison); a "
                         "run's own report is always DIR/report")

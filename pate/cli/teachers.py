@@ -57,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="shards trained at once (default: one per CPU core)")
     train.add_argument("--ray-address", default=None,
-                       help="join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto) "
-                       "instead of starting a private local one")
+                       help="join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto; local "
+                       "starts a new local Ray) instead of starting a private local one")
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                        help="where the shards train (checked against the Ray cluster's GPUs)")
     train.add_argument("--gpus-per-shard", type=float, default=1.0,
