@@ -9,7 +9,9 @@ import numbers
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -83,11 +85,15 @@ def checked_integer(name: str, value: object, least: int, below: int | None = No
     return int(value)
 
 
-def checked_rate(name: str, value: object) -> float:
-    """``value``, a finite number > 0 (a learning rate); ``UserError`` otherwise."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not (math.isfinite(value) and value > 0)):
-        raise UserError(f"{name} must be a finite number > 0, got {value!r}")
+def checked_rate(name: str, value: object, zero_is_off: bool = False) -> float:
+    """``value``, a finite number > 0 (a learning rate), or 0 where ``zero_is_off`` (a
+    setting 0 turns off); ``UserError`` otherwise."""
+    number = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if zero_is_off and number and value == 0:
+        return 0.0
+    if not (number and math.isfinite(value) and value > 0):
+        raise UserError(f"{name} must be {'0 (off) or ' if zero_is_off else ''}a finite number "
+                        f"> 0, got {value!r}")
     return float(value)
 
 
@@ -126,6 +132,11 @@ def checked_labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
         return a.astype(np.int64)
     raise UserError(f"y must be integer class indices in [0, {n_classes}), one per row (map "
                     f"names to indices first): got {got}")
+
+
+# what ``Teachers(model=)``, ``Student(arch=)`` and ``DPSGD(model=)`` take: a built-in's name, an
+# import path package.module:factory, or the factory itself, factory(input_shape, num_classes)
+Network = str | Callable[[tuple[int, ...], int], Any] | None
 
 
 def checked_network(value: object, name: str) -> str | None:

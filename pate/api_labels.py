@@ -102,8 +102,9 @@ class PrivateLabels:
     A pool row asked again of the same ledger, mechanism and votes, by a later object or
     another process, gets its first answer again, free (a release is a release), and is marked
     in the answers' ``replayed``; other votes (teachers trained again, on the same budget)
-    answer it afresh, charged. This object refuses a row it has asked already (its answer is in
-    ``received``).
+    answer it afresh, charged, and so does Interactive-GNMax always (its answer depends on the
+    student's probabilities sent with the row). This object refuses a row it has asked already
+    (its answer is in ``received``).
 
     The sanitised epsilons released (``epsilon``) are kept in the ledger, under its write
     lock: each is drawn once per set of answers, whichever object or process of the ledger
@@ -124,6 +125,8 @@ class PrivateLabels:
             raise UserError("votes must be a 2-d array of counts [queries, classes]") from None
         epsilon_budget = checked_rate("epsilon_budget", epsilon_budget)
         delta = checked_rate("delta", delta)
+        if delta >= 1.0:  # before any warning of it
+            raise UserError(f"delta must be in (0, 1), got {delta!r}")
         if not isinstance(ledger, str | Path):
             raise UserError(f"ledger must be a file path or a URL, got {ledger!r}")
         if teachers is not None and not isinstance(teachers, Teachers):

@@ -14,6 +14,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from pate.api_checks import (
+    Network,
     accuracy_of,
     checked_device,
     checked_integer,
@@ -50,12 +51,14 @@ class Student:
     """The student: ``method`` ``vat`` (Miyato et al. 2018), ``supervised`` or ``gan``
     (Salimans et al. 2016), on ``arch`` (default per method; ``mlp`` suits features; a
     network's import path or factory function, as ``Teachers``' ``model``), trained
-    ``epochs`` passes over the public pool. ``augment`` (random shifts, and mirroring with
+    ``epochs`` passes over the public pool (a pass is the pool over the unlabelled batch of
+    128 rows: a pool of a few hundred rows takes two or three steps a pass, and wants more
+    epochs or a higher ``lr``). ``augment`` (random shifts, and mirroring with
     ``shift-flip``), ``vat_eps`` and ``entmin`` (VAT's perturbation size and entropy
     minimisation) are ``pate student train``'s; ``device`` trains there. ``seed`` seeds
     initialisation and order only."""
 
-    def __init__(self, method: str = "vat", *, arch: str | None = None,
+    def __init__(self, method: str = "vat", *, arch: Network = None,
                  epochs: int = STUDENT.epochs, batch_size: int = STUDENT.batch_size,
                  lr: float | None = None, augment: str = "none",
                  vat_eps: float = STUDENT.vat_eps, entmin: bool = False, seed: int = 0,

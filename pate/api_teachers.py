@@ -12,6 +12,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from pate.api_checks import (
+    Network,
     checked_device,
     checked_integer,
     checked_kind,
@@ -32,6 +33,7 @@ from pate.data.row_identity import (
     rows_fingerprint,
 )
 from pate.errors import TRACEBACK_VARIABLE, UserError
+from pate.io import ensure_dir
 from pate.rundir import RunDir
 from teachers import checkpoints
 from teachers.choices import DEFAULT_MODEL, MODEL_RECORDS, POOL_ENCODER_MODELS, model_data_problem
@@ -68,7 +70,7 @@ class Teachers:
     the teacher its key (``fit``'s ``keys``: whose the row is) hashes to, and the analysis holds
     for adding or removing all of one person's rows."""
 
-    def __init__(self, n_teachers: int, n_classes: int, *, model: str | None = None,
+    def __init__(self, n_teachers: int, n_classes: int, *, model: Network = None,
                  epochs: int = TEACHERS.epochs, batch_size: int = TEACHERS.batch_size,
                  lr: float = TEACHERS.lr, shard_size: int = TEACHERS.shard_size,
                  augment: str = "none", mixup: float = TEACHERS.mixup, seed: int = 0,
@@ -86,7 +88,7 @@ class Teachers:
                                   epochs=checked_integer("epochs", epochs, 1),
                                   batch_size=checked_integer("batch_size", batch_size, 1),
                                   lr=checked_rate("lr", lr), augment=augment,
-                                  mixup=0.0 if mixup == 0 else checked_rate("mixup", mixup),
+                                  mixup=checked_rate("mixup", mixup, zero_is_off=True),
                                   seed=checked_integer("seed", seed, 0, SEED_LIMIT))
         self.device = checked_device(device)
         self.ensemble_: Ensemble | None = None
@@ -180,6 +182,7 @@ class Teachers:
         if RunDir(root).manifest.exists():
             raise UserError(f"{root} holds teachers already: save into another folder")
         warn_if_of_script(self.config.model, "the teachers'")
+        ensure_dir(root, private=True)  # 0700, as the folders inside: it holds their weights
         ens = self.ensemble_
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}

@@ -424,6 +424,11 @@ def test_misuse_is_one_user_error_and_leaves_no_ledger(tmp_path: Path,
         with pytest.raises(UserError, match=message):
             PrivateLabels(settings.pop("votes"), GNMax(sigma=10.0), **settings)
         assert not list(tmp_path.iterdir())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused, not first warned of as a large delta
+        with pytest.raises(UserError, match=r"delta must be in \(0, 1\), got 1.5"):
+            PrivateLabels(votes, GNMax(sigma=10.0), epsilon_budget=5.0, delta=1.5,
+                          ledger=ledger, private_records=1000, allow_large_delta=True)
     with pytest.raises(UserError, match=r"mechanism must be one of .*GNMax, got 'gnmax'"):
         PrivateLabels(votes, "gnmax", epsilon_budget=5.0, delta=1e-5, ledger=ledger)
     with pytest.raises(UserError, match="a folder; the ledger is a file"):
@@ -562,6 +567,7 @@ def test_teachers_saved_and_loaded_vote_the_same_and_stay_private(tmp_path: Path
     assert [f.name for f in files] == ["manifest.json", "shard-00000.safetensors",
                                        "shard-00001.safetensors"]
     assert stat.S_IMODE((saved / "teachers").stat().st_mode) == 0o700
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o700  # the folder save made, too
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     loaded = Teachers.load(saved)
     assert loaded.config == teachers.config and loaded.n_teachers == 4
@@ -620,3 +626,12 @@ def test_teachers_that_read_a_pool_encoder_fit_it_on_x_public_and_keep_it(
     assert stat.S_IMODE(encoder_file.stat().st_mode) == 0o600
     again = Teachers.load(saved).save(tmp_path / "again")
     np.testing.assert_array_equal(Teachers.load(again).vote(pool), teachers.vote(pool))
+
+
+def test_a_setting_zero_turns_off_is_said_so_when_refused() -> None:
+    from pate.api import Teachers
+
+    assert Teachers(3, 2, mixup=0).config.mixup == 0.0
+    for bad in (-1, float("nan"), True):
+        with pytest.raises(UserError, match=r"mixup must be 0 \(off\) or a finite number > 0"):
+            Teachers(3, 2, mixup=bad)
