@@ -182,7 +182,8 @@ class Teachers:
         if RunDir(root).manifest.exists():
             raise UserError(f"{root} holds teachers already: save into another folder")
         warn_if_of_script(self.config.model, "the teachers'")
-        ensure_dir(root, private=True)  # 0700, as the folders inside: it holds their weights
+        if not root.exists():  # made 0700, as the folders inside; a folder of yours is kept
+            ensure_dir(root, private=True)
         ens = self.ensemble_
         shards = {str(i): {"sha256": checkpoints.save_shard(
                       root, i, {k: v.cpu().numpy() for k, v in shard.items()})}

@@ -568,6 +568,10 @@ def test_teachers_saved_and_loaded_vote_the_same_and_stay_private(tmp_path: Path
                                        "shard-00001.safetensors"]
     assert stat.S_IMODE((saved / "teachers").stat().st_mode) == 0o700
     assert stat.S_IMODE(saved.stat().st_mode) == 0o700  # the folder save made, too
+    (tmp_path / "mine").mkdir(mode=0o755)  # a folder of the user's keeps its permissions
+    teachers.save(tmp_path / "mine")
+    assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "mine" / "teachers").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     loaded = Teachers.load(saved)
     assert loaded.config == teachers.config and loaded.n_teachers == 4
