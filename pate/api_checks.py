@@ -134,8 +134,8 @@ def checked_labels(y: ArrayLike, n_classes: int) -> NDArray[np.int64]:
                     f"names to indices first): got {got}")
 
 
-# what ``Teachers(model=)``, ``Student(arch=)`` and ``DPSGD(model=)`` take: a built-in's name, an
-# import path package.module:factory, or the factory itself, factory(input_shape, num_classes)
+# what ``Teachers(model=)`` and ``Student(arch=)`` take: a built-in's name, an import path
+# package.module:factory, or the factory itself, factory(input_shape, num_classes)
 Network = str | Callable[[tuple[int, ...], int], Any] | None
 
 

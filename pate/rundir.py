@@ -232,12 +232,11 @@ class RunDir:
             self.root / LEDGER_RECORD, self.releases, self.token, self.report, self.audit))
 
     def holds_a_run(self) -> bool:
-        """Whether pate has written a run here: its stages, teachers, votes, answers, student,
-        baseline, ledger record or report."""
+        """Whether pate has written a run here: its stages, teachers, student, baseline or
+        report (not a votes file or answers alone, which a folder of yours may hold)."""
         return any(p.is_file() for p in (
-            self.stages, self.manifest, self.votes, self.labels, self.student_schema,
-            self.student_metrics, self.dpsgd_metrics, self.root / LEDGER_RECORD,
-            self.report_json))
+            self.stages, self.manifest, self.student_schema, self.student_metrics,
+            self.dpsgd_metrics, self.report_json))
 
     # --- creating and recording ---------------------------------------------------------------
     def create(self) -> RunDir:

@@ -341,10 +341,10 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     try:
         if record is not None:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
-        if pool is not None:
+        if pool is not None and pool.private_fingerprint is not None:
             note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint,
                         (pool.private_rows_fingerprint, pool.private_encoded_rows_fingerprint))
-        elif ensemble is not None and ensemble_keys is not None:
+        elif ensemble is not None and ensemble_keys is not None:  # votes that record none
             note_ledger(ensemble_keys.fingerprint, url, ensemble_keys.former,
                         (ensemble_keys.rows, ensemble_keys.encoded_rows))
     except BaseException:

@@ -207,8 +207,9 @@ def run_train(args: argparse.Namespace) -> int:
                                     on_epoch=lambda _e, _loss: bar.update(1))
         except httpx.HTTPError as exc:
             kept = ("" if not run.labels.is_file() else
-                    f"; the answers received so far are kept ({run.labels}): the same "
-                    "command asks the rest once the server answers")
+                    f"; the answers received so far are kept ({run.labels}): a rerun asks "
+                    "--queries more rows, so give it the number still wanted, or --queries 0 "
+                    "with the same --server to train on those in hand")
             raise UserError(f"cannot reach {said_url(args.server or '')}: "
                             f"{exc.__class__.__name__}{kept}") from None
     if args.json:

@@ -42,6 +42,7 @@ class TokenStore:
         self._lock = threading.Lock()
         self._stamp: tuple[int, ...] | None = None
         self._hashes: frozenset[str] = frozenset()
+        self._loaded = False  # read once: a file unreadable after that refuses, not raises
         self._reload()
         if not self._hashes:
             raise UserError(f"{self.path}: no tokens (one per line)")
@@ -56,16 +57,18 @@ class TokenStore:
                 return
             tokens = parse_tokens(self.path.read_text())
         except (OSError, UnicodeDecodeError) as exc:
-            if self._stamp is None:
+            if not self._loaded:
                 raise UserError(f"{self.path}: cannot read the token file "
                                 f"({exc.__class__.__name__})") from None
-            log.warning("token file unreadable (%s): refusing every token", type(exc).__name__)
+            if self._stamp is not None:  # said once, as it turns unreadable
+                log.warning("token file unreadable (%s): refusing every token",
+                            type(exc).__name__)
             self._stamp, self._hashes = None, frozenset()
             return
-        if self._stamp is not None and not tokens:  # emptied while serving: said, as unread
+        if self._loaded and not tokens:  # emptied while serving: said, as unread
             log.warning("token file holds no token: refusing every token")
         self._hashes = frozenset(token_hash(t) for t in tokens)
-        self._stamp = stamp
+        self._stamp, self._loaded = stamp, True
 
     def client(self, token: str) -> str | None:
         """The client id (a prefix of the token's hash) of a valid token, else None."""

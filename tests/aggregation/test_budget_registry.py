@@ -331,3 +331,12 @@ def test_teachers_served_without_votes_are_one_budget_with_their_votes(tmp_path:
         server = open_server(GNMax(sigma=5.0), token_file=write_tokens(tmp_path / "tokens"),
                              epsilon_budget=50.0, delta=1e-5, run_dir=served, port=0)
     server.close()
+    with np.load(run / "votes.npz") as f:  # beside votes that record no private data
+        votes = f["votes"]
+    beside = tmp_path / "beside"
+    beside.mkdir(mode=0o700)
+    shutil.copytree(run / "teachers", beside / "teachers")
+    np.savez(beside / "votes.npz", votes=votes)
+    with pytest.warns(UserWarning, match=r"also charged to 2 other ledger\(s\)"):
+        open_server(GNMax(sigma=5.0), token_file=tmp_path / "tokens", epsilon_budget=50.0,
+                    delta=1e-5, run_dir=beside, port=0).close()

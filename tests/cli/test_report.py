@@ -428,6 +428,14 @@ def test_a_comparison_is_not_written_into_a_run_nor_of_one_run_twice(tmp_path: P
                                             r"directory): give the comparison a folder"):
             write_comparison([tmp_path / "a", tmp_path / "b"], out)
         assert not (out / "report.html").exists() and not (out / "report.json").exists()
+    # a folder that holds a votes file or answers of its own is no run: a comparison goes there
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "labels.npz").write_bytes(b"")
+    (mine / "votes.npz").write_bytes(b"")
+    with pytest.raises(UserError) as refused:  # these runs hold nothing to report
+        write_comparison([tmp_path / "a", tmp_path / "b"], mine / "cmp")
+    assert "give the comparison a folder" not in str(refused.value)
     with pytest.raises(UserError, match="a run is named twice in --runs"):
         write_comparison([tmp_path / "a", tmp_path / "b" / ".." / "a"], tmp_path / "cmp")
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "a" / "report.html").exists()

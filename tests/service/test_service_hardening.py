@@ -237,10 +237,14 @@ def test_a_token_file_emptied_or_lost_while_serving_refuses_every_token_and_says
         path.write_text("# every token revoked\n")
         assert store.client(TOKENS[0]) is None
         path.unlink()
+        for _ in range(3):  # refused, not raised, and said once
+            assert store.client(TOKENS[0]) is None
+        path.write_text("")
         assert store.client(TOKENS[0]) is None
     said = [r.getMessage() for r in caplog.records]
     assert said == ["token file holds no token: refusing every token",
-                    "token file unreadable (FileNotFoundError): refusing every token"]
+                    "token file unreadable (FileNotFoundError): refusing every token",
+                    "token file holds no token: refusing every token"]
     write_tokens(path)
     assert store.client(TOKENS[0]) is not None
 
