@@ -7,6 +7,10 @@ import warnings
 import numpy as np
 from numpy.typing import NDArray
 
+# the largest order an analysis is asked to fix: past it the conversion's log(1/delta)/(alpha-1)
+# term is gone, so no bound gains, and the bounds' terms overflow (1e308 gives infinity)
+MAX_FIXED_ORDER = 1e6
+
 
 def default_orders() -> NDArray[np.float64]:
     """Fractional orders 1.1..10.9, every half order 2..100, the published analysis' log-spaced

@@ -24,7 +24,7 @@ from analysis.costs import (
     steps,
 )
 from analysis.mechanisms import Mechanism, ParameterError
-from analysis.orders import as_orders
+from analysis.orders import MAX_FIXED_ORDER, as_orders
 from analysis.rdp import Conversion, epsilon_curve, epsilon_from_rdp
 from analysis.smooth_sensitivity import gnss_rdp, optimise_release
 
@@ -184,6 +184,8 @@ def analyze_segments(segments: list[QuerySegment], delta: float, *, order: float
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not segments:
         raise ValueError("no queries to analyse")
+    if order is not None and not order <= MAX_FIXED_ORDER:
+        raise ValueError(f"a fixed order must be at most {MAX_FIXED_ORDER:g}, got {order}")
     orders = as_orders(order)
     votes = [np.asarray(s.votes, np.int64) for s in segments]
     num_teachers, num_classes = int(votes[0][0].sum()), votes[0].shape[1]

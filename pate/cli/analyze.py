@@ -7,6 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from analysis.orders import MAX_FIXED_ORDER
 from analysis.rdp import CONVERSIONS
 from pate.cli.mechanism_flags import add_mechanism_flags, mechanism_from_flags
 from pate.cli.paths import path_text
@@ -14,8 +15,6 @@ from pate.errors import UserError
 
 if TYPE_CHECKING:
     from analysis.votes_analysis import PrivacyAnalysis
-
-MAX_ORDER = 1e6  # the largest --order taken: larger ones overflow the bounds' terms
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,9 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0.0 < args.delta < 1.0:
         raise UserError(f"--delta must be in (0, 1), got {args.delta:g}")
-    if args.order is not None and not 1.0 < args.order <= MAX_ORDER:
-        raise UserError(f"--order must be in (1, {MAX_ORDER:g}], got {args.order:g} (past a "
-                        "million the conversion's term in log(1/delta) is gone: no bound "
+    if args.order is not None and not 1.0 < args.order <= MAX_FIXED_ORDER:
+        raise UserError(f"--order must be in (1, {MAX_FIXED_ORDER:g}], got {args.order:g} (past "
+                        "a million the conversion's term in log(1/delta) is gone: no bound "
                         "gains)")
     if args.beta is not None and not args.beta >= 0.0:
         raise UserError(f"--beta must be >= 0, got {args.beta:g}")

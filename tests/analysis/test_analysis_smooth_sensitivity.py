@@ -183,3 +183,15 @@ def test_where_theorem_6_does_not_apply_the_analysis_falls_back() -> None:
     bound = analyze_votes(split, ConfidentGNMax(100, 10, 5), 1e-5).smooth_sensitivity
     assert bound is not None and bound.fallback and not (bound.c5 or bound.c6)
     assert np.isfinite(bound.epsilon)
+
+
+def test_a_fixed_order_past_the_largest_is_refused() -> None:
+    """An order past ``MAX_FIXED_ORDER`` gains nothing and overflows the bounds (1e308 gave an
+    infinite epsilon): refused; the largest is analysed to finite figures."""
+    from analysis.orders import MAX_FIXED_ORDER
+
+    votes = np.array([[90, 5, 5]] * 10)
+    bound = analyze_votes(votes, ConfidentGNMax(60, 20, 10), 1e-5, order=MAX_FIXED_ORDER)
+    assert np.isfinite(bound.data_independent.epsilon)
+    with pytest.raises(ValueError, match="a fixed order must be at most 1e"):
+        analyze_votes(votes, ConfidentGNMax(60, 20, 10), 1e-5, order=1e308)
