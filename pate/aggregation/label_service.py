@@ -275,10 +275,10 @@ class LabelService:
 
 
 @dataclass(frozen=True)
-class EnsembleKeys:
-    """The keys of the ledgers of the private data teachers learnt from (``note_ledger``'s:
-    the data's fingerprint, the one older versions knew it by, its rows' in any order and as
-    encoded; None where not known). PRIVATE."""
+class LedgerKeys:
+    """The keys the user's registry enters a ledger under, of the private data votes were cast
+    or teachers trained on (``note_ledger``'s: the data's fingerprint, the one older versions
+    knew it by, its rows' in any order and as encoded; None where not known). PRIVATE."""
 
     fingerprint: str | None
     former: str | None = None
@@ -295,7 +295,7 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
                        charged_before: bool = False, private_records: int | None = None,
                        allow_large_delta: bool = False,
                        allow_name: str = "--allow-large-delta",
-                       ensemble_keys: EnsembleKeys | None = None) -> LabelService:
+                       ensemble_keys: LedgerKeys | None = None) -> LabelService:
     """The service of ``pate serve`` (and of an in-process student): the pool's votes from
     ``votes_path`` or ``run_dir/votes.npz`` (if there), new inputs answered by ``ensemble`` (the
     run's teachers, loaded by the caller); ``ledger``, a URL or an SQLite file's path
@@ -341,12 +341,12 @@ def open_label_service(mechanism: Mechanism, *, epsilon_budget: float, delta: fl
     try:
         if record is not None:
             write_bytes_atomic(home / LEDGER_RECORD, (record + "\n").encode(), private=True)
-        if pool is not None and pool.private_fingerprint is not None:
-            note_ledger(pool.private_fingerprint, url, pool.former_private_fingerprint,
-                        (pool.private_rows_fingerprint, pool.private_encoded_rows_fingerprint))
-        elif ensemble is not None and ensemble_keys is not None:  # votes that record none
-            note_ledger(ensemble_keys.fingerprint, url, ensemble_keys.former,
-                        (ensemble_keys.rows, ensemble_keys.encoded_rows))
+        keys = (LedgerKeys(pool.private_fingerprint, pool.former_private_fingerprint,
+                           pool.private_rows_fingerprint, pool.private_encoded_rows_fingerprint)
+                if pool is not None and pool.private_fingerprint is not None
+                else ensemble_keys if ensemble is not None else None)  # votes that record none
+        if keys is not None:
+            note_ledger(keys.fingerprint, url, keys.former, (keys.rows, keys.encoded_rows))
     except BaseException:
         service.close()
         raise

@@ -20,8 +20,8 @@ from analysis.rdp import Conversion
 from pate.aggregation.delta_policy import check_delta
 from pate.aggregation.label_requests import Limits
 from pate.aggregation.label_service import (
-    EnsembleKeys,
     LabelService,
+    LedgerKeys,
     TeacherEnsemble,
     open_label_service,
 )
@@ -42,11 +42,11 @@ def load_run_ensemble(run_dir: str | Path, device: str = "cpu") -> TeacherEnsemb
     return load_ensemble(run_dir, device)
 
 
-def teachers_keys(run_dir: str | Path) -> EnsembleKeys | None:
+def teachers_keys(run_dir: str | Path) -> LedgerKeys | None:
     """The ledger keys of the private data the run's teachers learnt from, as their manifest
     records them (None without one)."""
     manifest = TeachersManifest.read(run_dir)
-    return None if manifest is None else EnsembleKeys(
+    return None if manifest is None else LedgerKeys(
         manifest.data_fingerprint, manifest.former_data_fingerprint, manifest.rows_fingerprint,
         manifest.encoded_rows_fingerprint)
 
